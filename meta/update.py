@@ -1,0 +1,61 @@
+"""The one way to change a record: a compare-and-set loop.
+
+Learned from BookKeeper's ``MetadataUpdateLoop``: read the record, ask
+``needs_update``; if it does, derive a new record with ``transform`` (records are
+immutable), write it with the version read; on a lost race re-read and repeat.
+Every writer of records (ledger close, ensemble change, recovery, bookie state)
+goes through :func:`update_metadata`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from scriba.errors import BadVersionError
+from scriba.meta.store import MetadataStore, Versioned
+
+T = TypeVar("T")
+
+
+class Codec(Protocol[T]):
+    def to_bytes(self, value: T) -> bytes: ...
+
+    def from_bytes(self, data: bytes) -> T: ...
+
+
+UPDATE_ATTEMPTS_MAX = 32
+
+
+async def read_record(store: MetadataStore, key: str, codec: Codec[T]) -> Versioned[T]:
+    raw = await store.get(key)
+    return Versioned(codec.from_bytes(raw.value), raw.version, raw.created)
+
+
+async def update_metadata(
+    store: MetadataStore,
+    key: str,
+    codec: Codec[T],
+    needs_update: Callable[[T], bool],
+    transform: Callable[[T], T],
+    *,
+    current: Versioned[T] | None = None,
+    attempts_max: int = UPDATE_ATTEMPTS_MAX,
+) -> Versioned[T]:
+    """Apply ``transform`` until it sticks or is no longer needed; return the record.
+
+    ``transform`` may raise to abort (e.g. the ledger is already CLOSED). Raises
+    ``BadVersionError`` only after ``attempts_max`` lost races in a row.
+    """
+    record = current if current is not None else await read_record(store, key, codec)
+    for _ in range(attempts_max):
+        if not needs_update(record.value):
+            return record
+        new_value = transform(record.value)
+        try:
+            version = await store.set(key, codec.to_bytes(new_value), expected_version=record.version)
+        except BadVersionError:
+            record = await read_record(store, key, codec)
+            continue
+        return Versioned(new_value, version, record.created)
+    raise BadVersionError(f"{key}: gave up after {attempts_max} conflicting updates")

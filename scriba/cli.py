@@ -1,0 +1,67 @@
+"""The ``scriba`` command: one entry point, commands registered by the modules that own them.
+
+Each command module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to a callable taking the parsed ``argparse.Namespace`` and returning an
+exit code. Modules are imported lazily so ``scriba --help`` stays fast and a
+missing optional part only breaks its own command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from scriba import __version__
+from scriba.errors import ScribaError
+from scriba.log import configure
+
+# command modules, in the order ``scriba --help`` lists them
+COMMAND_MODULES = (
+    "scriba.sandbox",          # scriba sandbox
+    "scriba.bookie.cli",       # scriba bookie run|format
+    "scriba.client.shell",     # scriba shell <command>
+    "scriba.client.bench",     # scriba bench
+    "scriba.demo",             # scriba demo (metadata API demo)
+    "scriba.testing.faults_cli",  # scriba faults-proxy
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scriba", description="Scriba: replicated logs and state machines")
+    parser.add_argument("--version", action="version", version=f"scriba {__version__}")
+    parser.add_argument("--log-json", action="store_true", help="log as JSON lines")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name.startswith(exc.name):
+                continue  # that part is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure(json=args.log_json, level=args.log_level)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        code: int = func(args)
+    except ScribaError as exc:
+        print(f"scriba: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Embedded servers Scriba can start itself: etcd (the default metadata store) and ZooKeeper."""

@@ -1,0 +1,157 @@
+"""Child server processes Scriba starts itself (etcd, ZooKeeper, bookies).
+
+One :class:`ServerProcess` per child: its own log file and PID, readiness waited
+for with a deadline, stopped only by its own PID (and waited for, so its data dir
+can be reused at once). Used by the sandbox and by ``scriba.testing.cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from scriba.errors import ScribaError
+
+
+class ServerStartError(ScribaError):
+    """A child server did not become ready; the message names its log file."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float, *, interval_s: float = 0.02, what: str = "condition"
+) -> None:
+    """Poll ``condition`` until it holds or ``timeout_s`` passes (then ``TimeoutError``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not hold within {timeout_s:.1f}s")
+        time.sleep(interval_s)
+
+
+class ServerProcess:
+    """One child process with a log file, started and stopped by PID."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def start(self) -> None:
+        if self.running:
+            raise ServerStartError(f"{self.name} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,  # a Ctrl-C to the parent does not hit children first
+            )
+
+    def wait_ready(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Wait for ``ready()``; fail early (with the log's tail) if the process exits."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.running:
+                raise ServerStartError(
+                    f"{self.name} exited with {self.returncode} before it was ready; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if ready():
+                return
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"{self.name} not ready within {timeout_s:.1f}s; log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def signal(self, sig: int) -> None:
+        if self.running and self._proc is not None:
+            os.kill(self._proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL and wait for the exit."""
+        self.signal(signal.SIGKILL)
+        self.wait_exit(10.0)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (after SIGCONT, in case it was paused); SIGKILL after ``timeout_s``."""
+        if not self.running:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.wait_exit(timeout_s)
+        except TimeoutError:
+            self.kill()
+
+    def wait_exit(self, timeout_s: float) -> int:
+        if self._proc is None:
+            return 0
+        try:
+            return self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} (pid {self._proc.pid}) did not exit in {timeout_s}s") from None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,244 @@
+"""One error tree for all of Scriba.
+
+Every failure a caller can meet is a subclass of :class:`ScribaError`. Each leaf
+carries the wire ``status`` it maps to (the ``Status`` enum of ``scriba/proto``)
+and ``retriable``: whether the same call may succeed if tried again unchanged.
+Retry policy follows the error, not the call site (``tenacity`` retries only
+errors with ``retriable = True``, always with a bound).
+
+Leaves are registered by status code, so a wire status becomes exactly one
+exception type (:func:`error_for_status`).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import ClassVar
+
+
+class Status(IntEnum):
+    """Status codes shared by the wire protocol and the error tree.
+
+    The numbers equal those of ``scriba.v1.Status`` in ``scriba/proto/scriba.proto``
+    (a test keeps them equal). Codes are only ever added.
+    """
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    UNAUTHORIZED = 4
+    READ_ONLY = 5
+    BAD_REQUEST = 6
+    TOO_MANY_REQUESTS = 7
+    CORRUPT = 8
+    INTERNAL = 9
+    TIMEOUT = 10
+    UNAVAILABLE = 11
+    # Client-side and metadata codes (never sent by a bookie, but one space for all).
+    BAD_VERSION = 100
+    NO_SUCH_KEY = 101
+    KEY_EXISTS = 102
+    METADATA_UNAVAILABLE = 103
+    SESSION_EXPIRED = 104
+    CONFIG = 105
+    LEDGER_CLOSED = 106
+    NOT_ENOUGH_BOOKIES = 107
+    DIGEST_MISMATCH = 108
+    VALUE_TOO_LARGE = 109
+    COOKIE_MISMATCH = 110
+    STORAGE = 111
+    LEDGER_EXISTS = 112
+    NOT_LEADER = 113
+
+
+_BY_STATUS: dict[Status, type[ScribaError]] = {}
+
+
+class ScribaError(Exception):
+    """Root of every Scriba error."""
+
+    status: ClassVar[Status] = Status.INTERNAL
+    retriable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # The first class declared for a status is the one a wire status maps to.
+        if "status" in cls.__dict__:
+            _BY_STATUS.setdefault(cls.status, cls)
+
+
+def error_for_status(status: int, message: str = "") -> ScribaError:
+    """The exception for a non-OK wire status (unknown codes become InternalError)."""
+    try:
+        code = Status(status)
+    except ValueError:
+        return InternalError(f"unknown status {status}: {message}")
+    if code is Status.OK:
+        raise ValueError("OK is not an error")
+    cls = _BY_STATUS.get(code, InternalError)
+    return cls(message or code.name)
+
+
+class InternalError(ScribaError):
+    """A bug or an unexpected failure on the other side."""
+
+    status = Status.INTERNAL
+
+
+class ConfigError(ScribaError, ValueError):
+    """A configuration value or URI is invalid. Fix the input; retrying cannot help."""
+
+    status = Status.CONFIG
+
+
+class BadRequestError(ScribaError):
+    """A malformed request: the peer broke the protocol."""
+
+    status = Status.BAD_REQUEST
+
+
+class TimeoutError(ScribaError):
+    """A deadline passed. The operation's outcome is unknown (indeterminate)."""
+
+    status = Status.TIMEOUT
+    retriable = True
+
+
+class UnavailableError(ScribaError):
+    """A server could not be reached."""
+
+    status = Status.UNAVAILABLE
+    retriable = True
+
+
+# --- metadata ---------------------------------------------------------------
+
+
+class MetadataError(ScribaError):
+    """Base of metadata-store errors."""
+
+
+class BadVersionError(MetadataError):
+    """A compare-and-set lost: the record changed since it was read. Re-read and retry."""
+
+    status = Status.BAD_VERSION
+
+
+class NoSuchKeyError(MetadataError, KeyError):
+    """The key does not exist."""
+
+    status = Status.NO_SUCH_KEY
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return Exception.__str__(self)
+
+
+class KeyExistsError(MetadataError):
+    """A create found the key already present."""
+
+    status = Status.KEY_EXISTS
+
+
+class MetadataUnavailableError(MetadataError):
+    """The metadata store cannot be reached (the message names the address)."""
+
+    status = Status.METADATA_UNAVAILABLE
+    retriable = True
+
+
+class SessionExpiredError(MetadataError):
+    """The session holding ephemerals or leases is gone; so are its ephemerals."""
+
+    status = Status.SESSION_EXPIRED
+
+
+class ValueTooLargeError(MetadataError):
+    """A metadata value exceeds the documented size limit."""
+
+    status = Status.VALUE_TOO_LARGE
+
+
+class NotLeaderError(MetadataError):
+    """The caller no longer holds leadership (its fencing token is stale)."""
+
+    status = Status.NOT_LEADER
+
+
+# --- ledgers and bookies -----------------------------------------------------
+
+
+class NoSuchLedgerError(ScribaError):
+    status = Status.NO_SUCH_LEDGER
+
+
+class LedgerExistsError(ScribaError):
+    status = Status.LEDGER_EXISTS
+
+
+class NoSuchEntryError(ScribaError):
+    status = Status.NO_SUCH_ENTRY
+
+
+class LedgerFencedError(ScribaError):
+    """The ledger was fenced by a recovering reader: this writer is no longer its writer.
+
+    An add that failed this way is indeterminate: it may or may not be in the ledger.
+    """
+
+    status = Status.FENCED
+
+
+class LedgerClosedError(ScribaError):
+    status = Status.LEDGER_CLOSED
+
+
+class UnauthorizedError(ScribaError):
+    """Wrong password / master key, or an unauthenticated caller."""
+
+    status = Status.UNAUTHORIZED
+
+
+class BookieReadOnlyError(ScribaError):
+    """The bookie accepts reads only (disk full, disk error, or operator choice)."""
+
+    status = Status.READ_ONLY
+    retriable = True
+
+
+class TooManyRequestsError(ScribaError):
+    """Back-pressure: the bookie's in-flight limit is reached. Retry later."""
+
+    status = Status.TOO_MANY_REQUESTS
+    retriable = True
+
+
+class CorruptEntryError(ScribaError):
+    """A stored entry failed its checksum on the bookie."""
+
+    status = Status.CORRUPT
+
+
+class DigestMismatchError(ScribaError):
+    """An entry's digest did not verify on the client (every replica was bad)."""
+
+    status = Status.DIGEST_MISMATCH
+
+
+class NotEnoughBookiesError(ScribaError):
+    """Placement could not meet its constraints; the message names the constraint and counts."""
+
+    status = Status.NOT_ENOUGH_BOOKIES
+    retriable = True
+
+
+class CookieMismatchError(ScribaError):
+    """A bookie's data dir does not match its registered cookie (wiped or swapped disk)."""
+
+    status = Status.COOKIE_MISMATCH
+
+
+class StorageError(ScribaError):
+    """A disk operation failed (EIO, failed fsync). Nothing after it is acknowledged."""
+
+    status = Status.STORAGE

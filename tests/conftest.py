@@ -1,0 +1,1 @@
+"""Shared pytest setup: fixtures live in the shipped test kit (``scriba.testing``)."""

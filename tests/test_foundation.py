@@ -1,0 +1,56 @@
+"""The shared core: errors map one-to-one to wire statuses; entries round-trip and verify."""
+
+from __future__ import annotations
+
+import pytest
+
+from scriba import entry as en
+from scriba import errors
+from scriba.proto import scriba_pb2
+
+
+def test_every_wire_status_has_the_same_number_in_the_error_tree() -> None:
+    for name, number in scriba_pb2.Status.items():
+        assert errors.Status[name].value == number
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (errors.Status.FENCED, errors.LedgerFencedError),
+        (errors.Status.NO_SUCH_LEDGER, errors.NoSuchLedgerError),
+        (errors.Status.READ_ONLY, errors.BookieReadOnlyError),
+        (errors.Status.BAD_VERSION, errors.BadVersionError),
+    ],
+)
+def test_status_maps_to_one_exception(status: errors.Status, cls: type[errors.ScribaError]) -> None:
+    exc = errors.error_for_status(status, "why")
+    assert type(exc) is cls and str(exc) == "why"
+
+
+def test_retriable_follows_the_error() -> None:
+    assert errors.BookieReadOnlyError.retriable and errors.MetadataUnavailableError.retriable
+    assert not errors.LedgerFencedError.retriable and not errors.UnauthorizedError.retriable
+
+
+@pytest.mark.parametrize("digest", [en.Crc32cDigest(), en.HmacSha256Digest(b"pw")])
+def test_entry_round_trips_and_detects_a_flipped_bit(digest: en.Digest) -> None:
+    packed = en.pack_entry(digest, 7, 3, 2, 100, b"payload")
+    e = en.unpack_entry(digest, packed)
+    assert (e.ledger_id, e.entry_id, e.last_add_confirmed, e.length, e.payload) == (7, 3, 2, 100, b"payload")
+    for i in range(len(packed)):
+        flipped = bytearray(packed)
+        flipped[i] ^= 0x01
+        with pytest.raises(errors.DigestMismatchError):
+            en.unpack_entry(digest, bytes(flipped))
+
+
+def test_hmac_digest_depends_on_the_password() -> None:
+    packed = en.pack_entry(en.HmacSha256Digest(b"right"), 1, 0, -1, 1, b"x")
+    with pytest.raises(errors.DigestMismatchError):
+        en.unpack_entry(en.HmacSha256Digest(b"wrong"), packed)
+
+
+def test_password_is_never_the_key_or_the_hash() -> None:
+    assert en.master_key(b"pw") != en.password_hash(b"pw")
+    assert b"pw" not in en.master_key(b"pw")
