@@ -8,4 +8,4 @@ fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/python -m scriba.proto.generate --check
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
