@@ -153,3 +153,45 @@ class MetadataStore(Protocol):
     async def __aenter__(self) -> MetadataStore: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+# --- input checks shared by every driver (additive; same errors on all drivers) ---
+
+
+def check_key(key: str) -> str:
+    """A record key: ``/``-separated, non-empty segments, no leading or trailing ``/``."""
+    from scriba.errors import BadRequestError
+
+    if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/"):
+        raise BadRequestError(f"bad metadata key {key!r}: expected 'a/b/c' (no leading or trailing /)")
+    if "" in key.split("/") or "\x00" in key:
+        raise BadRequestError(f"bad metadata key {key!r}: empty segment or NUL")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing/watch prefix: ``""`` (the root) or a key followed by ``/``."""
+    from scriba.errors import BadRequestError
+
+    if prefix == "":
+        return prefix
+    if not isinstance(prefix, str) or not prefix.endswith("/"):
+        raise BadRequestError(f"bad metadata prefix {prefix!r}: expected '' or 'a/b/'")
+    check_key(prefix[:-1])
+    return prefix
+
+
+def check_value(key: str, value: bytes) -> bytes:
+    """``ValueTooLargeError`` above :data:`VALUE_SIZE_MAX` (every driver, before any I/O)."""
+    from scriba.errors import BadRequestError, ValueTooLargeError
+
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequestError(f"{key}: value must be bytes, got {type(value).__name__}")
+    if len(value) > VALUE_SIZE_MAX:
+        raise ValueTooLargeError(f"{key}: value of {len(value)} bytes exceeds the {VALUE_SIZE_MAX}-byte limit")
+    return bytes(value)
+
+
+def is_direct_child(prefix: str, key: str) -> bool:
+    """True if ``key`` lies directly under ``prefix`` (one level deep)."""
+    return key.startswith(prefix) and len(key) > len(prefix) and "/" not in key[len(prefix) :]

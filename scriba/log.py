@@ -15,7 +15,8 @@ import structlog
 
 
 def get_logger(name: str, **bound: Any) -> Any:
-    return structlog.get_logger(name).bind(**bound)
+    # Stay lazy: a logger bound at import time must still follow a later configure().
+    return structlog.get_logger(name, **bound)
 
 
 def configure(*, json: bool = False, level: str = "info", stream: Any = None) -> None:
