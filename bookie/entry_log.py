@@ -1,0 +1,241 @@
+"""Entry log files: append-only, rotated, each record checksummed at rest.
+
+File ``<id:08x>.elog``: a 16-byte header (magic, version, log id) then records
+``u32 len | u32 crc32c(entry) | entry`` where ``entry`` is the packed entry (its
+header names ledger and entry). A location is ``(log_id, offset of the record, len)``.
+Reads verify the CRC and the ledger/entry ids: a mismatch raises ``CorruptEntryError``;
+corrupt bytes are never returned.
+
+Writes come from one thread at a time (the checkpoint/compaction flusher); reads from
+any thread (``pread`` on a shared descriptor).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from pathlib import Path
+from typing import Final
+
+import google_crc32c
+
+from scriba.bookie.fileio import FileIO
+from scriba.errors import CorruptEntryError
+
+MAGIC: Final = b"SCRE"
+VERSION: Final = 1
+FILE_HEADER: Final = struct.Struct(">4sIQ")
+FILE_HEADER_SIZE: Final = FILE_HEADER.size
+REC_HEADER: Final = struct.Struct(">II")
+REC_HEADER_SIZE: Final = REC_HEADER.size
+SUFFIX: Final = ".elog"
+WRITE_CHUNK_BYTES: Final = 4 * 1024 * 1024
+
+_crc_value = google_crc32c.value
+
+Location = tuple[int, int, int]  # log id, record offset, entry length
+LOC: Final = struct.Struct(">IQI")  # a Location packed, as the index stores it
+
+
+def log_ids(log_dir: Path) -> list[int]:
+    out = []
+    for p in log_dir.glob("*" + SUFFIX):
+        try:
+            out.append(int(p.stem, 16))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+class EntryLogs:
+    """All entry logs of one ledger dir: one current log to append to, any to read."""
+
+    def __init__(self, log_dir: Path, fio: FileIO, file_bytes_max: int, next_log_id: int) -> None:
+        self._dir = log_dir
+        self._fio = fio
+        self._file_bytes_max = file_bytes_max
+        existing = log_ids(log_dir)
+        self._next_id = max([next_log_id, *(i + 1 for i in existing)])
+        self._readers: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.current_id = -1
+        self._fd = -1
+        self._offset = 0
+        self._dirty: set[int] = set()
+        self._written: dict[int, int] = {}  # bytes appended per log id (this run)
+
+    @property
+    def next_log_id(self) -> int:
+        return self._next_id
+
+    def path(self, log_id: int) -> Path:
+        return self._dir / f"{log_id:08x}{SUFFIX}"
+
+    # --- writing (one flusher thread) ---------------------------------------------
+
+    def _roll(self) -> None:
+        if self._fd >= 0:
+            self._fio.close(self._fd)
+        log_id = self._next_id
+        self._next_id += 1
+        fd = self._fio.open(self.path(log_id), create=True)
+        self._fio.truncate(fd, 0)
+        self._fio.write(fd, FILE_HEADER.pack(MAGIC, VERSION, log_id))
+        self._fio.fsync_dir(self._dir)
+        self._fd, self.current_id, self._offset = fd, log_id, FILE_HEADER_SIZE
+        self._dirty.add(log_id)
+
+    def abandon_current(self) -> None:
+        """After a failed write: never append to this log again (its tail may be partial)."""
+        if self._fd >= 0:
+            try:
+                self._fio.close(self._fd)
+            except OSError:
+                pass
+        self._fd, self.current_id = -1, -1
+        self._dirty.clear()
+        self._written.clear()  # never committed: not counted
+
+    def append(self, entries: list[bytes]) -> list[bytes]:
+        """Append entries (not yet durable: call :meth:`sync`); packed locations (``LOC``)."""
+        locs: list[bytes] = []
+        parts: list[bytes] = []
+        if self._fd < 0:
+            self._roll()
+        self._dirty.add(self.current_id)
+        offset = self._offset
+        start = offset
+        log_id = self.current_id
+        rec, loc, crc = REC_HEADER.pack, LOC.pack, _crc_value
+        limit = self._file_bytes_max
+        for e in entries:
+            n = len(e)
+            if offset + REC_HEADER_SIZE + n > limit and offset > FILE_HEADER_SIZE:
+                self._write(parts, offset - start)
+                parts = []
+                self._offset = offset
+                self._roll()
+                log_id = self.current_id
+                offset = start = self._offset
+            parts.append(rec(n, crc(e)))
+            parts.append(e)
+            locs.append(loc(log_id, offset, n))
+            offset += REC_HEADER_SIZE + n
+            if offset - start >= WRITE_CHUNK_BYTES:
+                self._write(parts, offset - start)
+                parts = []
+                start = offset
+        if parts:
+            self._write(parts, offset - start)
+        self._offset = offset
+        return locs
+
+    def _write(self, parts: list[bytes], nbytes: int) -> None:
+        if parts:
+            self._fio.writev(self._fd, parts)
+            self._written[self.current_id] = self._written.get(self.current_id, 0) + nbytes
+
+    def sync(self) -> None:
+        """fdatasync every log appended to since the last sync (rolled-over ones included)."""
+        for log_id in sorted(self._dirty):
+            if log_id == self.current_id:
+                self._fio.fdatasync(self._fd)
+            else:
+                fd = self._fio.open(self.path(log_id), create=False)
+                try:
+                    self._fio.fdatasync(fd)
+                finally:
+                    self._fio.close(fd)
+        self._dirty = set()
+
+    def take_written(self) -> dict[int, int]:
+        out, self._written = self._written, {}
+        return out
+
+    # --- reading (any thread) ---------------------------------------------------------
+
+    def _reader(self, log_id: int) -> int:
+        fd = self._readers.get(log_id)
+        if fd is None:
+            with self._lock:
+                fd = self._readers.get(log_id)
+                if fd is None:
+                    try:
+                        fd = self._fio.open(self.path(log_id), create=False)
+                    except FileNotFoundError:
+                        raise CorruptEntryError(
+                            f"the index names entry log {log_id}, which does not exist"
+                        ) from None
+                    self._readers[log_id] = fd
+        return fd
+
+    def read(self, loc: Location, ledger_id: int, entry_id: int) -> bytes:
+        log_id, offset, n = loc
+        raw = self._fio.pread(self._reader(log_id), REC_HEADER_SIZE + n, offset)
+        if len(raw) != REC_HEADER_SIZE + n:
+            raise CorruptEntryError(
+                f"ledger {ledger_id} entry {entry_id}: log {log_id} too short at {offset}"
+            )
+        got_n, crc = REC_HEADER.unpack_from(raw)
+        data = raw[REC_HEADER_SIZE:]
+        if got_n != n or _crc_value(data) != crc:
+            raise CorruptEntryError(
+                f"ledger {ledger_id} entry {entry_id}: checksum failed in log {log_id} at {offset}"
+            )
+        if (
+            int.from_bytes(data[0:8], "big") != ledger_id
+            or int.from_bytes(data[8:16], "big", signed=True) != entry_id
+        ):
+            raise CorruptEntryError(
+                f"ledger {ledger_id} entry {entry_id}: log {log_id} at {offset} holds another entry"
+            )
+        return data
+
+    def scan(self, log_id: int) -> tuple[list[tuple[int, int, int, bytes]], bool]:
+        """(ledger, entry, record offset, entry bytes) of a log's records in order, and
+        whether the scan reached the end of the file (False: stopped at a bad record)."""
+        out: list[tuple[int, int, int, bytes]] = []
+        fd = self._fio.open(self.path(log_id), create=False)
+        try:
+            size = self._fio.size(fd)
+            offset = FILE_HEADER_SIZE
+            while offset < size:
+                hdr = self._fio.pread(fd, REC_HEADER_SIZE, offset)
+                if len(hdr) < REC_HEADER_SIZE:
+                    return out, False
+                n, crc = REC_HEADER.unpack(hdr)
+                if n < 16 or offset + REC_HEADER_SIZE + n > size:
+                    return out, False
+                data = self._fio.pread(fd, n, offset + REC_HEADER_SIZE)
+                if _crc_value(data) != crc:
+                    return out, False
+                out.append((
+                    int.from_bytes(data[0:8], "big"),
+                    int.from_bytes(data[8:16], "big", signed=True),
+                    offset,
+                    data,
+                ))
+                offset += REC_HEADER_SIZE + n
+        finally:
+            self._fio.close(fd)
+        return out, True
+
+    def remove(self, log_id: int) -> None:
+        """Delete a log (the index must no longer point into it)."""
+        with self._lock:
+            fd = self._readers.pop(log_id, None)
+        if fd is not None:
+            self._fio.close(fd)
+        try:
+            self._fio.remove(self.path(log_id))
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            readers, self._readers = self._readers, {}
+        for fd in readers.values():
+            self._fio.close(fd)
+        if self._fd >= 0:
+            self._fio.close(self._fd)
+            self._fd = -1

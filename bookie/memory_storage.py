@@ -1,0 +1,198 @@
+"""In-memory twin of the bookie's ledger storage (for unit tests and simulation).
+
+Same contract and admission rules as ``DiskLedgerStorage`` (``ledger_state.admit_adds``):
+master key fixed by the first add/fence, fencing, idempotent re-add keeping the first
+bytes, long-poll ``wait_lac``, and the read-only switch. Everything is "durable" at once.
+Test hooks: :meth:`fail_disk` (as if an fsync failed) and :meth:`set_disk_usage`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Sequence
+
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_adds
+from scriba.bookie.storage_api import AddOp, LacState, ReadOnlySwitch
+from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
+from scriba.errors import (
+    BookieReadOnlyError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    Status,
+    StorageError,
+    UnauthorizedError,
+)
+
+__all__ = ["InMemoryLedgerStorage"]
+
+
+class InMemoryLedgerStorage:
+    def __init__(
+        self,
+        *,
+        entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT,
+        disk_total_bytes: int = 1 << 40,
+        lac_wait_timeout_s_max: float = 120.0,
+    ) -> None:
+        self._entry_size_max = entry_size_max
+        self._states: dict[int, LedgerState] = {}
+        self._entries: dict[int, dict[int, bytes]] = {}
+        self._switch = ReadOnlySwitch()
+        self._waiters = LacWaiters()
+        self._disk = (disk_total_bytes, disk_total_bytes)
+        self._lac_wait_timeout_s_max = lac_wait_timeout_s_max
+        self._closed = False
+
+    # --- writes -----------------------------------------------------------------
+
+    def _has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        entries = self._entries.get(ledger_id)
+        return entries is not None and entry_id in entries
+
+    async def add_batch(self, ops: Sequence[AddOp]) -> list[Status]:
+        if self._switch.failed:
+            return [Status.STORAGE] * len(ops)
+        if self._switch.read_only or self._closed:
+            return [Status.READ_ONLY] * len(ops)
+        statuses, accepted = admit_adds(
+            self._states, ops, self._entry_size_max, self._has_entry, []
+        )
+        for i in accepted:
+            op = ops[i]
+            entries = self._entries.setdefault(op.ledger_id, {})
+            if op.entry_id not in entries:
+                entries[op.entry_id] = op.entry
+            st = self._states[op.ledger_id]
+            before = st.lac
+            st.note_entry(op.entry_id, op.entry)
+            if st.lac != before:
+                self._waiters.notify(op.ledger_id)
+        await asyncio.sleep(0)
+        return statuses
+
+    def _state_for_write(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        if self._switch.failed:
+            raise StorageError(f"storage failed: {self._switch.failed}")
+        st = self._states.get(ledger_id)
+        if st is None:
+            st = LedgerState(master_key)
+            self._states[ledger_id] = st
+        elif st.master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+        return st
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> LacState:
+        st = self._state_for_write(ledger_id, master_key)
+        st.fenced = True
+        await asyncio.sleep(0)
+        return st.snapshot()
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        if self._switch.read_only and not self._switch.failed:
+            raise BookieReadOnlyError(f"read-only: {self._switch.reason}")
+        st = self._state_for_write(ledger_id, master_key)
+        if lac > st.explicit_lac:
+            st.explicit_lac = lac
+        if lac > st.lac:
+            st.lac = lac
+            self._waiters.notify(ledger_id)
+        await asyncio.sleep(0)
+
+    async def delete_ledgers(self, ledger_ids: Collection[int]) -> None:
+        for lid in ledger_ids:
+            self._states.pop(lid, None)
+            self._entries.pop(lid, None)
+            self._waiters.notify(lid)
+        await asyncio.sleep(0)
+
+    # --- reads ------------------------------------------------------------------
+
+    def _state(self, ledger_id: int) -> LedgerState:
+        st = self._states.get(ledger_id)
+        if st is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return st
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        st = self._state(ledger_id)
+        if entry_id == -1:
+            entry_id = st.last_entry_id
+        data = self._entries.get(ledger_id, {}).get(entry_id)
+        if data is None:
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} not stored")
+        return data
+
+    def read_range(
+        self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
+    ) -> list[bytes]:
+        out = [self.read_entry(ledger_id, first)]
+        size = len(out[0])
+        entries = self._entries.get(ledger_id, {})
+        eid = first + 1
+        while eid <= last and len(out) < max_entries:
+            data = entries.get(eid)
+            if data is None or size + len(data) > max_bytes:
+                break
+            out.append(data)
+            size += len(data)
+            eid += 1
+        return out
+
+    def lac_state(self, ledger_id: int) -> LacState:
+        return self._state(ledger_id).snapshot()
+
+    def check_master_key(self, ledger_id: int, master_key: bytes) -> None:
+        if self._state(ledger_id).master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(timeout_s, 0.0), self._lac_wait_timeout_s_max)
+        while True:
+            st = self._states.get(ledger_id)
+            if st is not None and st.lac > previous_lac:
+                return st.snapshot()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return self._state(ledger_id).snapshot()
+            await self._waiters.wait(ledger_id, remaining)
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._states)
+
+    # --- state ------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self._switch.read_only
+
+    @property
+    def read_only_reason(self) -> str:
+        return self._switch.reason
+
+    def disk_usage(self) -> tuple[int, int]:
+        return self._disk
+
+    def add_state_listener(self, cb: Callable[[bool, str], None]) -> None:
+        self._switch.add_listener(cb)
+
+    async def set_read_only(self, read_only: bool, reason: str) -> None:
+        self._switch.update(forced=(reason or "operator") if read_only else "")
+
+    def fail_disk(self, reason: str) -> None:
+        """Test hook: behave as after a failed fsync (read-only until restart)."""
+        self._switch.update(failed=reason or "disk failed")
+
+    def set_disk_usage(self, free: int, total: int, *, full: bool | None = None) -> None:
+        """Test hook: report this usage; ``full`` switches the disk-full cause."""
+        self._disk = (free, total)
+        if full is not None:
+            self._switch.update(disk_full="disk full" if full else "")
+
+    async def checkpoint(self) -> None:
+        await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._waiters.notify_all()
+        await asyncio.sleep(0)

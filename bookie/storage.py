@@ -1,0 +1,737 @@
+"""DiskLedgerStorage: journal + write cache + entry logs + LMDB index.
+
+Write path: ``add_batch`` admits ops (``ledger_state.admit_adds``), encodes the accepted
+ones as ONE journal record (plus master-key records for ledgers first seen) and awaits
+the journal's group commit; when the group is durable, ``_on_durable`` (event loop, in
+journal order) puts the entries in the write cache and advances LACs, then the batch
+returns. A checkpoint swaps the cache, appends its entries to the current entry log,
+fdatasyncs it, commits locations + ledger states + the journal position in one LMDB
+transaction, then removes journal files wholly before that position.
+
+Restart (``open_storage``): load states and the checkpoint position from the index,
+replay the journal from there (idempotently: entries already indexed are skipped),
+cut the journal at the first torn/corrupt record, then checkpoint.
+
+Failures: a failed journal write or fdatasync fails that group and every later add
+(STORAGE) and switches to read-only for good; ENOSPC (journal cut back to its durable
+end) or disk usage over ``disk_usage_threshold`` switch to read-only until usage drops
+under ``disk_usage_lwm``. Reads keep working in read-only mode.
+
+Invariant: an add is OK only after its journal record's fdatasync returned.
+
+On disk: ``<journal_dir>/<id:016x>.jnl`` (journal.py), ``<ledger_dir>/entrylogs/<id:08x>.elog``
+(entry_log.py), ``<ledger_dir>/index/`` (LMDB, ledger_index.py) and a ``LOCK`` file in each
+dir held with ``flock`` while open (a second process on the same dirs is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import lmdb
+
+from scriba.bookie import journal as jr
+from scriba.bookie.entry_log import EntryLogs
+from scriba.bookie.fileio import FileIO, default_fileio
+from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
+from scriba.bookie.ledger_index import LedgerIndex, entry_key
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_adds
+from scriba.bookie.storage_api import AddOp, LacState, ReadOnlySwitch, StorageConfig
+from scriba.bookie.write_cache import WriteCache
+from scriba.errors import (
+    BookieReadOnlyError,
+    CorruptEntryError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    Status,
+    StorageError,
+    UnauthorizedError,
+)
+from scriba.invariant import InvariantViolation
+from scriba.log import get_logger
+
+__all__ = ["DiskLedgerStorage", "open_storage"]
+
+log = get_logger(__name__)
+
+_ADDS: Final = 1
+_LAC: Final = 2
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    if getattr(exc, "errno", None) == errno.ENOSPC:
+        return True
+    return isinstance(exc, lmdb.Error) and "No space left" in str(exc)
+
+
+def _copy_state(st: LedgerState) -> LedgerState:
+    return LedgerState(st.master_key, st.fenced, st.lac, st.explicit_lac, st.last_entry_id)
+
+
+class DiskLedgerStorage:
+    def __init__(self, config: StorageConfig, fio: FileIO, loop: asyncio.AbstractEventLoop) -> None:
+        self._config = config
+        self._fio = fio
+        self._loop = loop
+        self._entry_size_max = config.entry_size_max
+        self._cache_bytes_max = config.write_cache_bytes_max
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="scriba-flush")
+        self._index = LedgerIndex(config.ledger_dir / "index", config.index_map_size_bytes)
+        self._logs = EntryLogs(
+            config.ledger_dir / "entrylogs", fio, config.entry_log_file_bytes_max,
+            self._index.next_log_id(),
+        )
+        self._states: dict[int, LedgerState] = {}
+        self._cache = WriteCache()
+        self._flushing: WriteCache | None = None
+        self._dirty: set[int] = set()
+        self._log_stats: dict[int, list[int]] = {}
+        self._applied_pos = JournalPosition(0, jr.FILE_HEADER_SIZE)
+        self._checkpointed = JournalPosition(-1, 0)
+        self._enospc = False
+        self._journal_queued_bytes = 0
+        self._checkpoints = 0
+        self._journal_room = asyncio.Event()
+        self._switch = ReadOnlySwitch()
+        self._waiters = LacWaiters()
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._journal: Journal | None = None
+        self._closed = False
+        self._locks: list[int] = []
+
+    # --- open / replay -------------------------------------------------------------
+
+    def _replay(self) -> int:
+        """Load states and replay the journal from the checkpoint (executor thread)."""
+        self._states = self._index.load_states()
+        self._log_stats = {k: [t, d] for k, (t, d) in self._index.log_stats().items()}
+        start = self._index.checkpoint_position()
+        self._applied_pos = start
+        deleted: set[int] = set()
+        records = 0
+        for rtype, body, pos in jr.replay_journal(self._config.journal_dir, self._fio, start):
+            records += 1
+            self._replay_record(rtype, body, deleted)
+            self._applied_pos = pos
+            if self._cache.bytes >= self._cache_bytes_max:  # a long tail: flush as we go
+                cache, self._cache = self._cache, WriteCache()
+                states = {lid: _copy_state(self._states[lid]) for lid in self._dirty
+                          if lid in self._states}
+                self._dirty = set()
+                self._flush(cache, states, pos)
+        log.info("journal_replayed", records=records, entries=self._cache.count,
+                 from_file=start.file_id, from_offset=start.offset)
+        return records
+
+    def _replay_record(self, rtype: int, body: bytes, deleted: set[int]) -> None:
+        if rtype == jr.ADDS:
+            for e in jr.decode_adds(body):
+                lid = int.from_bytes(e[0:8], "big")
+                eid = int.from_bytes(e[8:16], "big", signed=True)
+                st = self._states.get(lid)
+                if st is None:
+                    st = self._states[lid] = LedgerState(b"")
+                if eid <= st.last_entry_id and self._has_entry(lid, eid):
+                    continue
+                self._cache.put(lid, eid, e)
+                st.note_entry(eid, e)
+                self._dirty.add(lid)
+            return
+        lid = int.from_bytes(body[1:9], "big")
+        if rtype == jr.DELETE:
+            dropped = [int.from_bytes(body[off : off + 8], "big") for off in range(1, len(body), 8)]
+            for dl in dropped:
+                self._states.pop(dl, None)
+                self._cache.drop_ledger(dl)
+                self._dirty.discard(dl)
+                deleted.add(dl)
+            # now, not at the end: a later record may re-create the ledger and get flushed
+            for log_id, n in self._index.delete_ledgers(dropped).items():
+                self._log_stats.setdefault(log_id, [0, 0])[1] += n
+            return
+        st = self._states.get(lid)
+        if st is None:
+            st = self._states[lid] = LedgerState(bytes(body[9:]) if rtype == jr.MASTER_KEY else b"")
+        elif rtype == jr.MASTER_KEY and not st.master_key:
+            st.master_key = bytes(body[9:])
+        if rtype == jr.FENCE:
+            st.fenced = True
+        elif rtype == jr.EXPLICIT_LAC:
+            lac = int.from_bytes(body[9:17], "big", signed=True)
+            st.explicit_lac = max(st.explicit_lac, lac)
+            st.lac = max(st.lac, lac)
+        self._dirty.add(lid)
+
+    async def _start(self) -> None:
+        await self._loop.run_in_executor(self._executor, self._replay)
+        c = self._config
+        self._journal = Journal(
+            c.journal_dir, self._fio, self._loop, self._on_durable, self._on_failure,
+            group_wait_ms_max=c.journal_group_wait_ms_max,
+            group_bytes_max=c.journal_group_bytes_max,
+            file_bytes_max=c.journal_file_bytes_max,
+        )
+        self._applied_pos = self._journal.position
+        self._check_disk()
+        await self.checkpoint()
+        self._tasks.append(self._loop.create_task(self._every(c.checkpoint_interval_s, self.checkpoint)))
+        self._tasks.append(self._loop.create_task(self._every(c.disk_check_interval_s, self._check_disk_async)))
+
+    async def _every(self, interval_s: float, fn: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await fn()
+            except Exception:
+                log.exception("storage_periodic_task_failed")
+
+    # --- journal callbacks (event loop) -----------------------------------------------
+
+    def _on_durable(self, tokens: list[Any], pos: JournalPosition) -> None:
+        states = self._states
+        cache = self._cache
+        dirty = self._dirty
+        waiters = self._waiters
+        st: LedgerState | None
+        for token in tokens:
+            if token is None:
+                continue
+            if token[0] == _ADDS:
+                self._apply_adds(token[1], token[2])
+            else:  # explicit LAC
+                _, lid, lac = token
+                st = states.get(lid)
+                if st is not None:
+                    st.explicit_lac = max(st.explicit_lac, lac)
+                    if lac > st.lac:
+                        st.lac = lac
+                        waiters.notify(lid)
+                    dirty.add(lid)
+        self._applied_pos = pos
+        if cache.bytes >= self._cache_bytes_max and (
+            self._flush_task is None or self._flush_task.done()
+        ):
+            self._flush_task = self._loop.create_task(self.checkpoint())
+
+    def _apply_adds(self, ops: Sequence[AddOp], accepted: list[int]) -> None:
+        """Durable adds into the write cache and ledger states (hot path: kept flat)."""
+        states = self._states
+        cache = self._cache
+        ledgers = cache.ledgers
+        waiters = self._waiters
+        waiting = waiters.by_ledger
+        dirty = self._dirty
+        from_bytes = int.from_bytes
+        last_lid = -1
+        st: LedgerState | None = None
+        entries: dict[int, bytes] = {}
+        nbytes = count = 0
+        for i in accepted:
+            op = ops[i]
+            lid = op.ledger_id
+            if lid != last_lid:
+                last_lid = lid
+                st = states.get(lid)
+                if st is None:
+                    continue  # deleted meanwhile
+                dirty.add(lid)
+                got = ledgers.get(lid)
+                entries = got if got is not None else ledgers.setdefault(lid, {})
+            elif st is None:
+                continue
+            eid = op.entry_id
+            if eid <= st.last_entry_id:
+                if self._has_entry(lid, eid):
+                    continue
+            else:
+                st.last_entry_id = eid
+            data = op.entry
+            entries[eid] = data
+            nbytes += len(data)
+            count += 1
+            piggy = from_bytes(data[16:24], "big", signed=True)
+            if piggy > st.lac:
+                st.lac = piggy
+                if lid in waiting:
+                    waiters.notify(lid)
+        cache.bytes += nbytes
+        cache.count += count
+
+    def _on_failure(self, err: StorageError) -> None:
+        if isinstance(err, DiskFullError):
+            self._enospc = True
+            self._switch.update(disk_full=str(err))
+        else:
+            self._switch.update(failed=str(err))
+        log.error("storage_read_only", reason=self._switch.reason)
+
+    # --- writes -----------------------------------------------------------------------
+
+    def _has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        if self._cache.has(ledger_id, entry_id):
+            return True
+        if self._flushing is not None and self._flushing.has(ledger_id, entry_id):
+            return True
+        try:
+            return self._index.get(ledger_id, entry_id) is not None
+        except CorruptEntryError:
+            return False
+
+    def _refused(self) -> Status | None:
+        if self._switch.failed:
+            return Status.STORAGE
+        if self._switch.read_only or self._closed:
+            return Status.READ_ONLY
+        return None
+
+    async def add_batch(self, ops: Sequence[AddOp]) -> list[Status]:
+        refused = self._refused()
+        if refused is not None:
+            return [refused] * len(ops)
+        keyed: list[tuple[int, bytes]] = []
+        statuses, accepted = admit_adds(
+            self._states, ops, self._entry_size_max, self._has_entry, keyed
+        )
+        if not accepted:
+            return statuses
+        while (
+            self._cache.bytes >= 2 * self._cache_bytes_max
+            and self._flush_task is not None
+            and not self._flush_task.done()
+        ):
+            await asyncio.shield(self._flush_task)
+        while self._journal_queued_bytes > self._config.journal_queue_bytes_max:
+            self._journal_room.clear()
+            await self._journal_room.wait()  # bounded queue: woken as groups complete
+        record = jr.encode_adds([ops[i].entry for i in accepted])
+        keys = [jr.encode_master_key(lid, key) for lid, key in keyed]
+        keys.append(record)
+        record = b"".join(keys)
+        journal = self._journal
+        if journal is None:
+            raise InvariantViolation("add_batch before open")
+        size = len(record)
+        self._journal_queued_bytes += size
+        try:
+            await journal.submit(record, (_ADDS, ops, accepted))
+        except StorageError as exc:
+            bad = Status.READ_ONLY if isinstance(exc, DiskFullError) else Status.STORAGE
+            for i in accepted:
+                statuses[i] = bad
+        finally:
+            self._journal_queued_bytes -= size
+            if self._journal_queued_bytes <= self._config.journal_queue_bytes_max:
+                self._journal_room.set()
+        return statuses
+
+    async def _journal_write(self, record: bytes, token: Any) -> None:
+        if self._switch.failed:
+            raise StorageError(f"storage failed: {self._switch.failed}")
+        journal = self._journal
+        if journal is None:
+            raise InvariantViolation("journal write before open")
+        try:
+            await journal.submit(record, token)
+        except DiskFullError as exc:
+            raise BookieReadOnlyError(f"read-only: {exc}") from exc
+
+    def _state_for_write(self, ledger_id: int, master_key: bytes) -> tuple[LedgerState, bytes]:
+        if self._switch.failed:
+            raise StorageError(f"storage failed: {self._switch.failed}")
+        st = self._states.get(ledger_id)
+        if st is None:
+            st = self._states[ledger_id] = LedgerState(master_key)
+        elif st.master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+        # always journaled with the record: replay must know the key (see admit_adds)
+        return st, jr.encode_master_key(ledger_id, master_key)
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> LacState:
+        st, key_record = self._state_for_write(ledger_id, master_key)
+        st.fenced = True
+        self._dirty.add(ledger_id)
+        await self._journal_write(key_record + jr.encode_fence(ledger_id), None)
+        log.info("ledger_fenced", ledger_id=ledger_id, lac=st.lac)
+        return st.snapshot()
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        if self._switch.read_only and not self._switch.failed:
+            raise BookieReadOnlyError(f"read-only: {self._switch.reason}")
+        _, key_record = self._state_for_write(ledger_id, master_key)
+        await self._journal_write(
+            key_record + jr.encode_explicit_lac(ledger_id, lac), (_LAC, ledger_id, lac)
+        )
+
+    # --- reads --------------------------------------------------------------------------
+
+    def _state(self, ledger_id: int) -> LedgerState:
+        st = self._states.get(ledger_id)
+        if st is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return st
+
+    def _lookup(self, ledger_id: int, entry_id: int) -> bytes | None:
+        data = self._cache.get(ledger_id, entry_id)
+        if data is not None:
+            return data
+        if self._flushing is not None:
+            data = self._flushing.get(ledger_id, entry_id)
+            if data is not None:
+                return data
+        try:
+            loc = self._index.get(ledger_id, entry_id)
+        except lmdb.Error as exc:
+            raise StorageError(f"index read failed: {exc}") from exc
+        if loc is None:
+            return None
+        try:
+            return self._logs.read(loc, ledger_id, entry_id)
+        except OSError as exc:
+            raise StorageError(f"entry log read failed: {exc}") from exc
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        st = self._state(ledger_id)
+        if entry_id == -1:
+            entry_id = st.last_entry_id
+        data = self._lookup(ledger_id, entry_id) if entry_id >= 0 else None
+        if data is None:
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} not stored")
+        return data
+
+    def read_range(
+        self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
+    ) -> list[bytes]:
+        out = [self.read_entry(ledger_id, first)]
+        size = len(out[0])
+        eid = first + 1
+        while eid <= last and len(out) < max_entries:
+            data = self._lookup(ledger_id, eid)
+            if data is None or size + len(data) > max_bytes:
+                break
+            out.append(data)
+            size += len(data)
+            eid += 1
+        return out
+
+    def lac_state(self, ledger_id: int) -> LacState:
+        return self._state(ledger_id).snapshot()
+
+    def check_master_key(self, ledger_id: int, master_key: bytes) -> None:
+        if self._state(ledger_id).master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
+        deadline = self._loop.time() + min(max(timeout_s, 0.0), self._config.lac_wait_timeout_s_max)
+        while True:
+            st = self._states.get(ledger_id)
+            if st is not None and st.lac > previous_lac:
+                return st.snapshot()
+            remaining = deadline - self._loop.time()
+            if remaining <= 0 or self._closed:
+                return self._state(ledger_id).snapshot()
+            await self._waiters.wait(ledger_id, remaining)
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._states)
+
+    # --- checkpoint, GC ------------------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        async with self._flush_lock:
+            await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> None:
+        if self._switch.failed or self._journal is None:
+            return
+        if not self._cache.count and not self._dirty and self._applied_pos == self._checkpointed:
+            return
+        cache, self._cache = self._cache, WriteCache()
+        self._flushing = cache
+        pos = self._applied_pos
+        states = {lid: _copy_state(self._states[lid]) for lid in self._dirty if lid in self._states}
+        dirty, self._dirty = self._dirty, set()
+        try:
+            await self._loop.run_in_executor(self._executor, self._flush, cache, states, pos)
+        except (OSError, StorageError, lmdb.Error) as exc:
+            self._logs.abandon_current()
+            for lid, entries in cache.ledgers.items():
+                if lid in self._states:
+                    for eid, e in entries.items():
+                        self._cache.put(lid, eid, e)
+            self._dirty |= dirty
+            self._flushing = None
+            if _is_enospc(exc):  # retry once space is back
+                self._enospc = True
+                self._switch.update(disk_full=f"entry log flush: disk full ({exc})")
+            else:
+                self._switch.update(failed=f"checkpoint failed: {exc}")
+                if self._journal is not None:
+                    self._journal.fail(StorageError(self._switch.failed))
+            log.error("checkpoint_failed", error=str(exc), reason=self._switch.reason)
+            return
+        self._flushing = None
+        self._checkpointed = pos
+        self._checkpoints += 1
+
+    def _flush(self, cache: WriteCache, states: dict[int, LedgerState], pos: JournalPosition) -> None:
+        keys: list[bytes] = []
+        datas: list[bytes] = []
+        for lid in sorted(cache.ledgers):
+            entries = cache.ledgers[lid]
+            for eid in sorted(entries):
+                keys.append(entry_key(lid, eid))
+                datas.append(entries[eid])
+        locs = self._logs.append(datas) if datas else []
+        self._logs.sync()
+        for log_id, n in self._logs.take_written().items():
+            self._log_stats.setdefault(log_id, [0, 0])[0] += n
+        stats = {k: (v[0], v[1]) for k, v in self._log_stats.items()}
+        self._index.commit(zip(keys, locs, strict=True), states, stats, pos, self._logs.next_log_id)
+        journal = self._journal
+        if journal is not None:
+            journal.trim(pos)
+
+    async def delete_ledgers(self, ledger_ids: Collection[int]) -> None:
+        """Drop the ledgers (journaled, then index), then compact sparse entry logs one by
+        one (each under the flush lock, so checkpoints interleave)."""
+        lids = sorted(set(ledger_ids))
+        if not lids:
+            return
+        async with self._flush_lock:
+            if not self._switch.failed and self._journal is not None:
+                with contextlib.suppress(StorageError, BookieReadOnlyError):
+                    await self._journal_write(jr.encode_delete(lids), None)
+            for lid in lids:
+                self._states.pop(lid, None)
+                self._cache.drop_ledger(lid)
+                self._dirty.discard(lid)
+                self._waiters.notify(lid)
+            if self._switch.failed:
+                return
+            await self._loop.run_in_executor(self._executor, self._drop_from_index, lids)
+        compacted = 0
+        for log_id in self._compaction_victims():
+            async with self._flush_lock:
+                if self._switch.failed or self._closed:
+                    break
+                if await self._loop.run_in_executor(self._executor, self._compact_log, log_id):
+                    self._logs.remove(log_id)  # on the loop: no read is between lookup and pread
+                    compacted += 1
+        log.info("ledgers_deleted", count=len(lids), logs_compacted=compacted)
+
+    def _drop_from_index(self, lids: list[int]) -> None:
+        freed = self._index.delete_ledgers(lids)
+        for log_id, n in freed.items():
+            self._log_stats.setdefault(log_id, [0, 0])[1] += n
+        self._index.commit((), {}, {k: (v[0], v[1]) for k, v in self._log_stats.items()},
+                           None, self._logs.next_log_id)
+
+    def _compaction_victims(self) -> list[int]:
+        ratio = self._config.compaction_live_ratio_min
+        return sorted(
+            log_id for log_id, (total, dead) in self._log_stats.items()
+            if log_id != self._logs.current_id and total > 0 and (total - dead) / total < ratio
+        )
+
+    def _compact_log(self, log_id: int) -> bool:
+        """Copy a log's live entries to the current log and commit their new locations.
+
+        True when the old log may be removed. A log that cannot be read to its end (a
+        corrupt record) is kept: entries behind the damage may still be live.
+        """
+        if log_id == self._logs.current_id or log_id not in self._log_stats:
+            return False
+        live: list[tuple[int, int, bytes]] = []
+        records, clean = self._logs.scan(log_id)
+        for lid, eid, offset, data in records:
+            try:
+                loc = self._index.get(lid, eid)
+            except CorruptEntryError:
+                loc = None
+            if loc is not None and loc[0] == log_id and loc[1] == offset:
+                live.append((lid, eid, data))
+        if not clean:
+            log.error("entry_log_compaction_skipped", log_id=log_id, reason="unreadable record")
+            return False
+        locs = self._logs.append([d for _, _, d in live]) if live else []
+        keys = [entry_key(lid, eid) for lid, eid, _ in live]
+        self._logs.sync()
+        for wid, n in self._logs.take_written().items():
+            self._log_stats.setdefault(wid, [0, 0])[0] += n
+        self._log_stats.pop(log_id, None)
+        self._index.commit(
+            zip(keys, locs, strict=True),
+            {}, {k: (v[0], v[1]) for k, v in self._log_stats.items()}, None,
+            self._logs.next_log_id, removed_logs=[log_id],
+        )
+        log.info("entry_log_compacted", log_id=log_id, live_entries=len(live))
+        return True
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self._switch.read_only
+
+    @property
+    def read_only_reason(self) -> str:
+        return self._switch.reason
+
+    def disk_usage(self) -> tuple[int, int]:
+        usage = shutil.disk_usage(self._config.ledger_dir)
+        return usage.free, usage.total
+
+    def _check_disk(self) -> None:
+        used_max = 0.0
+        for d in {self._config.ledger_dir, self._config.journal_dir}:
+            usage = shutil.disk_usage(d)
+            if usage.used + usage.free > 0:  # as df's Use%: blocks reserved for root excluded
+                used_max = max(used_max, usage.used / (usage.used + usage.free))
+        c = self._config
+        if used_max >= c.disk_usage_threshold:
+            if not self._switch.disk_full:
+                log.warning("disk_full", used=round(used_max, 4), threshold=c.disk_usage_threshold)
+            self._switch.update(disk_full=f"disk usage {used_max:.1%} >= {c.disk_usage_threshold:.0%}")
+        elif used_max < c.disk_usage_lwm and self._switch.disk_full:
+            if self._enospc and not self._probe_space():
+                return  # statvfs says there is room, but writes still fail (quota, inodes...)
+            log.info("disk_space_back", used=round(used_max, 4))
+            self._enospc = False
+            self._switch.update(disk_full="")
+
+    def _probe_space(self) -> bool:
+        """After an ENOSPC: can each dir take a small durable write again?"""
+        for d in {self._config.ledger_dir, self._config.journal_dir}:
+            path = Path(d) / ".space-probe"
+            try:
+                fd = self._fio.open(path, create=True)
+                try:
+                    self._fio.write(fd, b"\0" * 4096)
+                    self._fio.fdatasync(fd)
+                finally:
+                    self._fio.close(fd)
+                    self._fio.remove(path)
+            except OSError:
+                return False
+        return True
+
+    async def _check_disk_async(self) -> None:
+        was_full = bool(self._switch.disk_full)
+        self._check_disk()
+        if was_full and not self._switch.disk_full and self._cache.bytes:
+            await self.checkpoint()
+
+    def add_state_listener(self, cb: Callable[[bool, str], None]) -> None:
+        self._switch.add_listener(cb)
+
+    async def set_read_only(self, read_only: bool, reason: str) -> None:
+        self._switch.update(forced=(reason or "operator") if read_only else "")
+
+    def stats(self) -> dict[str, float]:
+        """Figures for metrics (gauges/counters; names carry their units)."""
+        j = self._journal
+        return {
+            "journal_groups_total": j.groups if j else 0,
+            "journal_records_total": j.records if j else 0,
+            "journal_write_sync_seconds_total": j.syncs_seconds if j else 0.0,
+            "journal_queued_bytes": self._journal_queued_bytes,
+            "write_cache_bytes": self._cache.bytes,
+            "write_cache_entries": self._cache.count,
+            "checkpoints_total": self._checkpoints,
+            "ledgers": len(self._states),
+            "entry_logs": len(self._log_stats),
+            "read_only": 1 if self._switch.read_only else 0,
+        }
+
+    def journal_stats(self) -> dict[str, float]:
+        j = self._journal
+        if j is None:
+            return {}
+        return {"groups": j.groups, "records": j.records, "sync_seconds": j.syncs_seconds}
+
+    async def close(self) -> None:
+        """Graceful: finish queued journal writes, checkpoint, release everything."""
+        if self._closed:
+            return
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._journal is not None:
+            await self.checkpoint()
+        self._closed = True
+        self._waiters.notify_all()
+        await self._release(abandon=False)
+
+    async def abandon(self) -> None:
+        """Test hook, as a crash: stop without flushing anything not yet durable."""
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        async with self._flush_lock:
+            await self._release(abandon=True)
+
+    async def _release(self, *, abandon: bool) -> None:
+        if self._journal is not None:
+            journal = self._journal
+            await self._loop.run_in_executor(None, lambda: journal.close(abandon=abandon))
+        self._executor.shutdown(wait=True)
+        self._logs.close()
+        self._index.close()
+        locks, self._locks = self._locks, []
+        for fd in locks:
+            os.close(fd)
+
+
+def _make_dirs(config: StorageConfig) -> None:
+    for d in (config.journal_dir, config.ledger_dir, config.ledger_dir / "entrylogs"):
+        Path(d).mkdir(parents=True, exist_ok=True)
+
+
+def _lock_dirs(config: StorageConfig) -> list[int]:
+    """Hold an exclusive lock on each dir: two processes on one journal would corrupt it."""
+    fds: list[int] = []
+    try:
+        for d in dict.fromkeys([Path(config.journal_dir), Path(config.ledger_dir)]):
+            fd = os.open(d / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fds.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StorageError(f"{d}: in use by another storage (LOCK held)") from None
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+async def open_storage(config: StorageConfig, *, fileio: FileIO | None = None) -> DiskLedgerStorage:
+    """Open (creating dirs), replay the journal from the last checkpoint, and checkpoint."""
+    config.validate()
+    _make_dirs(config)
+    locks = _lock_dirs(config)
+    try:
+        storage = DiskLedgerStorage(config, fileio or default_fileio(), asyncio.get_running_loop())
+    except BaseException:
+        for fd in locks:
+            os.close(fd)
+        raise
+    storage._locks = locks
+    try:
+        await storage._start()
+    except BaseException:
+        await storage._release(abandon=True)
+        raise
+    return storage
