@@ -1,0 +1,402 @@
+"""Ledger recovery: fence, find the last entry, re-replicate the tail, close. No I/O.
+
+Phases::
+
+    MARKING --IN_RECOVERY written--> FENCING --every write set covered--> READING
+    READING --first absent entry--> WRITING --each entry on Qa bookies--> CLOSING --> DONE
+    (any phase) --error--> FAILED          (already CLOSED at start or at close) --> DONE
+
+Inputs: ``start()``, ``on_metadata_written(record)``, ``on_metadata_failed(err)``,
+``on_lac_response(bookie, result, status)``, ``on_entry(bookie, entry, data, status)``,
+``on_add_response(bookie, entry, status)``.
+Outputs: ``WriteMetadata``, ``ReadLac(fence=True)``, ``ReadEntries(fence=True)``,
+``SendAdd(recovery=True)``, and finally ``OperationDone(closed record)`` or
+``OperationFailed(error)``.
+
+Rules (BookKeeper's):
+- fenced once ``(Qw - Qa) + 1`` bookies of *every* write set of the last segment
+  answered the fencing LAC read: no old-writer add can then reach ``Qa`` acks;
+- reading goes forward from ``max(LAC)`` with the fence flag; an entry is *present*
+  if any replica returns it with a valid digest, *absent* only when ``Qw - Qa + 1``
+  replicas of its write set say NO_SUCH_ENTRY; a corrupt copy or a failed read is
+  *unknown*, never absent; an entry neither present nor absent fails the recovery
+  (retriable), so the close is never below a confirmed entry;
+- every recovered entry is re-written, unchanged, to its full write set with the
+  recovery flag (done when ``Qa`` acknowledged), then the record is CAS-closed at the
+  last recovered entry. A recoverer that finds the record CLOSED adopts it, so two
+  concurrent recoverers end with the same record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from scriba.client.effects import (
+    NO_EFFECTS,
+    Effect,
+    Effects,
+    MetadataUpdate,
+    OperationDone,
+    OperationFailed,
+    ReadEntries,
+    ReadLac,
+    SendAdd,
+    WriteMetadata,
+)
+from scriba.client.transport import LacResult
+from scriba.config import require
+from scriba.entry import Digest, unpack_entry
+from scriba.errors import (
+    DigestMismatchError,
+    InternalError,
+    ScribaError,
+    Status,
+    UnauthorizedError,
+    UnavailableError,
+)
+from scriba.ids import BookieId, EntryId
+from scriba.invariant import invariant
+from scriba.meta.records import LedgerMetadata, LedgerState
+
+
+def write_set_indexes(start: int, ensemble_size: int, write_quorum_size: int) -> list[int]:
+    return [(start + k) % ensemble_size for k in range(write_quorum_size)]
+
+
+def covers_every_write_set(
+    answered: set[int], ensemble_size: int, write_quorum_size: int, ack_quorum_size: int
+) -> bool:
+    """Whether ``answered`` (ensemble indexes) holds ``Qw - Qa + 1`` of every write set."""
+    need = write_quorum_size - ack_quorum_size + 1
+    for start in range(ensemble_size):
+        got = sum(1 for i in write_set_indexes(start, ensemble_size, write_quorum_size) if i in answered)
+        if got < need:
+            return False
+    return True
+
+
+def can_still_cover(
+    failed: set[int], ensemble_size: int, write_quorum_size: int, ack_quorum_size: int
+) -> bool:
+    """Whether every write set can still reach ``Qw - Qa + 1`` answers despite ``failed``."""
+    need = write_quorum_size - ack_quorum_size + 1
+    for start in range(ensemble_size):
+        bad = sum(1 for i in write_set_indexes(start, ensemble_size, write_quorum_size) if i in failed)
+        if write_quorum_size - bad < need:
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    read_window: int = 16  # entries read ahead at once
+
+    def validate(self) -> RecoveryConfig:
+        require(self.read_window >= 1, "read_window", "must be >= 1")
+        return self
+
+
+class RecoveryPhase(enum.Enum):
+    MARKING = "marking"
+    FENCING = "fencing"
+    READING = "reading"
+    WRITING = "writing"
+    CLOSING = "closing"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _EntryRead:
+    expected: int  # replicas asked
+    data: bytes | None = None
+    length: int = 0
+    no: int = 0
+    unknown: int = 0
+    statuses: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def answered(self) -> int:
+        return self.no + self.unknown + (1 if self.data is not None else 0)
+
+
+@dataclass(slots=True)
+class _EntryWrite:
+    ok: int = 0
+    failed: int = 0
+
+
+def recovery_start_transform() -> MetadataUpdate:
+    def needs_update(md: LedgerMetadata) -> bool:
+        return md.state is LedgerState.OPEN
+
+    def transform(md: LedgerMetadata) -> LedgerMetadata:
+        return dataclasses.replace(md, state=LedgerState.IN_RECOVERY)
+
+    return needs_update, transform
+
+
+def recovery_close_transform(last_entry_id: int, length: int) -> MetadataUpdate:
+    def needs_update(md: LedgerMetadata) -> bool:
+        return md.state is not LedgerState.CLOSED  # already closed: adopt that record
+
+    def transform(md: LedgerMetadata) -> LedgerMetadata:
+        return dataclasses.replace(
+            md, state=LedgerState.CLOSED, last_entry_id=EntryId(last_entry_id), length=length
+        )
+
+    return needs_update, transform
+
+
+class RecoveryCore:
+    """One recovery of one ledger (see the module docstring)."""
+
+    def __init__(
+        self,
+        metadata: LedgerMetadata,
+        *,
+        digest: Digest,
+        config: RecoveryConfig | None = None,
+    ) -> None:
+        self._config = (config or RecoveryConfig()).validate()
+        self._md = metadata
+        self._digest = digest
+        self._ledger_id = int(metadata.ledger_id)
+        self._E = metadata.ensemble_size
+        self._Qw = metadata.write_quorum_size
+        self._Qa = metadata.ack_quorum_size
+        self._phase = RecoveryPhase.MARKING
+        self._error: ScribaError | None = None
+        # fencing
+        self._fence_ok: set[int] = set()
+        self._fence_failed: set[int] = set()
+        self._fence_errors: list[str] = []
+        self._max_lac = -1
+        # reading
+        self._start = 0
+        self._base_length = 0
+        self._reads: dict[int, _EntryRead] = {}
+        self._next_read = 0
+        self._next_decide = 0
+        self._found: dict[int, tuple[bytes, int]] = {}  # entry -> (packed, total length)
+        self._last = -1
+        self._last_length = 0
+        self._end_found = False
+        # writing
+        self._writes: dict[int, _EntryWrite] = {}
+
+    # --- views ------------------------------------------------------------------------
+    @property
+    def phase(self) -> RecoveryPhase:
+        return self._phase
+
+    @property
+    def fenced(self) -> bool:
+        """True once fencing reached every write set (the old writer can confirm nothing new)."""
+        return self._phase not in (RecoveryPhase.MARKING, RecoveryPhase.FENCING)
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._md
+
+    @property
+    def last_entry_id(self) -> int:
+        return self._last
+
+    # --- events -----------------------------------------------------------------------
+    def start(self) -> Effects:
+        if self._md.is_closed:
+            self._phase = RecoveryPhase.DONE
+            return (OperationDone(self._md),)
+        needs_update, transform = recovery_start_transform()
+        return (WriteMetadata("recovery_start", needs_update, transform),)
+
+    def on_metadata_written(self, record: LedgerMetadata) -> Effects:
+        self._md = record
+        if self._phase is RecoveryPhase.MARKING:
+            if record.is_closed:
+                self._phase = RecoveryPhase.DONE
+                return (OperationDone(record),)
+            self._phase = RecoveryPhase.FENCING
+            return tuple(ReadLac(b, fence=True) for b in record.current_ensemble)
+        if self._phase is RecoveryPhase.CLOSING:
+            invariant(record.is_closed, "recovery close wrote a record that is not CLOSED")
+            self._phase = RecoveryPhase.DONE
+            return (OperationDone(record),)
+        return NO_EFFECTS
+
+    def on_metadata_failed(self, error: ScribaError) -> Effects:
+        return self._fail(error)
+
+    def on_lac_response(
+        self, bookie_id: BookieId, result: LacResult | None, status: int
+    ) -> Effects:
+        if self._phase is not RecoveryPhase.FENCING:
+            return NO_EFFECTS
+        ensemble = self._md.current_ensemble
+        if bookie_id not in ensemble:
+            return NO_EFFECTS
+        index = ensemble.index(bookie_id)
+        if status == Status.OK or status == Status.NO_SUCH_LEDGER:
+            self._fence_ok.add(index)
+            if result is not None:
+                self._max_lac = max(self._max_lac, int(result.lac))
+        else:
+            if status == Status.UNAUTHORIZED:
+                return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
+            self._fence_failed.add(index)
+            self._fence_errors.append(f"{bookie_id}: {Status(status).name}")
+        if covers_every_write_set(self._fence_ok, self._E, self._Qw, self._Qa):
+            return self._begin_reading()
+        if not can_still_cover(self._fence_failed, self._E, self._Qw, self._Qa):
+            return self._fail(
+                UnavailableError(
+                    f"ledger {self._ledger_id}: could not fence a quorum of every write set "
+                    f"({'; '.join(self._fence_errors)})"
+                )
+            )
+        return NO_EFFECTS
+
+    def on_entry(
+        self, bookie_id: BookieId, entry_id: int, data: bytes | None, status: int
+    ) -> Effects:
+        if self._phase is not RecoveryPhase.READING:
+            return NO_EFFECTS
+        read = self._reads.get(entry_id)
+        if read is None or read.data is not None:
+            return NO_EFFECTS
+        if status == Status.OK and data is not None:
+            try:
+                entry = unpack_entry(self._digest, data)
+            except DigestMismatchError:
+                read.unknown += 1
+                read.statuses.append(f"{bookie_id}: digest mismatch")
+            else:
+                if entry.ledger_id == self._ledger_id and entry.entry_id == entry_id:
+                    read.data = data
+                    read.length = entry.length
+                else:
+                    read.unknown += 1
+                    read.statuses.append(f"{bookie_id}: wrong entry header")
+        elif status == Status.NO_SUCH_ENTRY or status == Status.NO_SUCH_LEDGER:
+            read.no += 1
+        elif status == Status.UNAUTHORIZED:
+            return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
+        else:
+            read.unknown += 1
+            read.statuses.append(f"{bookie_id}: {Status(status).name}")
+        return self._decide()
+
+    def on_add_response(self, bookie_id: BookieId, entry_id: int, status: int) -> Effects:
+        if self._phase is not RecoveryPhase.WRITING:
+            return NO_EFFECTS
+        write = self._writes.get(entry_id)
+        if write is None:
+            return NO_EFFECTS
+        if status == Status.OK:
+            write.ok += 1
+            if write.ok == self._Qa:
+                del self._writes[entry_id]
+                if not self._writes:
+                    return self._begin_closing()
+            return NO_EFFECTS
+        write.failed += 1
+        if self._Qw - write.failed < self._Qa:
+            return self._fail(
+                UnavailableError(
+                    f"ledger {self._ledger_id}: could not re-replicate entry {entry_id} to "
+                    f"{self._Qa} bookies (last error {Status(status).name} from {bookie_id})"
+                )
+            )
+        return NO_EFFECTS
+
+    # --- internals --------------------------------------------------------------------
+    def _begin_reading(self) -> Effects:
+        self._phase = RecoveryPhase.READING
+        # Read the LAC entry too: it is confirmed, and its header gives the length.
+        self._start = max(self._max_lac, 0)
+        self._next_read = self._start
+        self._next_decide = self._start
+        self._last = self._max_lac
+        return self._issue_reads()
+
+    def _issue_reads(self) -> Effects:
+        by_bookie: dict[BookieId, list[EntryId]] = {}
+        while not self._end_found and self._next_read < self._next_decide + self._config.read_window:
+            entry_id = self._next_read
+            self._next_read += 1
+            write_set = self._md.write_set(entry_id)
+            self._reads[entry_id] = _EntryRead(expected=len(write_set))
+            for bookie_id in write_set:
+                by_bookie.setdefault(bookie_id, []).append(EntryId(entry_id))
+        return tuple(ReadEntries(b, tuple(ids), fence=True) for b, ids in by_bookie.items())
+
+    def _decide(self) -> Effects:
+        need_no = self._Qw - self._Qa + 1
+        while not self._end_found:
+            read = self._reads.get(self._next_decide)
+            if read is None:
+                break
+            entry_id = self._next_decide
+            if read.data is not None:
+                self._found[entry_id] = (read.data, read.length)
+                self._last = entry_id
+                self._last_length = read.length
+                del self._reads[entry_id]
+                self._next_decide += 1
+                continue
+            if read.no >= need_no:
+                if entry_id <= self._max_lac:
+                    return self._fail(
+                        InternalError(
+                            f"ledger {self._ledger_id}: entry {entry_id} is at or below a "
+                            f"bookie's LAC ({self._max_lac}) yet {read.no} replicas lack it"
+                        )
+                    )
+                self._end_found = True
+                self._reads.clear()
+                break
+            if read.answered >= read.expected:
+                return self._fail(
+                    UnavailableError(
+                        f"ledger {self._ledger_id}: cannot tell whether entry {entry_id} exists "
+                        f"({read.no} replicas lack it, need {need_no}; "
+                        f"unknown: {', '.join(read.statuses)})"
+                    )
+                )
+            break
+        if self._end_found:
+            return self._begin_writing()
+        return self._issue_reads()
+
+    def _begin_writing(self) -> Effects:
+        self._phase = RecoveryPhase.WRITING
+        if self._last < 0:
+            self._last_length = 0
+        effects: list[Effect] = []
+        for entry_id in sorted(self._found):
+            if entry_id <= self._max_lac:
+                continue  # confirmed by the writer: already on an ack quorum
+            data, _ = self._found[entry_id]
+            self._writes[entry_id] = _EntryWrite()
+            effects.append(
+                SendAdd(EntryId(entry_id), data, self._md.write_set(entry_id), recovery=True)
+            )
+        self._found.clear()
+        if not self._writes:
+            return self._begin_closing()
+        return effects
+
+    def _begin_closing(self) -> Effects:
+        self._phase = RecoveryPhase.CLOSING
+        needs_update, transform = recovery_close_transform(self._last, self._last_length)
+        return (WriteMetadata("recovery_close", needs_update, transform),)
+
+    def _fail(self, error: ScribaError) -> Effects:
+        if self._phase in (RecoveryPhase.DONE, RecoveryPhase.FAILED):
+            return NO_EFFECTS
+        self._phase = RecoveryPhase.FAILED
+        self._error = error
+        return (OperationFailed(error),)

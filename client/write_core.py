@@ -1,0 +1,540 @@
+"""The write path of one ledger: quorum bookkeeping and ensemble changes, no I/O.
+
+States::
+
+    OPEN --close()--> CLOSING --metadata written--> CLOSED
+      |  \\--bookie error--> (change in progress, still OPEN) --metadata written--> OPEN
+      \\--FENCED / metadata not OPEN / no replacement--> FAILED
+
+Inputs (method calls): ``append(payload)``, ``on_add_response(bookie, entry, status)``,
+``close()``, ``on_metadata_written(record)``, ``on_metadata_failed(error)``, ``on_timer(key)``.
+Outputs: sequences of effects (``client/effects.py``): ``SendAdd`` (one per entry,
+naming every bookie of its write set), ``CompleteAppends`` (a range, in order),
+``FailAppends``, ``WriteMetadata``, ``StartTimer``.
+
+When placement finds no spare bookie, the writer waits ``replacement_retry_s``,
+asks placement again, and failing that re-sends to the same bookie (a transient
+failure in a cluster of exactly E bookies heals); every round counts against
+``ensemble_changes_max``.
+
+Invariants:
+- entry ids are consecutive from the ledger's next id; entry ``e`` goes to the write
+  set ``ensemble[(e + i) % E]`` for ``i < Qw`` of the segment that holds it;
+- ``e`` is confirmed once ``Qa`` bookies of its write set acknowledged it *and* every
+  entry below it is confirmed, so confirmations leave strictly in order and the
+  last-add-confirmed (``lac``) never decreases;
+- an ack counts only from a bookie that holds that slot in the segment that will
+  hold the entry: when a bookie is replaced, its acks for unconfirmed entries are
+  dropped and those entries are re-sent to the replacement after the new segment
+  (starting at the first unconfirmed entry) is in the metadata;
+- every entry carries the ``lac`` known when it was packed (piggybacked LAC).
+
+Ensemble changes are bounded (``ensemble_changes_max``); in-flight entries and bytes
+are bounded (``has_capacity``): the driver must not append past them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from scriba.client.effects import (
+    NO_EFFECTS,
+    CompleteAppends,
+    Effect,
+    Effects,
+    FailAppends,
+    MetadataUpdate,
+    SendAdd,
+    StartTimer,
+    WriteMetadata,
+)
+from scriba.config import require
+from scriba.entry import HEADER, Digest, pack_entry
+from scriba.errors import (
+    LedgerClosedError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+    ScribaError,
+    Status,
+    UnauthorizedError,
+)
+from scriba.ids import BookieId, EntryId
+from scriba.invariant import invariant
+from scriba.meta.records import Ensemble, LedgerMetadata, LedgerState
+
+ChooseReplacement = Callable[[Ensemble, int, frozenset[BookieId]], BookieId]
+"""``(ensemble, failed_index, exclude) -> replacement``; raises NotEnoughBookiesError."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteConfig:
+    entries_inflight_max: int = 20_000
+    bytes_inflight_max: int = 64 * 1024 * 1024
+    ensemble_changes_max: int = 32
+    replacement_retry_s: float = 0.5  # no spare bookie: wait this long, then retry
+
+    def validate(self) -> WriteConfig:
+        require(self.entries_inflight_max >= 1, "entries_inflight_max", "must be >= 1")
+        require(self.bytes_inflight_max >= 1, "bytes_inflight_max", "must be >= 1")
+        require(self.ensemble_changes_max >= 0, "ensemble_changes_max", "must be >= 0")
+        require(self.replacement_retry_s > 0, "replacement_retry_s", "must be > 0")
+        return self
+
+
+class WriterState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+# --- pure metadata transforms (run inside update_metadata's CAS loop) -----------
+
+
+def _not_open_error(md: LedgerMetadata) -> ScribaError:
+    if md.state is LedgerState.IN_RECOVERY:
+        return LedgerFencedError(f"ledger {md.ledger_id} is being recovered by another client")
+    return LedgerClosedError(f"ledger {md.ledger_id} is closed (last entry {md.last_entry_id})")
+
+
+def ensemble_change_transform(
+    first_entry_id: int, ensemble: Ensemble
+) -> MetadataUpdate:
+    """needs_update/transform that make ``ensemble`` the segment from ``first_entry_id``.
+
+    If the last segment already starts at ``first_entry_id`` (no entry confirmed since
+    the previous change) it is replaced rather than followed by an empty one.
+    """
+
+    def needs_update(md: LedgerMetadata) -> bool:
+        return md.state is not LedgerState.OPEN or md.ensembles[-1] != (first_entry_id, ensemble)
+
+    def transform(md: LedgerMetadata) -> LedgerMetadata:
+        if md.state is not LedgerState.OPEN:
+            raise _not_open_error(md)
+        segments = md.ensembles
+        if segments[-1][0] == first_entry_id:
+            segments = segments[:-1]
+        invariant(
+            not segments or segments[-1][0] < first_entry_id,
+            f"ledger {md.ledger_id}: new segment at {first_entry_id} is not after the last one",
+        )
+        return dataclasses.replace(md, ensembles=(*segments, (EntryId(first_entry_id), ensemble)))
+
+    return needs_update, transform
+
+
+def close_transform(
+    last_entry_id: int, length: int, *, fenced_error: bool = True
+) -> MetadataUpdate:
+    """needs_update/transform for the writer's close at ``last_entry_id``.
+
+    Already CLOSED at the same point (a recovery got there first) counts as done;
+    closed elsewhere or being recovered raises.
+    """
+
+    def needs_update(md: LedgerMetadata) -> bool:
+        if md.state is LedgerState.CLOSED:
+            if md.last_entry_id == last_entry_id and md.length == length:
+                return False
+            raise LedgerFencedError(
+                f"ledger {md.ledger_id} was closed at entry {md.last_entry_id} by another "
+                f"client; this writer confirmed up to {last_entry_id}"
+            )
+        return True
+
+    def transform(md: LedgerMetadata) -> LedgerMetadata:
+        if md.state is not LedgerState.OPEN:
+            raise _not_open_error(md)
+        return dataclasses.replace(
+            md,
+            state=LedgerState.CLOSED,
+            last_entry_id=EntryId(last_entry_id),
+            length=length,
+        )
+
+    return needs_update, transform
+
+
+# --- the core -------------------------------------------------------------------
+
+
+class WriteCore:
+    """Per-ledger write state machine (see the module docstring)."""
+
+    def __init__(
+        self,
+        metadata: LedgerMetadata,
+        *,
+        digest: Digest,
+        choose_replacement: ChooseReplacement,
+        config: WriteConfig | None = None,
+    ) -> None:
+        invariant(metadata.state is LedgerState.OPEN, f"ledger {metadata.ledger_id} is not OPEN")
+        self._config = (config or WriteConfig()).validate()
+        self._md = metadata
+        self._ledger_id = int(metadata.ledger_id)
+        self._digest = digest
+        self._choose = choose_replacement
+        self._E = metadata.ensemble_size
+        self._Qw = metadata.write_quorum_size
+        self._Qa = metadata.ack_quorum_size
+        self._partial_write_sets = self._Qw < self._E
+        self._next = int(metadata.last_entry_id) + 1
+        self._lac = int(metadata.last_entry_id)
+        self._length = metadata.length  # total length through the last appended entry
+        self._lac_length = metadata.length  # total length through the lac (when packed is b"")
+        self._lac_packed = b""  # packed entry at the lac, if confirmed by this writer
+        self._masks: dict[int, int] = {}  # unconfirmed entry -> bitmask of acked slots
+        self._packed: dict[int, bytes] = {}  # unconfirmed entry -> packed bytes
+        self._bytes_inflight = 0
+        self._state = WriterState.OPEN
+        self._error: ScribaError | None = None
+        self._changes = 0
+        self._failing: set[BookieId] = set()  # unused until replaced (or retried)
+        self._failing_next: set[BookieId] = set()  # failed while a change was in progress
+        self._change: tuple[int, Ensemble, frozenset[BookieId]] | None = None
+        self._closing_sent = False
+        self._retry_pending: frozenset[BookieId] | None = None  # waiting for a spare bookie
+        self._retry_seq = 0
+        self._set_ensemble(metadata.current_ensemble)
+
+    # --- read-only views ----------------------------------------------------------
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def next_entry_id(self) -> int:
+        return self._next
+
+    @property
+    def length(self) -> int:
+        """Total payload bytes through the last confirmed entry."""
+        if self._lac_packed:
+            self._lac_length = HEADER.unpack_from(self._lac_packed)[3]
+            self._lac_packed = b""
+        return self._lac_length
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._md
+
+    @property
+    def state(self) -> WriterState:
+        return self._state
+
+    @property
+    def error(self) -> ScribaError | None:
+        return self._error
+
+    @property
+    def ensemble(self) -> Ensemble:
+        return tuple(self._ensemble)
+
+    @property
+    def pending(self) -> int:
+        return len(self._masks)
+
+    @property
+    def changing(self) -> bool:
+        return self._change is not None
+
+    def has_capacity(self, payload_size: int) -> bool:
+        """Whether one more entry of ``payload_size`` bytes fits the in-flight bounds."""
+        if not self._masks:
+            return True
+        return (
+            len(self._masks) < self._config.entries_inflight_max
+            and self._bytes_inflight + payload_size <= self._config.bytes_inflight_max
+        )
+
+    def check_appendable(self) -> None:
+        """Raise the error an append would meet now (closed, fenced, failed)."""
+        if self._state is WriterState.OPEN:
+            return
+        if self._error is not None:
+            raise self._error
+        raise LedgerClosedError(f"ledger {self._ledger_id} is closed; no more appends")
+
+    # --- events ---------------------------------------------------------------------
+    def append(self, payload: bytes) -> tuple[int, Effects]:
+        """Assign the next entry id to ``payload``; returns it and the sends."""
+        entry_id, packed, bookies = self.append_packed(payload)
+        return entry_id, (SendAdd(EntryId(entry_id), packed, bookies),)
+
+    def append_packed(self, payload: bytes) -> tuple[int, bytes, tuple[BookieId, ...]]:
+        """The hot path of ``append``: ``(entry_id, packed entry, bookies to send it to)``
+        instead of an effect object (the one effect an append ever has)."""
+        if self._state is not WriterState.OPEN:
+            self.check_appendable()
+        entry_id = self._next
+        self._next = entry_id + 1
+        self._length += len(payload)
+        packed = pack_entry(
+            self._digest, self._ledger_id, entry_id, self._lac, self._length, payload
+        )
+        self._masks[entry_id] = 0
+        self._packed[entry_id] = packed
+        self._bytes_inflight += len(packed)
+        return entry_id, packed, self._send_sets[entry_id % self._E]
+
+    def on_add_response(self, bookie_id: BookieId, entry_id: int, status: int) -> Effects:
+        mask = self._masks.get(entry_id)
+        if mask is None:  # confirmed already, failed, or never ours
+            return NO_EFFECTS
+        if status == 0:  # Status.OK, compared as an int on the hot path
+            index = self._ack_index.get(bookie_id)  # bookies whose acks count now
+            if index is None:
+                return NO_EFFECTS
+            if self._partial_write_sets and (index - entry_id) % self._E >= self._Qw:
+                return NO_EFFECTS  # not a slot of this entry's write set
+            mask |= 1 << index
+            self._masks[entry_id] = mask
+            if entry_id == self._lac + 1 and mask.bit_count() >= self._Qa:
+                return self._advance()
+            return NO_EFFECTS
+        return self._on_add_error(bookie_id, entry_id, Status(status))
+
+    def close(self) -> Effects:
+        """Begin closing: once every pending entry is settled, CAS the metadata to CLOSED."""
+        if self._state is WriterState.CLOSED:
+            return NO_EFFECTS
+        if self._state is WriterState.FAILED:
+            invariant(self._error is not None, "failed writer without an error")
+            if isinstance(self._error, LedgerFencedError | LedgerClosedError | UnauthorizedError):
+                raise self._error
+            # Appends past the lac failed (indeterminate); close at the lac.
+            self._state = WriterState.CLOSING
+            return self._maybe_send_close()
+        self._state = WriterState.CLOSING
+        return self._maybe_send_close()
+
+    def on_metadata_written(self, record: LedgerMetadata) -> Effects:
+        if self._state is WriterState.CLOSING and self._closing_sent and self._change is None:
+            invariant(record.state is LedgerState.CLOSED, "close wrote a record that is not CLOSED")
+            self._md = record
+            self._state = WriterState.CLOSED
+            return NO_EFFECTS
+        invariant(self._change is not None, "metadata written with no change in progress")
+        _first, ensemble, replaced = self._change  # type: ignore[misc]
+        self._change = None
+        self._md = record
+        old = self._ensemble
+        self._changes += 1
+        self._failing -= replaced
+        self._set_ensemble(ensemble)
+        if self._state is WriterState.FAILED:
+            return NO_EFFECTS
+        # Re-send every unconfirmed entry to the new bookies of its write set.
+        effects: list[Effect] = self._resend({i for i in range(self._E) if old[i] != ensemble[i]})
+        if self._failing_next:
+            pending_failures = self._failing_next & set(ensemble)
+            self._failing_next = set()
+            if pending_failures:
+                effects.extend(self._start_change(pending_failures))
+                return effects
+        if self._state is WriterState.CLOSING:
+            effects.extend(self._maybe_send_close())
+        return effects
+
+    def on_metadata_failed(self, error: ScribaError) -> Effects:
+        self._change = None
+        if isinstance(error, LedgerClosedError) and self._state is WriterState.CLOSING:
+            error = LedgerFencedError(str(error))
+        return self._fail(error)
+
+    # --- internals ------------------------------------------------------------------
+    def _set_ensemble(self, ensemble: Ensemble) -> None:
+        self._ensemble = list(ensemble)
+        self._index = {b: i for i, b in enumerate(ensemble)}
+        invariant(len(self._index) == self._E, f"ensemble {ensemble} repeats a bookie")
+        self._rebuild_send_sets()
+
+    def _rebuild_send_sets(self) -> None:
+        ens = self._ensemble
+        self._ack_index = {b: i for i, b in enumerate(ens) if b not in self._failing}
+        self._send_sets = [
+            tuple(
+                ens[(start + k) % self._E]
+                for k in range(self._Qw)
+                if ens[(start + k) % self._E] not in self._failing
+            )
+            for start in range(self._E)
+        ]
+
+    def _advance(self) -> Effects:
+        first = self._lac + 1
+        entry_id = first
+        masks = self._masks
+        packed = self._packed
+        quorum = self._Qa
+        last_packed = b""
+        freed = 0
+        while True:
+            mask = masks.get(entry_id)
+            if mask is None or mask.bit_count() < quorum:
+                break
+            del masks[entry_id]
+            last_packed = packed.pop(entry_id)
+            freed += len(last_packed)
+            entry_id += 1
+        self._bytes_inflight -= freed
+        self._lac = entry_id - 1
+        self._lac_packed = last_packed
+        done = CompleteAppends(EntryId(first), EntryId(self._lac))
+        if self._state is WriterState.CLOSING and not masks:
+            return (done, *self._maybe_send_close())
+        return (done,)
+
+    def _on_add_error(self, bookie_id: BookieId, entry_id: int, status: Status) -> Effects:
+        if status is Status.FENCED:
+            return self._fail(
+                LedgerFencedError(
+                    f"ledger {self._ledger_id}: bookie {bookie_id} is fenced (another client "
+                    f"recovered the ledger); entry {entry_id} is indeterminate"
+                )
+            )
+        if status is Status.UNAUTHORIZED:
+            return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
+        if self._state is WriterState.FAILED:
+            return NO_EFFECTS
+        if bookie_id not in self._index or bookie_id in self._failing:
+            return NO_EFFECTS  # replaced already, or being replaced
+        if self._change is not None or self._retry_pending is not None:
+            self._failing_next.add(bookie_id)
+            return NO_EFFECTS
+        return self._start_change({bookie_id})
+
+    def _start_change(self, failed: set[BookieId]) -> Effects:
+        if self._changes >= self._config.ensemble_changes_max:
+            return self._fail(
+                NotEnoughBookiesError(
+                    f"ledger {self._ledger_id}: {self._changes} ensemble changes, the "
+                    f"limit (ensemble_changes_max); bookies {sorted(failed)} failed"
+                )
+            )
+        self._stop_using(failed)
+        try:
+            new_ensemble = self._replacements(failed)
+        except NotEnoughBookiesError:
+            # No spare bookie now: wait, then try placement again, else retry the same ones.
+            self._changes += 1
+            self._retry_seq += 1
+            self._retry_pending = frozenset(failed)
+            return (StartTimer(("replace", self._retry_seq), self._config.replacement_retry_s),)
+        except ScribaError as exc:
+            return self._fail(exc)
+        return self._write_change(failed, new_ensemble)
+
+    def _stop_using(self, failed: Collection[BookieId]) -> None:
+        """Acks of ``failed`` no longer count for unconfirmed entries, and nothing more
+        is sent to them until they are replaced (or retried when no spare exists)."""
+        clear = 0
+        for bookie_id in failed:
+            clear |= 1 << self._index[bookie_id]
+        keep = ~clear
+        masks = self._masks
+        for entry_id in masks:
+            masks[entry_id] &= keep
+        self._failing |= set(failed)
+        self._rebuild_send_sets()
+
+    def _replacements(self, failed: Collection[BookieId]) -> Ensemble:
+        ensemble = list(self._ensemble)
+        exclude = set(ensemble) | set(failed)
+        for bookie_id in sorted(failed):
+            index = self._index[bookie_id]
+            replacement = self._choose(tuple(ensemble), index, frozenset(exclude))
+            invariant(replacement not in exclude, f"placement chose excluded {replacement}")
+            ensemble[index] = replacement
+            exclude.add(replacement)
+        return tuple(ensemble)
+
+    def _write_change(self, failed: Collection[BookieId], new_ensemble: Ensemble) -> Effects:
+        first = self._lac + 1
+        self._change = (first, new_ensemble, frozenset(failed))
+        needs_update, transform = ensemble_change_transform(first, new_ensemble)
+        return (WriteMetadata("ensemble_change", needs_update, transform),)
+
+    def on_timer(self, key: object) -> Effects:
+        """A replacement retry is due (``StartTimer(("replace", n), ...)``)."""
+        if (
+            not isinstance(key, tuple)
+            or key != ("replace", self._retry_seq)
+            or self._retry_pending is None
+            or self._state not in (WriterState.OPEN, WriterState.CLOSING)
+        ):
+            return NO_EFFECTS
+        failed = set(self._retry_pending) | (self._failing_next & set(self._ensemble))
+        self._retry_pending = None
+        self._failing_next = set()
+        self._stop_using(failed)
+        try:
+            new_ensemble = self._replacements(failed)
+        except NotEnoughBookiesError:
+            # Still no spare: try the same bookies again (a bookie that is really gone
+            # fails again, and each round counts against ensemble_changes_max).
+            self._failing -= failed
+            self._rebuild_send_sets()
+            effects: list[Effect] = list(self._resend({self._index[b] for b in failed}))
+            if self._state is WriterState.CLOSING:
+                effects.extend(self._maybe_send_close())
+            return effects
+        except ScribaError as exc:
+            return self._fail(exc)
+        return self._write_change(failed, new_ensemble)
+
+    def _resend(self, slots: set[int]) -> list[Effect]:
+        """SendAdd of every unconfirmed entry to its write set's bookies in ``slots``."""
+        effects: list[Effect] = []
+        ensemble = self._ensemble
+        size = self._E
+        for entry_id in range(self._lac + 1, self._next):
+            packed = self._packed.get(entry_id)
+            if packed is None:
+                continue
+            targets = tuple(
+                ensemble[(entry_id + k) % size]
+                for k in range(self._Qw)
+                if (entry_id + k) % size in slots
+            )
+            if targets:
+                effects.append(SendAdd(EntryId(entry_id), packed, targets))
+        return effects
+
+    def _maybe_send_close(self) -> Effects:
+        if (
+            self._closing_sent
+            or self._masks
+            or self._change is not None
+            or self._retry_pending is not None
+        ):
+            return NO_EFFECTS
+        self._closing_sent = True
+        needs_update, transform = close_transform(self._lac, self.length)
+        return (WriteMetadata("close", needs_update, transform),)
+
+    def _fail(self, error: ScribaError) -> Effects:
+        if self._state is WriterState.FAILED:
+            return NO_EFFECTS
+        self._state = WriterState.FAILED
+        self._error = error
+        self._retry_pending = None
+        self._failing_next = set()
+        first = self._lac + 1
+        last = self._next - 1
+        self._masks.clear()
+        self._packed.clear()
+        self._bytes_inflight = 0
+        if last < first:
+            return NO_EFFECTS
+        return (FailAppends(EntryId(first), EntryId(last), error),)
+

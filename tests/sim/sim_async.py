@@ -1,0 +1,144 @@
+"""In-process bookies for the asyncio client: ``InMemoryLedgerStorage`` behind a transport.
+
+``StorageTransport`` implements ``BookieTransport`` over one in-memory storage per
+bookie (the bookie helper's twin of the disk storage: same admission, fencing and
+master-key rules), batching adds per bookie as the gRPC transport does. Knobs:
+``down`` (bookies that answer UNAVAILABLE), ``add_delay_s`` (a slow bookie).
+``register_bookies`` publishes their registrations in a ``memory://`` store so a
+``Client`` finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from scriba.bookie.memory_storage import InMemoryLedgerStorage
+from scriba.bookie.storage_api import AddOp
+from scriba.client.transport import AddCallback, BookieInfo, LacResult
+from scriba.errors import ScribaError, Status, UnavailableError
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.meta.records import BookieRegistration, bookie_key
+from scriba.meta.store import MetadataStore
+
+
+class StorageTransport:
+    def __init__(self, bookie_ids: Iterable[str], *, add_timeout_s: float = 2.0) -> None:
+        self.storages: dict[BookieId, InMemoryLedgerStorage] = {
+            BookieId(b): InMemoryLedgerStorage() for b in bookie_ids
+        }
+        self.down: set[BookieId] = set()
+        self.add_delay_s: dict[BookieId, float] = {}
+        self.add_timeout_s = add_timeout_s
+        self._queues: dict[BookieId, list[tuple[AddOp, AddCallback]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.adds = 0
+
+    # --- adds ---------------------------------------------------------------------
+    def add(
+        self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, master_key: bytes,
+        entry: bytes, on_response: AddCallback, *, recovery: bool = False,
+    ) -> None:
+        self.adds += 1
+        queue = self._queues.get(bookie_id)
+        if queue is None:
+            queue = self._queues[bookie_id] = []
+            task = asyncio.get_running_loop().create_task(self._flush(bookie_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        queue.append((AddOp(ledger_id, entry_id, master_key, entry, recovery), on_response))
+
+    async def _flush(self, bookie_id: BookieId) -> None:
+        await asyncio.sleep(0)
+        batch = self._queues.pop(bookie_id)
+        delay = self.add_delay_s.get(bookie_id, 0.0)
+        if bookie_id in self.down or bookie_id not in self.storages:
+            statuses = [Status.UNAVAILABLE] * len(batch)
+        else:
+            if delay:
+                await asyncio.sleep(min(delay, self.add_timeout_s))
+            if delay >= self.add_timeout_s:
+                statuses = [Status.TIMEOUT] * len(batch)
+            else:
+                statuses = await self.storages[bookie_id].add_batch([op for op, _ in batch])
+        for (op, callback), status in zip(batch, statuses, strict=True):
+            callback(bookie_id, LedgerId(op.ledger_id), EntryId(op.entry_id), status)
+
+    # --- reads --------------------------------------------------------------------
+    def _storage(self, bookie_id: BookieId) -> InMemoryLedgerStorage:
+        if bookie_id in self.down or bookie_id not in self.storages:
+            raise UnavailableError(f"bookie {bookie_id} is down")
+        return self.storages[bookie_id]
+
+    async def read_entry(
+        self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, *,
+        fence: bool = False, master_key: bytes = b"", timeout_s: float | None = None,
+    ) -> bytes:
+        storage = self._storage(bookie_id)
+        if fence:
+            await storage.fence(ledger_id, master_key)
+        await asyncio.sleep(0)
+        return storage.read_entry(ledger_id, entry_id)
+
+    async def read_range(
+        self, bookie_id: BookieId, ledger_id: LedgerId, first_entry_id: EntryId,
+        last_entry_id: EntryId, *, max_entries: int = 1024, max_bytes: int = 4 * 1024 * 1024,
+        timeout_s: float | None = None,
+    ) -> list[bytes]:
+        storage = self._storage(bookie_id)
+        await asyncio.sleep(0)
+        return storage.read_range(ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes)
+
+    async def read_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, *, fence: bool = False,
+        master_key: bytes = b"", timeout_s: float | None = None,
+    ) -> LacResult:
+        storage = self._storage(bookie_id)
+        state = await storage.fence(ledger_id, master_key) if fence else storage.lac_state(ledger_id)
+        last = b""
+        if state.last_entry_id >= 0:
+            last = storage.read_entry(ledger_id, state.last_entry_id)
+        return LacResult(EntryId(state.lac), EntryId(state.last_entry_id), last, fenced=state.fenced)
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entry: bool = True,
+    ) -> LacResult:
+        storage = self._storage(bookie_id)
+        try:
+            state = await storage.wait_lac(ledger_id, previous_lac, wait_s)
+        except ScribaError:
+            raise
+        return LacResult(EntryId(state.lac), EntryId(state.last_entry_id), fenced=state.fenced)
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+    ) -> None:
+        await self._storage(bookie_id).write_lac(ledger_id, lac, master_key)
+
+    async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo:
+        storage = self._storage(bookie_id)
+        free, total = storage.disk_usage()
+        return BookieInfo(bookie_id, storage.read_only, free, total)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # --- test hooks ----------------------------------------------------------------
+    def corrupt(self, bookie_id: str, ledger_id: int, entry_id: int) -> None:
+        """Flip a bit in one stored copy (as a bad disk would; the bookie still serves it)."""
+        entries = self.storages[BookieId(bookie_id)]._entries[ledger_id]
+        data = entries[entry_id]
+        entries[entry_id] = data[:-1] + bytes([data[-1] ^ 0x01])
+
+
+async def register_bookies(store: MetadataStore, bookie_ids: Iterable[str]) -> None:
+    for i, b in enumerate(bookie_ids):
+        registration = BookieRegistration(
+            bookie_id=BookieId(b), address=f"memory:{b}", zone=f"zone{i % 3}", rack=f"rack{i}",
+            free_bytes=1 << 40, total_bytes=1 << 40,
+        )
+        await store.create(bookie_key(b), registration.to_bytes(), ephemeral=True)
+

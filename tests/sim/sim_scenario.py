@@ -1,0 +1,335 @@
+"""One seeded run: a writer, faults, concurrent recoverers, then readers; checked at every step.
+
+Checks (violations are sentences naming the seed's facts):
+- confirmations leave in order (each range starts right after the previous one);
+- the writer's LAC and every bookie's stored LAC never decrease;
+- no confirmed entry is lost: the closed ledger ends at or after every confirmed entry,
+  and readers get each confirmed entry with the bytes appended;
+- nothing unexpected: every entry readers get was appended by the writer;
+- a fenced writer gets no confirmation after fencing completed beyond the closed end;
+- all readers and recoverers agree on the closed ledger's last entry and bytes.
+
+Replay a seed: ``SCRIBA_SIM_SEED=123 .venv/bin/pytest tests/sim -k replay`` (add
+``SCRIBA_SIM_RACE=1`` for a seed of the R3 race mode; the negative controls print
+``SCRIBA_SIM_FENCING=0`` / ``SCRIBA_SIM_ACK_EARLY=1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim_world import Net, SimBookie, SimDriver, SimMeta, SimTransport, World
+
+from scriba.client.read_core import ReadConfig, ReadCore
+from scriba.client.recovery_core import RecoveryCore
+from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.entry import Entry, make_digest, master_key
+from scriba.errors import NotEnoughBookiesError, ScribaError
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.meta.records import LedgerMetadata, LedgerState
+from scriba.testing.checkers import LogRead, check_acked_set, check_log
+
+REPLAY = "SCRIBA_SIM_SEED={seed}{flags} .venv/bin/pytest tests/sim -k replay"
+LEDGER_ID = 1
+PASSWORD = b"sim"
+QUORUMS = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
+
+
+@dataclass
+class SimResult:
+    seed: int
+    violations: list[str] = field(default_factory=list)
+    confirmed: int = -1
+    closed_last: int | None = None
+    events: int = 0
+    ensemble_changes: int = 0
+    writer_error: str = ""
+    description: str = ""
+    race: bool = False
+    fencing: bool = True
+    ack_early: bool = False
+
+    def explain(self) -> str:
+        lines = [f"seed {self.seed}: {self.description}"]
+        lines += [f"  violation: {v}" for v in self.violations[:10]]
+        flags = "".join(
+            f" {name}={value}"
+            for name, value, on in (
+                ("SCRIBA_SIM_RACE", 1, self.race),
+                ("SCRIBA_SIM_FENCING", 0, not self.fencing),
+                ("SCRIBA_SIM_ACK_EARLY", 1, self.ack_early),
+            )
+            if on
+        )
+        lines.append(f"  replay: {REPLAY.format(seed=self.seed, flags=flags)}")
+        return "\n".join(lines)
+
+
+class Run:
+    def __init__(
+        self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+    ) -> None:
+        self.seed = seed
+        self.race = race  # R3: no faults; recovery lands while appends are in flight
+        world = self.world = World(seed)
+        rng = world.rng
+        e, w, a = rng.choice(QUORUMS)
+        n_bookies = e + rng.randint(1, 2)
+        self.bookie_ids = [BookieId(f"b{i}") for i in range(n_bookies)]
+        self.bookies = {
+            b: SimBookie(world, b, fencing=fencing, ack_before_fsync=ack_early)
+            for b in self.bookie_ids
+        }
+        self.drop_p = 0.0 if race else rng.choice([0.0, 0.0, 0.01, 0.05])
+        self.net = Net(world, delay_s=(0.00005, rng.choice([0.0005, 0.002])), drop_p=self.drop_p)
+        self.transport = SimTransport(
+            world, self.net, self.bookies, add_timeout_s=0.02, read_timeout_s=0.02
+        )
+        ensemble = tuple(rng.sample(self.bookie_ids, e))
+        self.md = LedgerMetadata(
+            ledger_id=LedgerId(LEDGER_ID), ensemble_size=e, write_quorum_size=w,
+            ack_quorum_size=a, ensembles=((EntryId(0), ensemble),),
+        )
+        self.meta = SimMeta(world, self.md, delay_s=(0.0002, 0.003))
+        self.digest = make_digest("crc32c", PASSWORD)
+        self.key = master_key(PASSWORD)
+        self.result = SimResult(seed, race=race, fencing=fencing, ack_early=ack_early)
+        # writer
+        self.n_entries = rng.randint(10, 60)
+        self.writer_closes = rng.random() < 0.2
+        self.payloads: dict[int, bytes] = {}
+        self.writer = WriteCore(
+            self.md, digest=self.digest, choose_replacement=self._choose,
+            config=WriteConfig(
+                entries_inflight_max=rng.choice([1, 4, 16, 64]), ensemble_changes_max=16,
+                replacement_retry_s=0.01,
+            ),
+        )
+        self.writer_driver = SimDriver(
+            world, self.writer, self.transport, self.meta, ledger_id=LEDGER_ID, master_key=self.key,
+            on_complete=self._on_complete, on_fail=self._on_fail, after=self._step,
+        )
+        self.appended = 0
+        self.confirmed_last = -1
+        self.confirm_times: dict[int, float] = {}
+        self.fenced_at: float | None = None
+        self.writer_lac = -1
+        self.bookie_lacs: dict[tuple[BookieId, int], int] = {}
+        # recoverers
+        self.recoverers: list[dict[str, Any]] = []
+        self.recovered: list[LedgerMetadata] = []
+        self.heal_at = 0.12
+        self.description = (
+            f"E{e}/W{w}/A{a}, {n_bookies} bookies, {self.n_entries} appends, drop_p={self.drop_p}, "
+            f"fencing={'on' if fencing else 'OFF'}{', R3 race' if race else ''}"
+            f"{', ACK BEFORE FSYNC' if ack_early else ''}"
+        )
+        self.result.description = self.description
+
+    # --- placement stand-in: any bookie not excluded, seeded ---------------------------
+    def _choose(self, ensemble: tuple[BookieId, ...], index: int, exclude: frozenset[BookieId]) -> BookieId:
+        candidates = [b for b in self.bookie_ids if b not in exclude]
+        if not candidates:
+            raise NotEnoughBookiesError("sim: no spare bookie")
+        return self.world.rng.choice(candidates)
+
+    # --- checks ----------------------------------------------------------------------
+    def violation(self, text: str) -> None:
+        self.result.violations.append(f"t={self.world.now * 1000:.3f}ms {text}")
+
+    def _on_complete(self, first: int, last: int) -> None:
+        if first != self.confirmed_last + 1 or last < first:
+            self.violation(f"confirmations out of order: {first}..{last} after {self.confirmed_last}")
+        self.confirmed_last = max(self.confirmed_last, last)
+        for entry_id in range(first, last + 1):
+            self.confirm_times[entry_id] = self.world.now
+
+    def _on_fail(self, first: int, last: int, error: ScribaError) -> None:
+        self.result.writer_error = type(error).__name__
+
+    def _step(self) -> None:
+        lac = self.writer.last_add_confirmed
+        if lac < self.writer_lac:
+            self.violation(f"writer LAC went back from {self.writer_lac} to {lac}")
+        self.writer_lac = lac
+        if self.fenced_at is None and any(r["core"].fenced for r in self.recoverers):
+            self.fenced_at = self.world.now
+
+    def _check_bookies(self) -> None:
+        for bookie in self.bookies.values():
+            for ledger_id, state in bookie.ledgers.items():
+                key = (bookie.bookie_id, ledger_id)
+                if state.lac < self.bookie_lacs.get(key, -1):
+                    self.violation(f"bookie {bookie.bookie_id} LAC went back to {state.lac}")
+                self.bookie_lacs[key] = state.lac
+
+    # --- actors ----------------------------------------------------------------------
+    def _append_some(self) -> None:
+        w = self.writer
+        while self.appended < self.n_entries and w.state is WriterState.OPEN:
+            payload = b"seed%d-entry%d-" % (self.seed, self.appended) + b"x" * self.world.rng.randint(0, 40)
+            if not w.has_capacity(len(payload)):
+                break
+            entry_id, effects = w.append(payload)
+            self.payloads[entry_id] = payload
+            self.appended += 1
+            self.writer_driver.execute(effects)
+            if self.world.rng.random() < 0.3:
+                break  # pace the writer
+        if self.appended < self.n_entries and w.state is WriterState.OPEN:
+            self.world.at(self.world.rng.uniform(0.0001, 0.002), self._append_some)
+        elif self.writer_closes and w.state is WriterState.OPEN:
+            self.writer_driver.execute(w.close())
+
+    def _start_recovery(self, attempt: int = 0) -> None:
+        core = RecoveryCore(self.meta.record, digest=self.digest)
+        entry: dict[str, Any] = {"core": core}
+        self.recoverers.append(entry)
+
+        def done(record: object) -> None:
+            assert isinstance(record, LedgerMetadata)
+            self.recovered.append(record)
+
+        def failed(error: ScribaError) -> None:
+            if attempt < 40:
+                self.world.at(0.01, self._start_recovery, attempt + 1)
+            else:
+                self.violation(f"recovery never succeeded: {error}")
+
+        driver = SimDriver(
+            self.world, core, self.transport, self.meta, ledger_id=LEDGER_ID, master_key=self.key,
+            on_done=done, on_failed=failed, after=self._step,
+        )
+        driver.execute(core.start())
+
+    def _heal(self) -> None:
+        self.net.drop_p = 0.0
+        for bookie in self.bookies.values():
+            bookie.restart()
+
+    def _schedule_faults(self) -> None:
+        rng = self.world.rng
+        for _ in range(rng.choice([0, 1, 2, 3])):
+            bookie = self.bookies[rng.choice(self.bookie_ids)]
+            at = rng.uniform(0.0, 0.08)
+            self.world.at(at, bookie.crash)
+            self.world.at(at + rng.uniform(0.002, 0.04), bookie.restart)
+        if rng.random() < 0.25:
+            # Power failure: every bookie crashes at once, losing what it had not fsynced.
+            at = rng.uniform(0.0, 0.05)
+            back = at + rng.uniform(0.002, 0.02)
+            for bookie in self.bookies.values():
+                self.world.at(at, bookie.crash)
+                self.world.at(back, bookie.restart)
+        if self.md.ack_quorum_size >= 2 and rng.random() < 0.3:
+            # One bit flip at rest, on one copy: within the fault model (Qa >= 2 copies).
+            bookie = self.bookies[rng.choice(self.bookie_ids)]
+            self.world.at(rng.uniform(0.0, 0.1), bookie.corrupt_one, LEDGER_ID)
+
+    # --- the run ---------------------------------------------------------------------
+    def run(self) -> SimResult:
+        world = self.world
+        rng = world.rng
+        if not self.race:
+            self._schedule_faults()
+        world.at(0.0, self._append_some)
+        first_recovery = rng.uniform(0.0003, 0.006) if self.race else rng.uniform(0.002, 0.08)
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            world.at(first_recovery + rng.uniform(0.0, 0.004), self._start_recovery)
+        world.at(self.heal_at, self._heal)
+        world.run(2.0, after_event=self._check_bookies)
+        if not self.recovered:
+            self.violation("no recovery completed")
+        self._final_checks()
+        self.result.confirmed = self.confirmed_last
+        self.result.events = world.events
+        self.result.ensemble_changes = len(self.meta.record.ensembles) - 1
+        return self.result
+
+    def _read_all(self, record: LedgerMetadata, order_seed: int) -> list[Entry] | None:
+        rng_order = World(order_seed).rng
+        got: list[Entry] = []
+        failure: list[str] = []
+        core = ReadCore(
+            record, 0, record.last_entry_id, digest=self.digest,
+            read_order=lambda ws: rng_order.sample(list(ws), len(ws)),
+            config=ReadConfig(entries_window=8, batch_entries_max=4, speculative_timeout_s=0.005),
+        )
+        driver = SimDriver(
+            self.world, core, self.transport, self.meta, ledger_id=LEDGER_ID, master_key=self.key,
+            on_deliver=lambda entries: got.extend(entries),  # type: ignore[arg-type]
+            on_failed=lambda err: failure.append(str(err)),
+        )
+        driver.execute(core.start())
+        self.world.run(self.world.now + 2.0)
+        if failure or not driver.finished:
+            self.violation(f"reader failed on the closed ledger: {failure or 'did not finish'}")
+            return None
+        return got
+
+    def _final_checks(self) -> None:
+        record = self.meta.record
+        if record.state is not LedgerState.CLOSED:
+            self.violation(f"ledger not closed at the end ({record.state.value})")
+            return
+        last = int(record.last_entry_id)
+        self.result.closed_last = last
+        for other in self.recovered:
+            if other != record:
+                self.violation(f"a recoverer returned {other.last_entry_id}, the record says {last}")
+        if self.confirmed_last > last:
+            self.violation(
+                f"confirmed entry {self.confirmed_last} lost: the ledger closed at {last}"
+            )
+        if self.fenced_at is not None:
+            late = [e for e, t in self.confirm_times.items() if t > self.fenced_at and e > last]
+            if late:
+                self.violation(
+                    f"fenced writer got confirmations {late[:5]} after fencing completed "
+                    f"(t={self.fenced_at * 1000:.3f}ms) beyond the closed end {last}"
+                )
+        readers = [self._read_all(record, self.seed * 7919 + i) for i in range(2)]
+        if any(r is None for r in readers):
+            return
+        expected_length = 0
+        for i, entries in enumerate(readers):
+            assert entries is not None
+            if [e.entry_id for e in entries] != list(range(last + 1)):
+                self.violation(f"reader {i} got entries {[e.entry_id for e in entries][:10]}...")
+                continue
+            for e in entries:
+                payload = self.payloads.get(e.entry_id)
+                if payload is None or payload != e.payload:
+                    self.violation(f"reader {i}: entry {e.entry_id} holds bytes never appended")
+            if entries:
+                expected_length = entries[-1].length
+        a, b = readers
+        assert a is not None and b is not None
+        # The shared checkers of scriba.testing (log + acknowledged set) over the same run.
+        confirmed = {e: self.payloads[e] for e in range(self.confirmed_last + 1)}
+        log_result = check_log(
+            [
+                LogRead.from_values(f"reader{i}", [x.payload for x in r], closed_last=last)
+                for i, r in enumerate((a, b))
+            ],
+            confirmed,
+            attempted=list(self.payloads.values()),
+            closed_last=last,
+        )
+        if not log_result.ok:
+            self.violation(log_result.explain())
+        acked = check_acked_set(self.payloads.values(), confirmed.values(), [x.payload for x in a])
+        if not acked.ok:
+            self.violation(acked.explain())
+        if [x.payload for x in a] != [x.payload for x in b]:
+            self.violation("readers disagree on the ledger's bytes")
+        if last >= 0 and record.length != expected_length:
+            self.violation(f"closed length {record.length} != last entry's length {expected_length}")
+
+
+def run_seed(
+    seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+) -> SimResult:
+    return Run(seed, fencing=fencing, race=race, ack_early=ack_early).run()
+

@@ -1,0 +1,345 @@
+"""The asyncio drivers and the public Client against in-process bookies and memory://.
+
+Fast stand-ins for real processes (those run in tests/client/test_client_api.py):
+``InMemoryLedgerStorage`` per bookie behind ``StorageTransport``; the metadata store
+is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitions) in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from sim_async import StorageTransport, register_bookies
+
+import scriba.meta
+from scriba.client import Client, ClientConfig, SyncClient
+from scriba.client.ledger import DriverConfig
+from scriba.client.registry import BookieRegistry
+from scriba.client.write_core import WriteConfig
+from scriba.errors import (
+    DigestMismatchError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+from scriba.ids import BookieId
+from scriba.meta.records import LedgerState
+from scriba.meta.store import MetadataStore
+
+BOOKIES = [f"bk{i}" for i in range(4)]
+CONFIG = ClientConfig(
+    add_timeout_s=2.0, bookie_wait_s=2.0,
+    driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=0.2),
+)
+
+
+@dataclass
+class Env:
+    store: MetadataStore
+    transport: StorageTransport
+    client: Client
+
+    async def second_client(self) -> Client:
+        return await Client.connect(
+            self.store.uri, store=self.store, transport=self.transport, config=CONFIG
+        )
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    store = await scriba.meta.connect(f"memory://client-{uuid.uuid4().hex[:10]}")
+    await register_bookies(store, BOOKIES)
+    transport = StorageTransport(BOOKIES)
+    client = await Client.connect(store.uri, store=store, transport=transport, config=CONFIG)
+    try:
+        yield Env(store, transport, client)
+    finally:
+        await client.close()
+        await transport.close()
+        await store.close()
+
+
+async def test_sim_client_write_read_close(env: Env) -> None:
+    w = await env.client.create_ledger(3, 3, 2, password=b"pw", custom_metadata={"app": "t"})
+    assert await w.append(b"first") == 0
+    ids = await asyncio.gather(*(w.append_async(b"e%04d" % i) for i in range(1, 300)))
+    assert ids == list(range(1, 300))
+    assert w.last_add_confirmed == 299
+    await w.close()
+    with pytest.raises(LedgerClosedError):
+        await w.append(b"late")
+    r = await env.client.open_ledger(w.ledger_id, password=b"pw")
+    assert r.is_closed and r.metadata.last_entry_id == 299
+    assert r.metadata.custom_metadata == {"app": "t"}
+    got = [e async for e in r.read(0, 299)]
+    assert [e.payload for e in got] == [b"first"] + [b"e%04d" % i for i in range(1, 300)]
+    assert await r.read_last_add_confirmed() == 299
+    with pytest.raises(NoSuchEntryError):
+        [e async for e in r.read(0, 300)]
+    assert w.ledger_id in await env.client.list_ledgers()
+    await env.client.delete_ledger(w.ledger_id)
+    assert w.ledger_id not in await env.client.list_ledgers()
+    with pytest.raises(NoSuchLedgerError):
+        await env.client.open_ledger(w.ledger_id, password=b"pw")
+
+
+async def test_sim_client_wrong_password_rejected_before_bookies(env: Env) -> None:
+    w = await env.client.create_ledger(3, 2, 2, password=b"right", digest="hmac-sha256")
+    await w.append(b"x")
+    adds = env.transport.adds
+    with pytest.raises(UnauthorizedError):
+        await env.client.open_ledger(w.ledger_id, password=b"wrong")
+    assert env.transport.adds == adds
+    assert (await env.client.ledger_metadata(w.ledger_id)).state is LedgerState.OPEN
+    r = await env.client.open_ledger(w.ledger_id, password=b"right")
+    assert [e.payload async for e in r.read()] == [b"x"]
+
+
+async def test_sim_client_r1_old_writer_fenced_50_of_50(env: Env) -> None:
+    other = await env.second_client()
+    fenced = 0
+    for trial in range(50):
+        w = await env.client.create_ledger(3, 3, 2, password=b"pw")
+        futures = [w.append_async(b"t%d-%d" % (trial, i)) for i in range(20 + trial)]
+        await asyncio.sleep(0)
+        r = await other.open_ledger(w.ledger_id, password=b"pw")
+        confirmed = w.last_add_confirmed
+        assert r.metadata.last_entry_id >= confirmed
+        try:
+            for _ in range(5):
+                await w.append(b"after recovery")
+        except LedgerFencedError:
+            fenced += 1
+        await asyncio.gather(*futures, return_exceptions=True)
+        # every append the writer saw confirmed is in the recovered ledger
+        assert w.last_add_confirmed <= r.metadata.last_entry_id
+    assert fenced == 50
+    await other.close()
+
+
+async def test_sim_client_r2_concurrent_recoveries_agree_100(env: Env) -> None:
+    clients = [await env.second_client() for _ in range(3)]
+    for rep in range(100):
+        w = await env.client.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(rep % 7):
+            w.append_async(b"r%d-%d" % (rep, i)).add_done_callback(lambda f: f.exception())
+        if rep % 3 == 0:
+            await asyncio.sleep(0)
+        readers = await asyncio.gather(
+            *(c.open_ledger(w.ledger_id, password=b"pw") for c in clients)
+        )
+        lasts = {r.metadata.last_entry_id for r in readers}
+        assert len(lasts) == 1, f"repetition {rep}: recoveries disagree: {lasts}"
+        contents = [[e.payload async for e in r.read()] for r in readers]
+        assert all(c == contents[0] for c in contents)
+        await w.abort()
+    for c in clients:
+        await c.close()
+
+
+async def test_sim_client_corrupt_replica_served_by_another(env: Env) -> None:
+    w = await env.client.create_ledger(3, 3, 2)
+    for i in range(10):
+        await w.append(b"v%d" % i)
+    await w.close()
+    md = await env.client.ledger_metadata(w.ledger_id)
+    ensemble = md.current_ensemble
+    env.transport.corrupt(ensemble[0], w.ledger_id, 4)
+    env.transport.corrupt(ensemble[1], w.ledger_id, 4)
+    r = await env.client.open_ledger(w.ledger_id)
+    assert [e.payload async for e in r.read()] == [b"v%d" % i for i in range(10)]
+    env.transport.corrupt(ensemble[2], w.ledger_id, 4)
+    with pytest.raises(DigestMismatchError):
+        [e async for e in r.read(4, 4)]
+
+
+async def test_sim_client_tail_sees_every_entry_and_ends_on_close(env: Env) -> None:
+    w = await env.client.create_ledger(3, 2, 2, password=b"t")
+    r = await env.client.open_ledger(w.ledger_id, password=b"t", recovery=False)
+
+    async def write() -> None:
+        for i in range(200):
+            await w.append(b"tail%d" % i)
+            if i % 50 == 0:
+                await asyncio.sleep(0.01)
+        await w.close()
+
+    writer = asyncio.create_task(write())
+    got = []
+    async with asyncio.timeout(30):
+        async for entry in r.tail(0):
+            got.append(entry.payload)
+    await writer
+    assert got == [b"tail%d" % i for i in range(200)]
+
+
+async def test_sim_client_ensemble_change_when_a_bookie_goes_down(env: Env) -> None:
+    w = await env.client.create_ledger(3, 3, 2)
+    for i in range(20):
+        await w.append(b"a%d" % i)
+    victim = w.metadata.current_ensemble[1]
+    env.transport.down.add(victim)
+    ids = await asyncio.gather(*(w.append_async(b"b%d" % i) for i in range(50)))
+    assert ids == list(range(20, 70))
+    assert len(w.metadata.ensembles) == 2 and victim not in w.metadata.current_ensemble
+    await w.close()
+    env.transport.down.discard(victim)
+    r = await env.client.open_ledger(w.ledger_id)
+    payloads = [e.payload async for e in r.read()]
+    assert payloads == [b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(50)]
+
+
+async def test_sim_client_connect_as_context_manager(env: Env) -> None:
+    async with Client.connect(env.store.uri, store=env.store, transport=env.transport, config=CONFIG) as c:
+        w = await c.create_ledger(2, 2, 1)
+        assert await w.append(b"x") == 0
+        await w.close()
+
+
+def test_sim_sync_client_roundtrip() -> None:
+    transport = StorageTransport(BOOKIES)
+    uri = f"memory://sync-{uuid.uuid4().hex[:8]}"
+    with SyncClient.connect(uri, transport=transport, config=CONFIG) as client:
+        asyncio.run_coroutine_threadsafe(
+            register_bookies(client.client.store, BOOKIES), client.loop
+        ).result(10)
+        w = client.create_ledger(3, 3, 2, password=b"s")
+        assert w.append(b"one") == 0
+        assert w.append_many([b"two", b"three"]) == [1, 2]
+        w.close()
+        r = client.open_ledger(w.ledger_id, password=b"s")
+        assert [e.payload for e in r.read()] == [b"one", b"two", b"three"]
+        assert w.ledger_id in client.list_ledgers()
+
+
+async def test_sim_client_replacement_falls_back_to_a_recently_failed_bookie(env: Env) -> None:
+    w = await env.client.create_ledger(3, 3, 2)
+    await w.append(b"0")
+    first_victim = w.metadata.current_ensemble[0]
+    env.transport.down.add(first_victim)
+    await w.append(b"1")
+    spare = w.metadata.current_ensemble[0]
+    assert spare != first_victim
+    env.transport.down.discard(first_victim)
+    env.transport.down.add(spare)
+    await w.append(b"2")  # the only candidate left is the recently failed one: used anyway
+    assert w.metadata.current_ensemble[0] == first_victim
+    await w.close()
+
+
+async def test_sim_client_no_spare_bookie_retries_the_same_one() -> None:
+    ids = ["n0", "n1", "n2"]
+    store = await scriba.meta.connect(f"memory://nospare-{uuid.uuid4().hex[:8]}")
+    await register_bookies(store, ids)
+    transport = StorageTransport(ids)
+    config = ClientConfig(
+        add_timeout_s=2.0, bookie_wait_s=2.0,
+        write=WriteConfig(replacement_retry_s=0.05), driver=CONFIG.driver,
+    )
+    async with Client.connect(store.uri, store=store, transport=transport, config=config) as client:
+        w = await client.create_ledger(3, 3, 3)
+        await w.append(b"before")
+        transport.down.add(BookieId("n1"))
+        pending = [w.append_async(b"during%d" % i) for i in range(10)]
+        await asyncio.sleep(0.2)
+        assert not any(f.done() for f in pending)  # A=3: nothing confirms without n1
+        transport.down.discard(BookieId("n1"))
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(*pending) == list(range(1, 11))
+        assert len(w.metadata.ensembles) == 1  # no ensemble change happened
+        await w.close()
+    await transport.close()
+    await store.close()
+
+
+async def test_sim_registry_follows_registrations() -> None:
+    store = await scriba.meta.connect(f"memory://registry-{uuid.uuid4().hex[:8]}")
+    other = await scriba.meta.connect(store.uri)
+    registry = await BookieRegistry(store).start(5.0)
+    try:
+        assert registry.registrations == {}
+        with pytest.raises(NotEnoughBookiesError):
+            await registry.wait_for_bookies(1, 0.05)
+        waiter = asyncio.create_task(registry.wait_for_bookies(2, 5.0))
+        await register_bookies(other, ["r0", "r1"])
+        assert await waiter == ["r0", "r1"]
+        assert registry.address(BookieId("r1")) == "memory:r1"
+        assert set(registry.topology().nodes) == {"r0", "r1"}
+        await other.close()  # its ephemeral registrations go with its session
+        async with asyncio.timeout(5):
+            while registry.registrations:
+                await asyncio.sleep(0.01)
+        assert registry.address(BookieId("r1")) == "memory:r1"  # last known address kept
+        assert set(registry.topology().nodes) == set()
+    finally:
+        await registry.close()
+        await store.close()
+
+
+async def test_sim_client_idle_writer_publishes_its_lac_for_tailing_readers(env: Env) -> None:
+    w = await env.client.create_ledger(3, 3, 2)
+    r = await env.client.open_ledger(w.ledger_id, recovery=False)
+    for i in range(10):
+        await w.append(b"idle%d" % i)
+    # The last entry's LAC is only piggybacked on a later entry; an idle writer sends it
+    # explicitly, so a tailing reader gets every confirmed entry without a close.
+    got = []
+    tail = r.tail(0)
+    async with asyncio.timeout(10):
+        while len(got) < 10:
+            got.append((await anext(tail)).payload)
+    assert got == [b"idle%d" % i for i in range(10)]
+    assert await r.read_last_add_confirmed() == 9
+    await w.close()
+    async with asyncio.timeout(10):
+        assert [e async for e in tail] == []
+
+
+async def test_sim_client_striped_ledger_e5_w3_reads_back() -> None:
+    ids = [f"s{i}" for i in range(5)]
+    store = await scriba.meta.connect(f"memory://striped-{uuid.uuid4().hex[:8]}")
+    await register_bookies(store, ids)
+    transport = StorageTransport(ids)
+    async with Client.connect(store.uri, store=store, transport=transport, config=CONFIG) as client:
+        w = await client.create_ledger(5, 3, 2, password=b"s")
+        assert await asyncio.gather(*(w.append_async(b"s%d" % i) for i in range(500))) == list(range(500))
+        await w.close()
+        md = await client.ledger_metadata(w.ledger_id)
+        transport.corrupt(md.write_set(7)[0], w.ledger_id, 7)
+        r = await client.open_ledger(w.ledger_id, password=b"s")
+        assert [e.payload async for e in r.read()] == [b"s%d" % i for i in range(500)]
+        assert [e.payload async for e in r.read(100, 102)] == [b"s100", b"s101", b"s102"]
+    await transport.close()
+    await store.close()
+
+
+async def test_sim_client_backpressure_bounds_inflight_and_waiting() -> None:
+    ids = ["p0", "p1", "p2"]
+    store = await scriba.meta.connect(f"memory://bp-{uuid.uuid4().hex[:8]}")
+    await register_bookies(store, ids)
+    transport = StorageTransport(ids)
+    config = ClientConfig(
+        add_timeout_s=2.0, bookie_wait_s=2.0, write=WriteConfig(entries_inflight_max=8),
+        driver=DriverConfig(appends_waiting_max=16, long_poll_s=0.2),
+    )
+    async with Client.connect(store.uri, store=store, transport=transport, config=config) as client:
+        w = await client.create_ledger(3, 3, 2)
+        futures = [w.append_async(b"x%d" % i) for i in range(24)]  # 8 in flight + 16 waiting
+        assert w.pending == 24
+        with pytest.raises(TooManyRequestsError):
+            w.append_async(b"one too many")
+        # append() waits for room instead of failing.
+        blocked = asyncio.create_task(w.append(b"patient"))
+        assert await asyncio.gather(*futures) == list(range(24))
+        assert await blocked == 24
+        await w.close()
+    await transport.close()
+    await store.close()
