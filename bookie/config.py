@@ -1,0 +1,124 @@
+"""Configuration of one bookie process (everything but the storage engine's tunables).
+
+A frozen dataclass built by the CLI (or a test) and checked by :meth:`BookieConfig.validate`,
+which fails fast with a :class:`~scriba.errors.ConfigError` naming the field.
+
+Directory layout derived from the config::
+
+    <data_dir>/COOKIE              cookie of the ledger dir
+    <data_dir>/ledgers/            storage's ledger dir (entry logs, index)
+    <journal_dir or data_dir>/COOKIE
+    <journal_dir or data_dir>/journal/   storage's journal dir
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scriba.config import require
+from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
+from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+
+
+@dataclass(frozen=True, slots=True)
+class BookieConfig:
+    metadata_uri: str
+    data_dir: Path
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 3181
+    journal_dir: Path | None = None  # None: the journal lives under data_dir
+    bookie_id: str | None = None  # None: the advertised host:port
+    advertised_host: str | None = None  # None: listen_host (or 127.0.0.1 for 0.0.0.0)
+    region: str = DEFAULT_REGION
+    zone: str = DEFAULT_ZONE
+    rack: str = DEFAULT_RACK
+    http_host: str | None = None  # None: no HTTP endpoint
+    http_port: int = 0
+    entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT
+    inflight_bytes_per_connection_max: int = 64 * 1024 * 1024
+    batch_entries_max: int = 4096
+    long_poll_timeout_ms_max: int = 30_000
+    read_range_entries_max: int = 4096
+    read_range_bytes_max: int = 8 * 1024 * 1024
+    gc_interval_s: float = 60.0
+    registration_retry_s: float = 0.5
+    registration_refresh_s: float = 60.0  # disk figures in the registration
+    metadata_session_timeout_s: float = 10.0
+    metadata_connect_timeout_s: float = 5.0
+    shutdown_grace_s: float = 5.0
+    storage_options: dict[str, Any] = field(default_factory=dict)  # passed to StorageConfig
+
+    def validate(self) -> BookieConfig:
+        require(bool(self.metadata_uri), "metadata_uri", "is required")
+        require(bool(str(self.data_dir)), "data_dir", "is required")
+        require(0 <= self.listen_port <= 65535, "listen_port", f"{self.listen_port} out of range")
+        require(0 <= self.http_port <= 65535, "http_port", f"{self.http_port} out of range")
+        require(self.entry_size_max >= 64, "entry_size_max", "must be at least 64 bytes")
+        require(
+            self.inflight_bytes_per_connection_max >= self.entry_size_max,
+            "inflight_bytes_per_connection_max",
+            "must be at least entry_size_max",
+        )
+        require(self.batch_entries_max >= 1, "batch_entries_max", "must be >= 1")
+        require(self.long_poll_timeout_ms_max >= 0, "long_poll_timeout_ms_max", "must be >= 0")
+        require(self.read_range_entries_max >= 1, "read_range_entries_max", "must be >= 1")
+        require(
+            self.read_range_bytes_max >= self.entry_size_max,
+            "read_range_bytes_max",
+            "must be at least entry_size_max (one entry must fit a chunk)",
+        )
+        require(self.gc_interval_s > 0, "gc_interval_s", "must be > 0")
+        require(self.registration_refresh_s > 0, "registration_refresh_s", "must be > 0")
+        require(self.metadata_session_timeout_s > 0, "metadata_session_timeout_s", "must be > 0")
+        require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        for name in ("region", "zone", "rack"):
+            value = getattr(self, name)
+            require(bool(value) and "/" not in value, name, f"{value!r} must be non-empty without '/'")
+        if self.bookie_id is not None:
+            require(
+                bool(self.bookie_id) and "/" not in self.bookie_id,
+                "bookie_id",
+                f"{self.bookie_id!r} must be non-empty without '/'",
+            )
+        return self
+
+    @property
+    def advertised_address(self) -> str:
+        host = self.advertised_host or self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"{host}:{self.listen_port}"
+
+    @property
+    def resolved_bookie_id(self) -> str:
+        return self.bookie_id or self.advertised_address
+
+    @property
+    def journal_root(self) -> Path:
+        """The directory holding the journal (and a cookie)."""
+        return self.journal_dir if self.journal_dir is not None else self.data_dir
+
+    @property
+    def cookie_dirs(self) -> tuple[Path, ...]:
+        """Every directory that carries a cookie (data dir first, no duplicates)."""
+        dirs = [self.data_dir]
+        if self.journal_dir is not None and Path(self.journal_dir).resolve() != Path(
+            self.data_dir
+        ).resolve():
+            dirs.append(self.journal_dir)
+        return tuple(dirs)
+
+    @property
+    def storage_journal_dir(self) -> Path:
+        return self.journal_root / "journal"
+
+    @property
+    def storage_ledger_dir(self) -> Path:
+        return self.data_dir / "ledgers"
+
+    @property
+    def grpc_message_bytes_max(self) -> int:
+        """gRPC's receive/send limit: one batch may carry up to the in-flight bound."""
+        return self.inflight_bytes_per_connection_max + 1024 * 1024

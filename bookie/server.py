@@ -1,0 +1,305 @@
+"""One bookie: storage + gRPC service + registration + GC + HTTP, with a clean shutdown.
+
+Start order: connect to the metadata store -> check (or create) cookies -> open storage
+(replays the journal) -> start gRPC -> start HTTP -> register (ephemeral) -> GC.
+Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
+-> stop gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
+
+States the service sees (``ServingState``): not started (GetBookieInfo says UNKNOWN,
+adds READ_ONLY) -> serving (adds accepted while registered and storage writable) ->
+shutting down. A LOST metadata session makes it refuse adds until re-registered;
+storage turning read-only (disk full, disk error) is written to the registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from scriba.bookie.config import BookieConfig
+from scriba.bookie.cookie import verify_or_create
+from scriba.bookie.gc import GarbageCollector
+from scriba.bookie.http import HttpEndpoint
+from scriba.bookie.metrics import BookieMetrics
+from scriba.bookie.registration import Registration
+from scriba.bookie.service import BookieService, ServingState, new_grpc_server
+from scriba.bookie.storage_api import LedgerStorage, StorageConfig
+from scriba.errors import ConfigError
+from scriba.log import get_logger
+from scriba.meta.connect import connect
+from scriba.meta.records import BookieMode, BookieRegistration
+from scriba.meta.store import MetadataStore
+
+log = get_logger(__name__)
+
+StorageFactory = Callable[[StorageConfig], Awaitable[LedgerStorage]]
+
+
+async def _default_storage_factory(config: StorageConfig) -> LedgerStorage:
+    from scriba.bookie.storage import open_storage
+
+    return await open_storage(config)
+
+
+class Bookie:
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        storage_factory: StorageFactory | None = None,
+        store: MetadataStore | None = None,
+    ) -> None:
+        self.config = config.validate()
+        self._storage_factory = storage_factory or _default_storage_factory
+        self._store: MetadataStore | None = store
+        self._own_store = store is None
+        self.metrics = BookieMetrics()
+        self.state = ServingState(config.resolved_bookie_id)
+        self.storage: LedgerStorage | None = None
+        self.service: BookieService | None = None
+        self.registration: Registration | None = None
+        self.gc: GarbageCollector | None = None
+        self._server: Any = None
+        self._http: HttpEndpoint | None = None
+        self._mode_dirty = asyncio.Event()
+        self._mode_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = False
+        self.address = config.advertised_address
+        self.port = config.listen_port
+
+    @property
+    def bookie_id(self) -> str:
+        return self.state.bookie_id
+
+    @property
+    def store(self) -> MetadataStore:
+        if self._store is None:
+            raise ConfigError("bookie not started")
+        return self._store
+
+    @property
+    def http_address(self) -> str:
+        return self._http.address if self._http is not None else ""
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        if self._store is None:
+            self._store = await connect(
+                cfg.metadata_uri,
+                connect_timeout_s=cfg.metadata_connect_timeout_s,
+                session_timeout_s=cfg.metadata_session_timeout_s,
+            )
+        try:
+            await self._start_serving()
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _start_serving(self) -> None:
+        cfg = self.config
+        store = self.store
+        await verify_or_create(store, self.bookie_id, cfg.cookie_dirs, [cfg.data_dir])
+        storage_config = StorageConfig(
+            journal_dir=cfg.storage_journal_dir,
+            ledger_dir=cfg.storage_ledger_dir,
+            entry_size_max=cfg.entry_size_max,
+            **cfg.storage_options,
+        )
+        storage_config.validate()
+        self.storage = storage = await self._storage_factory(storage_config)
+        stats = getattr(storage, "stats", None) or getattr(storage, "journal_stats", None)
+        if callable(stats):
+            self.metrics.watch_storage(stats)
+        self.service = BookieService(
+            storage,
+            self.state,
+            self.metrics,
+            entry_size_max=cfg.entry_size_max,
+            inflight_bytes_per_connection_max=cfg.inflight_bytes_per_connection_max,
+            batch_entries_max=cfg.batch_entries_max,
+            long_poll_timeout_ms_max=cfg.long_poll_timeout_ms_max,
+            read_range_entries_max=cfg.read_range_entries_max,
+            read_range_bytes_max=cfg.read_range_bytes_max,
+        )
+        self._server = new_grpc_server(self.service, cfg.grpc_message_bytes_max)
+        port = self._server.add_insecure_port(f"{cfg.listen_host}:{cfg.listen_port}")
+        if port == 0:
+            raise ConfigError(f"listen: cannot bind {cfg.listen_host}:{cfg.listen_port}")
+        self.port = port
+        host = cfg.advertised_address.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        await self._server.start()
+        if cfg.http_host is not None:
+            self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
+                                      metrics=self.metrics.exposition)
+            await self._http.start()
+        free, total = self._disk_usage()
+        record = BookieRegistration(
+            bookie_id=self.bookie_id,  # type: ignore[arg-type]
+            address=self.address,
+            region=cfg.region,
+            zone=cfg.zone,
+            rack=cfg.rack,
+            mode=BookieMode.READ_ONLY if storage.read_only else BookieMode.READ_WRITE,
+            free_bytes=free,
+            total_bytes=total,
+            http_address=self.http_address,
+            version=_version(),
+        )
+        self.metrics.read_only.set(1 if storage.read_only else 0)
+        storage.add_state_listener(self._on_storage_state)
+        self.registration = Registration(
+            store, record, on_change=self._on_registered, retry_s=cfg.registration_retry_s
+        )
+        self._mode_task = asyncio.get_running_loop().create_task(self._sync_mode())
+        await self.registration.start()
+        self.state.started = True
+        self.gc = GarbageCollector(
+            storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s
+        )
+        self.gc.start()
+        log.info("bookie_started", bookie_id=self.bookie_id, address=self.address,
+                 http=self.http_address, region=cfg.region, zone=cfg.zone, rack=cfg.rack)
+
+    def _disk_usage(self) -> tuple[int, int]:
+        try:
+            free, total = self.storage.disk_usage() if self.storage is not None else (0, 0)
+        except OSError:
+            return 0, 0
+        self.metrics.free_bytes.set(free)
+        self.metrics.total_bytes.set(total)
+        return free, total
+
+    def _health(self) -> tuple[bool, dict[str, object]]:
+        st = self.state
+        read_only = self.storage.read_only if self.storage is not None else True
+        ok = st.started and not st.shutting_down and self.registration is not None and self.registration.registered
+        return ok, {
+            "bookie_id": st.bookie_id,
+            "registered": bool(self.registration and self.registration.registered),
+            "read_only": read_only,
+            "reason": self.storage.read_only_reason if self.storage is not None and read_only else "",
+            "shutting_down": st.shutting_down,
+        }
+
+    def _on_registered(self, registered: bool) -> None:
+        self.state.accepting_adds = registered and not self.state.shutting_down
+        self.metrics.registered.set(1 if registered else 0)
+
+    def _on_storage_state(self, read_only: bool, reason: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._mode_changed(read_only, reason)
+        else:
+            loop.call_soon_threadsafe(self._mode_changed, read_only, reason)
+
+    def _mode_changed(self, read_only: bool, reason: str) -> None:
+        log.warning("bookie_mode_changed", bookie_id=self.bookie_id,
+                    mode="READ_ONLY" if read_only else "READ_WRITE", reason=reason)
+        self.metrics.read_only.set(1 if read_only else 0)
+        self._mode_dirty.set()
+
+    async def _sync_mode(self) -> None:
+        """Keep the registration's mode and disk figures current (one writer, latest wins).
+
+        Written at once when the storage's read-only state changes, and every
+        ``registration_refresh_s`` when free space moved by more than 1% of the disk.
+        """
+        while True:
+            try:
+                await asyncio.wait_for(self._mode_dirty.wait(), self.config.registration_refresh_s)
+            except TimeoutError:
+                if self.registration is None or self.storage is None:
+                    continue
+                free, total = self._disk_usage()
+                record = self.registration.record
+                if abs(free - record.free_bytes) <= total // 100:
+                    continue
+            self._mode_dirty.clear()
+            if self.registration is None or self.storage is None:
+                continue
+            free, total = self._disk_usage()
+            mode = BookieMode.READ_ONLY if self.storage.read_only else BookieMode.READ_WRITE
+            try:
+                await self.registration.set_mode(mode, free, total)
+            except Exception as exc:
+                log.warning("registration_mode_sync_failed", bookie_id=self.bookie_id, error=repr(exc))
+
+    async def stop(self) -> None:
+        """Graceful shutdown (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        st = self.state
+        st.shutting_down = True
+        st.accepting_adds = False
+        log.info("bookie_stopping", bookie_id=self.bookie_id)
+        if self.registration is not None:
+            await self.registration.close()
+        if self.service is not None:
+            await self.service.drain(self.config.shutdown_grace_s)
+        if self.gc is not None:
+            await self.gc.stop()
+        await self._cancel_mode_task()
+        if self._server is not None:
+            await self._server.stop(grace=min(1.0, self.config.shutdown_grace_s))
+        if self.storage is not None:
+            try:
+                await self.storage.close()  # finishes queued journal writes and checkpoints
+            except Exception as exc:
+                log.warning("storage_close_failed", bookie_id=self.bookie_id, error=repr(exc))
+        if self._http is not None:
+            await self._http.stop()
+        if self._own_store and self._store is not None:
+            await self._store.close()
+        log.info("bookie_stopped", bookie_id=self.bookie_id)
+
+    async def _cancel_mode_task(self) -> None:
+        if self._mode_task is not None:
+            self._mode_task.cancel()
+            try:
+                await self._mode_task
+            except asyncio.CancelledError:
+                pass
+            self._mode_task = None
+
+    async def _abort_start(self) -> None:
+        self._stopped = True
+        await self._cancel_mode_task()
+        if self._server is not None:
+            await self._server.stop(grace=0)
+        if self.storage is not None:
+            await self.storage.close()
+        if self._http is not None:
+            await self._http.stop()
+        if self._own_store and self._store is not None:
+            await self._store.close()
+
+    async def run_until_signal(self) -> int:
+        """Start, serve until SIGTERM/SIGINT, shut down cleanly; the process exit code."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        print(f"bookie {self.bookie_id} serving on {self.address}", flush=True)
+        await stop.wait()
+        log.info("signal_received", bookie_id=self.bookie_id)
+        await self.stop()
+        return 0
+
+
+def _version() -> str:
+    from scriba import __version__
+
+    return str(__version__)

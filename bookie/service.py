@@ -1,0 +1,480 @@
+"""The gRPC servicer of the ``scriba.v1.Bookie`` service (grpc.aio).
+
+Inputs: protobuf requests; outputs: protobuf responses that always carry a
+``Status`` — a request-level problem (unknown ledger, wrong key, malformed entry,
+back-pressure, disk error) is never a transport error.
+
+Adds: one bidirectional stream per client connection carrying ``AddBatch``es. A
+reader task takes batches as they come and hands each to ``storage.add_batch``
+without waiting for the previous one (pipelining); a batch's ``AddResponseBatch``
+goes out when storage has made it durable. Per connection, the bytes of batches
+accepted but not yet answered are bounded (``inflight_bytes_per_connection_max``:
+beyond it a batch gets TOO_MANY_REQUESTS), and so is the number of responses
+waiting to be sent (beyond it the reader stops reading: gRPC flow control).
+Answers already waiting are coalesced into one message (gRPC costs per message;
+the client matches answers by ledger and entry id).
+
+Invariant: an add is answered OK only when ``storage.add_batch`` said OK for it,
+and only while the bookie accepts adds (registered, not shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+import grpc
+
+from scriba.bookie.metrics import BookieMetrics
+from scriba.bookie.storage_api import AddOp, LacState, LedgerStorage
+from scriba.entry import HEADER_SIZE
+from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
+from scriba.ids import LEDGER_ID_MAX
+from scriba.log import get_logger
+from scriba.proto import scriba_pb2 as pb
+from scriba.proto import scriba_pb2_grpc as pb_grpc
+
+log = get_logger(__name__)
+
+_IDS: Final = struct.Struct(">Qq")  # the ledger id and entry id at the front of a packed entry
+_WIRE_STATUS_MAX: Final = int(Status.UNAVAILABLE)
+# wire codes as plain ints (the generated stubs type them as the proto enum)
+_OK: Final[Any] = int(Status.OK)
+_BAD_REQUEST: Final[Any] = int(Status.BAD_REQUEST)
+_READ_ONLY: Final[Any] = int(Status.READ_ONLY)
+_TOO_MANY: Final[Any] = int(Status.TOO_MANY_REQUESTS)
+_INTERNAL: Final[Any] = int(Status.INTERNAL)
+_NO_SUCH_ENTRY: Final[Any] = int(Status.NO_SUCH_ENTRY)
+RESPONSES_PENDING_MAX: Final = 1024
+RESPONSES_MERGE_MAX: Final = 16  # answers of up to this many batches share one message
+RESPONSES_MERGE_ENTRIES_MAX: Final = 4096  # ... while the message stays small (< 1 MiB)
+
+
+def wire_status(status: int) -> int:
+    """A status the wire enum knows (client/metadata-only codes become INTERNAL)."""
+    return status if 0 <= status <= _WIRE_STATUS_MAX else _INTERNAL
+
+
+def error_status(exc: BaseException) -> tuple[int, str]:
+    """The wire status and message for an exception raised while serving a request."""
+    if isinstance(exc, ScribaError):
+        code = int(exc.status)
+        message = str(exc) or type(exc).__name__
+        if code > _WIRE_STATUS_MAX:
+            message = f"{type(exc).__name__}: {message}"
+        return wire_status(code), message
+    return _INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class ServingState:
+    """What the servicer needs to know about the bookie around it."""
+
+    __slots__ = ("accepting_adds", "bookie_id", "shutting_down", "started")
+
+    def __init__(self, bookie_id: str) -> None:
+        self.bookie_id = bookie_id
+        self.started = False  # registered at least once: the bookie serves
+        self.accepting_adds = False  # registered now and not shutting down
+        self.shutting_down = False
+
+
+class _Connection:
+    """Per-AddStream bookkeeping."""
+
+    __slots__ = ("closed", "inflight_bytes", "responses", "slots", "tasks")
+
+    def __init__(self) -> None:
+        self.inflight_bytes = 0
+        self.responses: asyncio.Queue[tuple[pb.AddResponseBatch, int] | None] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(RESPONSES_PENDING_MAX)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        state: ServingState,
+        metrics: BookieMetrics,
+        *,
+        entry_size_max: int,
+        inflight_bytes_per_connection_max: int,
+        batch_entries_max: int,
+        long_poll_timeout_ms_max: int,
+        read_range_entries_max: int,
+        read_range_bytes_max: int,
+    ) -> None:
+        self._storage = storage
+        self._state = state
+        self._metrics = metrics
+        self._entry_size_max = entry_size_max
+        self._inflight_max = inflight_bytes_per_connection_max
+        self._batch_entries_max = batch_entries_max
+        self._long_poll_s_max = long_poll_timeout_ms_max / 1000.0
+        self._range_entries_max = read_range_entries_max
+        self._range_bytes_max = read_range_bytes_max
+        self._connections: set[_Connection] = set()
+        self._batches: set[asyncio.Task[None]] = set()  # every add batch still with storage
+
+    # --- adds ------------------------------------------------------------------
+    async def AddStream(
+        self, request_iterator: AsyncIterator[pb.AddBatch], context: Any
+    ) -> AsyncIterator[pb.AddResponseBatch]:
+        conn = _Connection()
+        self._connections.add(conn)
+        reader = asyncio.create_task(self._read_batches(request_iterator, conn))
+        queue = conn.responses
+        try:
+            ending = False
+            while not ending:
+                item = await queue.get()
+                if item is None:
+                    break
+                response, nbytes = item
+                merged = 1
+                # Coalesce answers that are already waiting into one message: gRPC's cost
+                # is per message, and the client matches answers by (ledger, entry).
+                while (
+                    merged < RESPONSES_MERGE_MAX
+                    and len(response.responses) < RESPONSES_MERGE_ENTRIES_MAX
+                    and not queue.empty()
+                ):
+                    more = queue.get_nowait()
+                    if more is None:
+                        ending = True
+                        break
+                    response.MergeFrom(more[0])
+                    nbytes += more[1]
+                    merged += 1
+                yield response
+                conn.inflight_bytes -= nbytes
+                for _ in range(merged):
+                    conn.slots.release()
+        finally:
+            conn.closed = True
+            self._connections.discard(conn)
+            if not reader.done():
+                reader.cancel()
+            # In-flight storage work finishes on its own; its answers are dropped.
+
+    async def _read_batches(self, request_iterator: AsyncIterator[pb.AddBatch], conn: _Connection) -> None:
+        try:
+            async for batch in request_iterator:
+                await conn.slots.acquire()
+                if conn.closed:
+                    return
+                task = asyncio.create_task(self._add_batch(batch, conn))
+                conn.tasks.add(task)
+                task.add_done_callback(conn.tasks.discard)
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client went away mid-stream
+            log.debug("add_stream_read_ended", bookie_id=self._state.bookie_id, error=repr(exc))
+        if conn.tasks:
+            await asyncio.gather(*list(conn.tasks), return_exceptions=True)
+        conn.responses.put_nowait(None)
+
+    async def _add_batch(self, batch: pb.AddBatch, conn: _Connection) -> None:
+        started = time.perf_counter()
+        nbytes = 0
+        try:
+            response, nbytes = await self._process_adds(batch.adds, conn)
+        except BaseException as exc:  # never leave a batch unanswered (or its slot taken)
+            status, message = error_status(exc)
+            if not isinstance(exc, ScribaError | asyncio.CancelledError):
+                log.exception("add_batch_failed", bookie_id=self._state.bookie_id)
+            response = pb.AddResponseBatch()
+            add = response.responses.add
+            for a in batch.adds:
+                add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
+            if isinstance(exc, asyncio.CancelledError):
+                conn.responses.put_nowait((response, nbytes))
+                raise
+        self._metrics.add_batch_seconds.observe(time.perf_counter() - started)
+        conn.responses.put_nowait((response, nbytes))
+
+    async def _process_adds(
+        self, adds: Sequence[pb.AddRequest], conn: _Connection
+    ) -> tuple[pb.AddResponseBatch, int]:
+        """Validate, hand the good ones to storage in one call, answer each in order.
+
+        The hot path: one pass over the batch builds both the storage ops and the
+        responses (status OK by default); only non-OK answers are patched afterwards.
+        Returns the response and the bytes it holds in the connection's in-flight count
+        (released once the response is sent).
+        """
+        response = pb.AddResponseBatch()
+        out = response.responses
+        count = len(adds)
+        if count > self._batch_entries_max or not self._state.accepting_adds:
+            if count > self._batch_entries_max:
+                status, message = _BAD_REQUEST, f"batch of {count} adds exceeds {self._batch_entries_max}"
+            else:
+                status = _READ_ONLY
+                message = "bookie is shutting down" if self._state.shutting_down else "bookie not registered"
+            for a in adds:
+                out.add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
+            self._metrics.count_adds(status, count)
+            return response, 0
+        size_max = self._entry_size_max
+        unpack = _IDS.unpack_from
+        new = out.add
+        ops: list[AddOp] = []
+        targets: list[Any] = []
+        rejected = 0
+        nbytes = 0
+        for a in adds:
+            entry = a.entry
+            lid = a.ledger_id
+            eid = a.entry_id
+            r = new()
+            r.ledger_id = lid
+            r.entry_id = eid
+            size = len(entry)
+            key = a.master_key
+            if size < HEADER_SIZE or size > size_max:
+                message = f"entry of {size} bytes (allowed {HEADER_SIZE}..{size_max})"
+            elif unpack(entry) != (lid, eid):
+                message = f"entry header names {unpack(entry)}, request ({lid}, {eid})"
+            elif eid < 0 or lid > LEDGER_ID_MAX:
+                message = f"invalid ids ledger {lid} entry {eid}"
+            elif not key:
+                message = "master key missing"
+            else:
+                nbytes += size
+                ops.append(AddOp(lid, eid, key, entry, (a.flags & 1) == 1))
+                targets.append(r)
+                continue
+            r.status = _BAD_REQUEST
+            r.message = message
+            rejected += 1
+        if rejected:
+            self._metrics.count_adds(_BAD_REQUEST, rejected)
+        if not ops:
+            return response, 0
+        if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
+            message = f"in-flight bytes per connection exceed {self._inflight_max}"
+            for r in targets:
+                r.status = _TOO_MANY
+                r.message = message
+            self._metrics.count_adds(_TOO_MANY, len(targets))
+            return response, 0
+        conn.inflight_bytes += nbytes
+        try:
+            statuses: Sequence[int] = await self._storage.add_batch(ops)
+        except asyncio.CancelledError:
+            conn.inflight_bytes -= nbytes
+            raise
+        except Exception as exc:
+            status, message = error_status(exc)
+            if not isinstance(exc, ScribaError):
+                log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
+            for r in targets:
+                r.status = status
+                r.message = message
+            self._metrics.count_adds(status, len(targets))
+            return response, nbytes
+        ok = statuses.count(_OK)
+        if ok == len(ops):
+            self._metrics.count_ok(ok, nbytes)
+            return response, nbytes
+        self._metrics.count_ok(ok, 0)
+        for r, st in zip(targets, statuses, strict=True):
+            if st != _OK:
+                status = wire_status(int(st))
+                r.status = status
+                r.message = Status(int(st)).name
+                self._metrics.count_adds(status, 1)
+                log.debug("add_rejected", bookie_id=self._state.bookie_id, ledger_id=r.ledger_id,
+                          entry_id=r.entry_id, status=Status(int(st)).name)
+        return response, nbytes
+
+    # --- reads -----------------------------------------------------------------
+    def _check_ids(self, ledger_id: int, entry_id: int | None = None) -> None:
+        if ledger_id > LEDGER_ID_MAX:
+            raise BadRequestError(f"ledger id {ledger_id} out of range")
+        if entry_id is not None and entry_id < -1:
+            raise BadRequestError(f"entry id {entry_id} out of range")
+
+    async def _fence(self, ledger_id: int, master_key: bytes) -> LacState:
+        if not master_key:
+            raise BadRequestError("FENCE needs the master key")
+        state = await self._storage.fence(ledger_id, master_key)
+        log.info("ledger_fenced", bookie_id=self._state.bookie_id, ledger_id=ledger_id,
+                 lac=state.lac, entry_id=state.last_entry_id)
+        return state
+
+    async def ReadEntry(self, request: pb.ReadEntryRequest, context: Any) -> pb.ReadEntryResponse:
+        started = time.perf_counter()
+        lid = request.ledger_id
+        eid = request.entry_id
+        try:
+            self._check_ids(lid, eid)
+            if request.flags & pb.FENCE:
+                await self._fence(lid, request.master_key)
+            data = self._storage.read_entry(lid, eid)
+            if eid < 0 and len(data) >= HEADER_SIZE:
+                eid = _IDS.unpack_from(data)[1]
+            response = pb.ReadEntryResponse(status=_OK, ledger_id=lid, entry_id=eid, entry=data)
+        except Exception as exc:
+            response = pb.ReadEntryResponse(ledger_id=lid, entry_id=eid)
+            self._fail(response, exc, "read_entry", lid, eid)
+        self._metrics.observe_read("entry", response.status, time.perf_counter() - started)
+        return response
+
+    async def ReadRange(
+        self, request: pb.ReadRangeRequest, context: Any
+    ) -> AsyncIterator[pb.ReadRangeResponse]:
+        started = time.perf_counter()
+        lid = request.ledger_id
+        first = request.first_entry_id
+        last = request.last_entry_id
+        entries_max = min(request.max_entries or self._range_entries_max, self._range_entries_max)
+        bytes_max = min(request.max_bytes or self._range_bytes_max, self._range_bytes_max)
+        status: Any = _OK
+        try:
+            self._check_ids(lid)
+            if first < 0 or last < first:
+                raise BadRequestError(f"range {first}..{last} is empty or negative")
+            if request.flags & pb.FENCE:
+                await self._fence(lid, request.master_key)
+        except Exception as exc:
+            response = pb.ReadRangeResponse(first_entry_id=first)
+            self._fail(response, exc, "read_range", lid, first)
+            self._metrics.observe_read("range", response.status, time.perf_counter() - started)
+            yield response
+            return
+        next_id = first
+        while next_id <= last:
+            try:
+                entries = self._storage.read_range(lid, next_id, last, entries_max, bytes_max)
+            except Exception as exc:
+                response = pb.ReadRangeResponse(first_entry_id=next_id)
+                self._fail(response, exc, "read_range", lid, next_id)
+                status = response.status
+                yield response
+                break
+            if not entries:  # storage promised at least `first` or an error
+                yield pb.ReadRangeResponse(
+                    status=_NO_SUCH_ENTRY, first_entry_id=next_id, message="no entry"
+                )
+                status = _NO_SUCH_ENTRY
+                break
+            yield pb.ReadRangeResponse(status=_OK, first_entry_id=next_id, entries=entries)
+            next_id += len(entries)
+        self._metrics.observe_read("range", status, time.perf_counter() - started)
+
+    async def ReadLac(self, request: pb.ReadLacRequest, context: Any) -> pb.ReadLacResponse:
+        started = time.perf_counter()
+        lid = request.ledger_id
+        kind = "lac"
+        try:
+            self._check_ids(lid)
+            fence = bool(request.flags & pb.FENCE)
+            if fence:
+                kind = "fence"
+                state = await self._fence(lid, request.master_key)
+            elif request.long_poll:
+                kind = "long_poll"
+                previous = request.previous_lac
+                if previous < -1:
+                    raise BadRequestError(f"previous_lac {previous} out of range")
+                timeout_s = min(request.timeout_ms / 1000.0, self._long_poll_s_max)
+                state = await self._storage.wait_lac(lid, previous, timeout_s)
+            else:
+                state = self._storage.lac_state(lid)
+            response = pb.ReadLacResponse(
+                status=_OK, lac=state.lac, last_entry_id=state.last_entry_id, fenced=state.fenced
+            )
+            if fence and state.last_entry_id >= 0:
+                response.last_entry = self._storage.read_entry(lid, state.last_entry_id)
+            if request.long_poll and request.piggyback_entry and state.lac > request.previous_lac:
+                try:
+                    response.piggybacked_entry = self._storage.read_entry(lid, request.previous_lac + 1)
+                except ScribaError:
+                    pass  # the reader asks for it by itself
+        except Exception as exc:
+            response = pb.ReadLacResponse(lac=-1, last_entry_id=-1)
+            self._fail(response, exc, "read_lac", lid, None)
+        self._metrics.observe_read(kind, response.status, time.perf_counter() - started)
+        return response
+
+    async def WriteLac(self, request: pb.WriteLacRequest, context: Any) -> pb.WriteLacResponse:
+        lid = request.ledger_id
+        try:
+            self._check_ids(lid, request.lac)
+            if not request.master_key:
+                raise BadRequestError("master key missing")
+            if not self._state.accepting_adds:
+                raise BookieReadOnlyError("bookie is not accepting writes")
+            await self._storage.write_lac(lid, request.lac, request.master_key)
+            return pb.WriteLacResponse(status=_OK)
+        except Exception as exc:
+            response = pb.WriteLacResponse()
+            self._fail(response, exc, "write_lac", lid, None)
+            return response
+
+    async def GetBookieInfo(self, request: pb.BookieInfoRequest, context: Any) -> pb.BookieInfoResponse:
+        try:
+            free, total = self._storage.disk_usage()
+            return pb.BookieInfoResponse(
+                status=_OK,
+                bookie_id=self._state.bookie_id,
+                state=self.bookie_state(),
+                free_bytes=max(free, 0),
+                total_bytes=max(total, 0),
+                message=self._storage.read_only_reason if self._storage.read_only else "",
+            )
+        except Exception as exc:
+            response = pb.BookieInfoResponse(bookie_id=self._state.bookie_id)
+            self._fail(response, exc, "bookie_info", None, None)
+            return response
+
+    def bookie_state(self) -> Any:
+        if self._state.shutting_down:
+            return pb.BOOKIE_SHUTTING_DOWN
+        if not self._state.started:
+            return pb.BOOKIE_STATE_UNKNOWN
+        if self._storage.read_only or not self._state.accepting_adds:
+            return pb.BOOKIE_READ_ONLY
+        return pb.BOOKIE_READ_WRITE
+
+    def _fail(self, response: Any, exc: BaseException, op: str, lid: int | None, eid: int | None) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        status, message = error_status(exc)
+        response.status = status
+        response.message = message
+        if not isinstance(exc, ScribaError):
+            log.exception(f"{op}_failed", bookie_id=self._state.bookie_id, ledger_id=lid, entry_id=eid)
+
+    # --- lifecycle -------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for every accepted add to be answered by storage."""
+        tasks = list(self._batches)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+
+def grpc_server_options(message_bytes_max: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", message_bytes_max),
+        ("grpc.max_send_message_length", message_bytes_max),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", 1024),  # per client connection (long polls included)
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.Server:
+    server = grpc.aio.server(options=grpc_server_options(message_bytes_max))
+    pb_grpc.add_BookieServicer_to_server(service, server)
+    return server
+
