@@ -1,0 +1,186 @@
+"""Benchmark: Scriba confirmed appends vs etcd puts, same machine, same run.
+
+1. A fresh cluster: a 1-member etcd for metadata and 3 bookie processes; then
+   ``scriba bench`` (its own process, like any client) with E3/W3/A2, 1 KiB
+   payloads, many appends in flight; then the same with one append in flight
+   (latency p50/p99).
+2. The baseline: a fresh 3-member etcd and the same workload as puts of 1 KiB
+   values through the asyncio Python client (``aetcd``), many in flight, then one
+   in flight.
+3. Prints both, and the ratio.
+
+Run: ``.venv/bin/python benchmarks/bench_client.py [--seconds 10] [--inflight 2000] [--json OUT]``.
+Not a timed test: the machine has 2 cores shared by every process, so figures vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scriba.embedded.bookie import BookieProcess
+from scriba.embedded.etcd import EtcdCluster
+
+VALUE_BYTES = 1024
+
+
+def run_scriba_bench(uri: str, *, seconds: float | None, entries: int | None, inflight: int, ledgers: int,
+                     batch_entries: int = 64) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "scriba.cli", "--log-level", "warning", "bench", "--metadata", uri,
+            "--ensemble", "3", "--write", "3", "--ack", "2", "--size", str(VALUE_BYTES),
+            "--inflight", str(inflight), "--ledgers", str(ledgers), "--json", "--quiet",
+            "--batch-entries", str(batch_entries)]
+    argv += ["--seconds", str(seconds)] if seconds is not None else ["--entries", str(entries)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=(seconds or 60) + 120)
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        raise RuntimeError(f"scriba bench failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout[done.stdout.index("{"):])
+    return result
+
+
+def scriba_side(base: Path, *, seconds: float, inflight: int, ledgers: int, latency_entries: int,
+                batch_entries: int) -> dict[str, Any]:
+    etcd = EtcdCluster(base / "meta-etcd", 1)
+    etcd.start()
+    bookies = [BookieProcess(base / f"bookie-{i}", etcd.uri("bench"), bookie_id=f"bookie-{i}") for i in range(3)]
+    try:
+        for b in bookies:
+            b.start()
+        throughput = run_scriba_bench(etcd.uri("bench"), seconds=seconds, entries=None, inflight=inflight,
+                                      ledgers=ledgers, batch_entries=batch_entries)
+        latency = run_scriba_bench(etcd.uri("bench"), seconds=None, entries=latency_entries, inflight=1, ledgers=1)
+        floor = asyncio.run(transport_latency({b.bookie_id: b.address for b in bookies}, latency_entries))
+    finally:
+        for b in bookies:
+            b.stop()
+        etcd.stop()
+    return {"throughput": throughput, "one_in_flight": latency, "transport_one_in_flight": floor}
+
+
+async def transport_latency(addresses: dict[str, str], count: int) -> dict[str, Any]:
+    """The floor under an append: one packed entry to 3 bookies through the bare
+    transport, waiting for 2 acks (no client core, no metadata)."""
+    from scriba.client.grpc_transport import GrpcBookieTransport
+    from scriba.entry import Crc32cDigest, master_key, pack_entry
+    from scriba.ids import BookieId, EntryId, LedgerId
+
+    transport = GrpcBookieTransport(lambda b: addresses[b])
+    digest, key, loop = Crc32cDigest(), master_key(b"floor"), asyncio.get_running_loop()
+    latencies: list[float] = []
+    ledger_id = LedgerId((1 << 62) + int(time.time()))
+    try:
+        for e in range(count):
+            done: asyncio.Future[None] = loop.create_future()
+            acks = [0]
+
+            def on_response(b: BookieId, lid: LedgerId, eid: EntryId, status: Any, done: Any = done, acks: Any = acks) -> None:
+                acks[0] += 1
+                if acks[0] == 2 and not done.done():
+                    done.set_result(None)
+
+            data = pack_entry(digest, ledger_id, e, e - 1, 0, b"v" * VALUE_BYTES)
+            t0 = time.perf_counter()
+            for b in addresses:
+                transport.add(BookieId(b), ledger_id, EntryId(e), key, data, on_response)
+            await asyncio.wait_for(done, 10)
+            latencies.append((time.perf_counter() - t0) * 1000)
+    finally:
+        await transport.close()
+    return {"latency_ms_p50": round(_pct(latencies, 0.50), 3), "latency_ms_p99": round(_pct(latencies, 0.99), 3)}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+async def etcd_puts(endpoints: list[tuple[str, int]], *, seconds: float | None, count: int | None, inflight: int) -> dict[str, Any]:
+    import aetcd
+
+    clients = [aetcd.Client(host=h, port=p, timeout=10) for h, p in endpoints]
+    for c in clients:
+        await c.__aenter__()
+    value = b"v" * VALUE_BYTES
+    latencies: list[float] = []
+    issued = 0
+    stop_at = time.monotonic() + seconds if seconds is not None else float("inf")
+
+    async def worker(w: int) -> None:
+        nonlocal issued
+        client = clients[w % len(clients)]
+        while time.monotonic() < stop_at and (count is None or issued < count):
+            n = issued
+            issued += 1
+            t0 = time.perf_counter()
+            await client.put(f"bench/{w}/{n}".encode(), value)
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(w) for w in range(inflight)))
+    elapsed = time.monotonic() - t0
+    for c in clients:
+        await c.__aexit__(None, None, None)
+    return {
+        "puts": len(latencies),
+        "seconds": round(elapsed, 3),
+        "puts_per_s": round(len(latencies) / elapsed, 1),
+        "latency_ms_p50": round(_pct(latencies, 0.50), 3),
+        "latency_ms_p99": round(_pct(latencies, 0.99), 3),
+        "inflight": inflight,
+    }
+
+
+def etcd_side(base: Path, *, seconds: float, inflight: int, latency_entries: int) -> dict[str, Any]:
+    etcd = EtcdCluster(base / "baseline-etcd", 3)
+    etcd.start()
+    try:
+        throughput = asyncio.run(etcd_puts(etcd.endpoints, seconds=seconds, count=None, inflight=inflight))
+        latency = asyncio.run(etcd_puts(etcd.endpoints[:1], seconds=None, count=latency_entries, inflight=1))
+    finally:
+        etcd.stop()
+    return {"throughput": throughput, "one_in_flight": latency}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--inflight", type=int, default=2000, help="Scriba appends in flight")
+    parser.add_argument("--ledgers", type=int, default=1)
+    parser.add_argument("--etcd-inflight", type=int, default=256, help="etcd puts in flight")
+    parser.add_argument("--latency-entries", type=int, default=2000)
+    parser.add_argument("--batch-entries", type=int, default=64, help="adds per gRPC message per bookie")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="scriba-bench-") as tmp:
+        base = Path(tmp)
+        scriba = scriba_side(base, seconds=args.seconds, inflight=args.inflight, ledgers=args.ledgers,
+                             latency_entries=args.latency_entries, batch_entries=args.batch_entries)
+        etcd = etcd_side(base, seconds=args.seconds, inflight=args.etcd_inflight, latency_entries=args.latency_entries)
+    s_tp, e_tp = scriba["throughput"], etcd["throughput"]
+    ratio = s_tp["entries_per_s"] / e_tp["puts_per_s"] if e_tp["puts_per_s"] else float("inf")
+    s_lat, e_lat = scriba["one_in_flight"], etcd["one_in_flight"]
+    print(f"scriba E3/W3/A2 1 KiB, {args.inflight} in flight: {s_tp['entries_per_s']:,.0f} appends/s "
+          f"({s_tp['mb_per_s']} MB/s), p50 {s_tp['latency_ms_p50']} ms, p99 {s_tp['latency_ms_p99']} ms, "
+          f"p99.9 {s_tp['latency_ms_p999']} ms, failed {s_tp['failed']}")
+    print(f"etcd x3 1 KiB puts, {args.etcd_inflight} in flight: {e_tp['puts_per_s']:,.0f} puts/s, "
+          f"p50 {e_tp['latency_ms_p50']} ms, p99 {e_tp['latency_ms_p99']} ms")
+    print(f"ratio scriba/etcd: {ratio:.2f}x")
+    print(f"one in flight: scriba p50 {s_lat['latency_ms_p50']} ms p99 {s_lat['latency_ms_p99']} ms; "
+          f"etcd p50 {e_lat['latency_ms_p50']} ms p99 {e_lat['latency_ms_p99']} ms")
+    floor = scriba["transport_one_in_flight"]
+    print(f"one in flight, bare transport to the same bookies (2 of 3 acks): p50 {floor['latency_ms_p50']} ms "
+          f"p99 {floor['latency_ms_p99']} ms")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"scriba": scriba, "etcd": etcd, "ratio": ratio}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,718 @@
+"""The gRPC ``BookieTransport``: one channel and one batched add stream per bookie.
+
+Theory of operation. Python gRPC moves a few thousand *messages* per second but
+~200k *entries* per second at 64 entries a message, so every add to one bookie
+goes onto that bookie's single ``AddStream`` in :class:`AddBatch` messages. ``add()``
+only appends a tuple to the bookie's queue (no coroutine, task or log line per
+entry); one sender task per bookie drains the queue into batches of at most
+``batch_entries_max`` entries / ``batch_bytes_max`` bytes, and while a batch is
+being written the next adds accumulate into the next batch. While
+``batch_entries_max * batches_inflight_max`` entries are unanswered, a partial
+batch is held back until it fills or answers arrive (Nagle-like; one add in flight
+is never delayed). One reader task per bookie takes each
+:class:`AddResponseBatch` and calls the adds' callbacks.
+
+States of a bookie connection: IDLE (no stream) -> OPEN (sender + reader running)
+-> BROKEN (stream or channel failed; every pending add was answered UNAVAILABLE;
+the next use after a bounded, doubling backoff opens a new stream) -> OPEN ...
+
+Invariants:
+- every ``add()`` callback fires exactly once: with the bookie's status, with
+  ``Status.TIMEOUT`` once ``add_timeout_s`` has passed (one periodic sweep over
+  insertion-ordered pending adds, not a timer per entry), or with
+  ``Status.UNAVAILABLE`` when the stream fails or the transport closes;
+- bytes queued + in flight per bookie are bounded: ``wait_writable()`` blocks the
+  caller while ``inflight_bytes_max`` is reached, and ``add()`` answers
+  ``TOO_MANY_REQUESTS`` beyond ``inflight_bytes_hard_max`` (a caller that ignores
+  back-pressure gets an error, never an unbounded queue);
+- every read carries a deadline; bookie statuses become ``scriba.errors`` via
+  ``error_for_status``; gRPC failures become ``UnavailableError`` or ``TimeoutError``.
+
+An add that timed out leaves its stream suspect (a silent blackhole keeps a TCP
+connection open forever), so a timeout also drops that bookie's channel; the next
+use dials afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from scriba.client.transport import AddCallback, BookieInfo, LacResult
+from scriba.errors import (
+    NoSuchEntryError,
+    ScribaError,
+    Status,
+    UnavailableError,
+    error_for_status,
+)
+from scriba.errors import TimeoutError as DeadlineError
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.invariant import invariant
+from scriba.log import get_logger
+from scriba.proto import scriba_pb2 as pb
+from scriba.proto import scriba_pb2_grpc as pb_grpc
+
+log = get_logger(__name__)
+
+MESSAGE_BYTES_MAX: Final = 64 * 1024 * 1024
+RECONNECT_BACKOFF_MIN_S: Final = 0.05
+RECONNECT_BACKOFF_MAX_S: Final = 2.0
+LONG_POLL_MARGIN_S: Final = 2.0
+CLOSE_TIMEOUT_S: Final = 5.0
+
+_STATUS_BY_CODE: Final = {int(s): s for s in Status}
+_OK: Final = Status.OK
+_TIMEOUT: Final = Status.TIMEOUT
+_UNAVAILABLE: Final = Status.UNAVAILABLE
+_TOO_MANY: Final = Status.TOO_MANY_REQUESTS
+_RECOVERY_FLAG: Final = pb.RECOVERY_ADD
+_FENCE_FLAG: Final = pb.FENCE
+
+_CHANNEL_OPTIONS: Final = (
+    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+    # (not grpc.min_reconnect_backoff_ms: despite its name it is the connect timeout)
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+
+# A pending add: [callback, deadline_s, size_bytes]; kept as a list (cheapest to build).
+_Pending = list[Any]
+_Key = tuple[int, int]
+
+
+def _status(code: int) -> Status:
+    return _STATUS_BY_CODE.get(code, Status.INTERNAL)
+
+
+class _Connection:
+    """One bookie: its channel, add stream, queue and pending adds (see module docstring)."""
+
+    __slots__ = (
+        "address",
+        "bookie_id",
+        "call",
+        "channel",
+        "closing",
+        "dups",
+        "fail_count",
+        "generation",
+        "inflight_bytes",
+        "pending",
+        "queue",
+        "reader",
+        "retry_at",
+        "sender",
+        "sent_unanswered",
+        "stub",
+        "unordered",
+        "wake",
+        "writable_event",
+    )
+
+    def __init__(self, bookie_id: BookieId) -> None:
+        self.bookie_id = bookie_id
+        self.address = ""
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.BookieStub | None = None
+        self.call: Any = None
+        self.sender: asyncio.Task[None] | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self.queue: list[tuple[int, int, bytes, int, bytes]] = []
+        self.pending: dict[_Key, _Pending] = {}
+        self.dups: dict[_Key, list[_Pending]] = {}
+        self.unordered = False  # pending's insertion order no longer follows deadlines
+        self.inflight_bytes = 0
+        self.sent_unanswered = 0  # entries written to the current stream, not yet answered
+        self.wake = asyncio.Event()
+        self.writable_event: asyncio.Event | None = None
+        self.retry_at = 0.0
+        self.fail_count = 0
+        self.generation = 0
+        self.closing = False
+
+
+class GrpcBookieTransport:
+    """``BookieTransport`` over grpc.aio (see the module docstring)."""
+
+    def __init__(
+        self,
+        resolve: Callable[[BookieId], str],
+        *,
+        add_timeout_s: float = 10.0,
+        read_timeout_s: float = 5.0,
+        batch_entries_max: int = 64,
+        batch_bytes_max: int = 1024 * 1024,
+        inflight_bytes_max: int = 64 * 1024 * 1024,
+        inflight_bytes_hard_max: int | None = None,
+        batches_inflight_max: int = 8,
+        sweep_interval_s: float | None = None,
+    ) -> None:
+        invariant(add_timeout_s > 0 and read_timeout_s > 0, "timeouts must be positive")
+        invariant(batch_entries_max >= 1 and batch_bytes_max >= 1, "batch limits must be >= 1")
+        invariant(inflight_bytes_max >= 1, "inflight_bytes_max must be >= 1")
+        invariant(batches_inflight_max >= 1, "batches_inflight_max must be >= 1")
+        self._resolve = resolve
+        self.add_timeout_s = add_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.batch_entries_max = batch_entries_max
+        self.batch_bytes_max = batch_bytes_max
+        self.send_window_entries = batch_entries_max * batches_inflight_max
+        self.inflight_bytes_max = inflight_bytes_max
+        self.inflight_bytes_hard_max = (
+            inflight_bytes_hard_max if inflight_bytes_hard_max is not None else 4 * inflight_bytes_max
+        )
+        self._sweep_interval_s = (
+            sweep_interval_s
+            if sweep_interval_s is not None
+            else max(0.005, min(0.1, add_timeout_s / 10))
+        )
+        self._conns: dict[BookieId, _Connection] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # counters (cheap ints; read by tests and the bench)
+        self.batches_sent = 0
+        self.entries_sent = 0
+
+    # --- adds -------------------------------------------------------------------
+    def add(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        entry_id: EntryId,
+        master_key: bytes,
+        entry: bytes,
+        on_response: AddCallback,
+        *,
+        recovery: bool = False,
+    ) -> None:
+        """Queue one add; ``on_response(bookie_id, ledger_id, entry_id, status)`` fires once."""
+        conn = self._conns.get(bookie_id)
+        if conn is None or conn.sender is None:
+            conn = self._open(bookie_id)
+            if conn is None:  # closed, in backoff or unresolvable: answer soon, never inline
+                self._answer_soon(on_response, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
+                return
+        size = len(entry)
+        if conn.inflight_bytes + size > self.inflight_bytes_hard_max and conn.inflight_bytes:
+            self._answer_soon(on_response, bookie_id, ledger_id, entry_id, _TOO_MANY)
+            return
+        key = (ledger_id, entry_id)
+        pending = [on_response, time.monotonic() + self.add_timeout_s, size]
+        if key in conn.pending:
+            conn.dups.setdefault(key, []).append(pending)
+        else:
+            conn.pending[key] = pending
+        conn.inflight_bytes += size
+        queue = conn.queue
+        if not queue:
+            conn.wake.set()
+        queue.append((ledger_id, entry_id, master_key, _RECOVERY_FLAG if recovery else 0, entry))
+        if len(queue) == self.batch_entries_max:
+            conn.wake.set()  # a full batch goes out even while the send window is used up
+
+    def writable(self, bookie_id: BookieId) -> bool:
+        """Whether ``bookie_id`` has room for more adds (below ``inflight_bytes_max``)."""
+        conn = self._conns.get(bookie_id)
+        return conn is None or conn.inflight_bytes < self.inflight_bytes_max
+
+    async def wait_writable(self, bookie_id: BookieId, timeout_s: float | None = None) -> bool:
+        """Wait until ``bookie_id`` is below ``inflight_bytes_max``; False if ``timeout_s`` passed."""
+        conn = self._conns.get(bookie_id)
+        if conn is None or conn.inflight_bytes < self.inflight_bytes_max:
+            return True
+        if conn.writable_event is None:
+            conn.writable_event = asyncio.Event()
+        event = conn.writable_event
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s is not None else self.add_timeout_s):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def inflight_bytes(self, bookie_id: BookieId) -> int:
+        conn = self._conns.get(bookie_id)
+        return conn.inflight_bytes if conn is not None else 0
+
+    def pending_adds(self, bookie_id: BookieId | None = None) -> int:
+        """Adds not yet answered (all bookies, or one)."""
+        conns = self._conns.values() if bookie_id is None else [self._conns.get(bookie_id)]
+        return sum(len(c.pending) + sum(len(d) for d in c.dups.values()) for c in conns if c is not None)
+
+    def _answer_soon(
+        self, cb: AddCallback, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, status: Status
+    ) -> None:
+        # Never call back inside add(): the caller's core may not expect re-entry.
+        asyncio.get_running_loop().call_soon(self._safe_call, cb, bookie_id, ledger_id, entry_id, status)
+
+    @staticmethod
+    def _safe_call(cb: AddCallback, bookie_id: BookieId, ledger_id: int, entry_id: int, status: Status) -> None:
+        try:
+            cb(bookie_id, LedgerId(ledger_id), EntryId(entry_id), status)
+        except Exception:
+            log.exception("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_id)
+
+    # --- connection lifecycle ----------------------------------------------------
+    def _open(self, bookie_id: BookieId) -> _Connection | None:
+        """Start the add stream of ``bookie_id`` (None while closed or backing off)."""
+        if self._closed:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            conn = _Connection(bookie_id)
+            self._conns[bookie_id] = conn
+        if conn.sender is not None:
+            return conn
+        try:
+            self._ensure_channel(conn)
+        except ScribaError as exc:
+            self._note_failure(conn, f"resolve: {exc}")
+            return None
+        conn.generation += 1
+        conn.wake = asyncio.Event()
+        # After a failure the stream is redialled once the backoff has passed; adds queue
+        # meanwhile (bounded by the in-flight bytes cap and answered by the add timeout).
+        conn.sender = loop.create_task(self._stream(conn), name=f"scriba-add-send-{bookie_id}")
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep_loop(), name="scriba-add-sweep")
+        return conn
+
+    async def _stream(self, conn: _Connection) -> None:
+        delay_s = conn.retry_at - time.monotonic()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        try:
+            if conn.stub is None:  # the channel was dropped while waiting
+                self._ensure_channel(conn)
+            stub = conn.stub
+            if stub is None:
+                raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
+            call = stub.AddStream()
+        except Exception as exc:
+            if conn.sender is asyncio.current_task():
+                self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
+            return
+        conn.call = call
+        conn.reader = asyncio.get_running_loop().create_task(
+            self._read_loop(conn, call), name=f"scriba-add-recv-{conn.bookie_id}"
+        )
+        await self._send_loop(conn, call)
+
+    def _ensure_channel(self, conn: _Connection) -> None:
+        try:
+            address = self._resolve(conn.bookie_id)
+        except ScribaError:
+            raise
+        except Exception as exc:  # a registry lookup that failed in an unexpected way
+            raise UnavailableError(f"bookie {conn.bookie_id}: cannot resolve: {exc!r}") from exc
+        if conn.channel is not None and address == conn.address:
+            return
+        if conn.channel is not None:
+            self._close_channel_later(conn.channel)
+        conn.address = address
+        conn.channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
+        conn.stub = pb_grpc.BookieStub(conn.channel)
+
+    def _close_channel_later(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(grace=None))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _note_failure(self, conn: _Connection, reason: str) -> None:
+        conn.fail_count += 1
+        backoff = min(RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_MIN_S * (2 ** (conn.fail_count - 1)))
+        conn.retry_at = time.monotonic() + backoff
+        log.info("bookie_stream_failed", bookie_id=conn.bookie_id, reason=reason, backoff_s=backoff)
+
+    def _break(self, conn: _Connection, status: Status, reason: str, *, drop_channel: bool) -> None:
+        """Fail the stream: answer every pending add with ``status``/UNAVAILABLE; back off."""
+        call, sender, reader = conn.call, conn.sender, conn.reader
+        conn.call = conn.sender = conn.reader = None
+        current = asyncio.current_task()
+        for task in (sender, reader):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        if call is not None:
+            call.cancel()
+        if drop_channel and conn.channel is not None:
+            self._close_channel_later(conn.channel)
+            conn.channel = conn.stub = None
+        if not conn.closing:
+            self._note_failure(conn, reason)
+        self._fail_all(conn, status)
+
+    def _fail_all(self, conn: _Connection, status: Status) -> None:
+        pending, dups = conn.pending, conn.dups
+        conn.pending, conn.dups, conn.queue = {}, {}, []
+        conn.sent_unanswered = 0
+        conn.unordered = False
+        conn.inflight_bytes = 0
+        self._signal_writable(conn)
+        bookie_id = conn.bookie_id
+        safe = self._safe_call
+        for (ledger_id, entry_id), p in pending.items():
+            safe(p[0], bookie_id, ledger_id, entry_id, status)
+        for (ledger_id, entry_id), ps in dups.items():
+            for p in ps:
+                safe(p[0], bookie_id, ledger_id, entry_id, status)
+
+    def _signal_writable(self, conn: _Connection) -> None:
+        event = conn.writable_event
+        if event is not None and conn.inflight_bytes < self.inflight_bytes_max:
+            conn.writable_event = None
+            event.set()
+
+    # --- the per-bookie tasks ------------------------------------------------------
+    async def _send_loop(self, conn: _Connection, call: Any) -> None:
+        entries_max, bytes_max = self.batch_entries_max, self.batch_bytes_max
+        window = self.send_window_entries
+        AddBatch = pb.AddBatch
+        wake = conn.wake
+        try:
+            while True:
+                queue = conn.queue
+                # Nagle-like: while a window of entries is unanswered, hold a partial batch
+                # back so that it fills up (full batches always go).
+                if not queue or (len(queue) < entries_max and conn.sent_unanswered >= window):
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                if len(queue) <= entries_max:
+                    take = queue
+                    conn.queue = []
+                else:
+                    take = queue[:entries_max]
+                    conn.queue = queue[entries_max:]
+                size = 0
+                batch = AddBatch()
+                add = batch.adds.add
+                count = 0
+                for ledger_id, entry_id, key, flags, entry in take:
+                    add(ledger_id=ledger_id, entry_id=entry_id, master_key=key, flags=flags, entry=entry)
+                    count += 1
+                    size += len(entry)
+                    if size >= bytes_max and count < len(take):
+                        conn.queue[:0] = take[count:]
+                        break
+                self.batches_sent += 1
+                self.entries_sent += count
+                conn.sent_unanswered += count
+                await call.write(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if conn.call is call:
+                self._break(conn, _UNAVAILABLE, f"write: {_describe(exc)}", drop_channel=False)
+
+    async def _read_loop(self, conn: _Connection, call: Any) -> None:
+        bookie_id = conn.bookie_id
+        ok = _OK
+        try:
+            while True:
+                batch = await call.read()
+                if batch is grpc.aio.EOF:
+                    raise UnavailableError("bookie closed the add stream")
+                pending = conn.pending
+                released = 0
+                responses = batch.responses
+                unanswered = conn.sent_unanswered - len(responses)
+                conn.sent_unanswered = unanswered if unanswered > 0 else 0
+                if conn.queue and unanswered < self.send_window_entries:
+                    conn.wake.set()
+                for r in responses:
+                    ledger_id = r.ledger_id
+                    entry_id = r.entry_id
+                    key = (ledger_id, entry_id)
+                    p = pending.pop(key, None)
+                    if p is None:
+                        continue  # timed out earlier: already answered
+                    if conn.dups:
+                        self._promote_dup(conn, key)
+                    released += p[2]
+                    code = r.status
+                    try:
+                        p[0](bookie_id, ledger_id, entry_id, ok if code == 0 else _status(code))
+                    except Exception:
+                        log.exception("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_id)
+                if released:
+                    conn.inflight_bytes -= released
+                    conn.fail_count = 0
+                    if conn.writable_event is not None:
+                        self._signal_writable(conn)
+                if conn.call is not call:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if conn.call is call:
+                self._break(conn, _UNAVAILABLE, f"read: {_describe(exc)}", drop_channel=False)
+
+    def _promote_dup(self, conn: _Connection, key: _Key) -> None:
+        waiting = conn.dups.get(key)
+        if not waiting:
+            return
+        conn.pending[key] = waiting.pop(0)
+        conn.unordered = True
+        if not waiting:
+            del conn.dups[key]
+
+    async def _sweep_loop(self) -> None:
+        interval = self._sweep_interval_s
+        while not self._closed:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if conn.pending:
+                    self._sweep(conn, now)
+
+    def _sweep(self, conn: _Connection, now: float) -> None:
+        expired: list[_Key] = []
+        if conn.unordered:
+            expired = [k for k, p in conn.pending.items() if p[1] <= now]
+        else:
+            for k, p in conn.pending.items():
+                if p[1] > now:
+                    break
+                expired.append(k)
+        dup_expired = any(p[1] <= now for ps in conn.dups.values() for p in ps)
+        if not expired and not dup_expired:
+            return
+        # A silent stream: answer the expired adds TIMEOUT, the rest UNAVAILABLE, redial.
+        log.info("bookie_add_timeout", bookie_id=conn.bookie_id, expired=len(expired), address=conn.address)
+        bookie_id = conn.bookie_id
+        for key in expired:
+            p = conn.pending.pop(key)
+            conn.inflight_bytes -= p[2]
+            self._safe_call(p[0], bookie_id, key[0], key[1], _TIMEOUT)
+        for key, ps in list(conn.dups.items()):
+            late = [p for p in ps if p[1] <= now]
+            if late:
+                keep = [p for p in ps if p[1] > now]
+                if keep:
+                    conn.dups[key] = keep
+                else:
+                    del conn.dups[key]
+            for p in late:
+                conn.inflight_bytes -= p[2]
+                self._safe_call(p[0], bookie_id, key[0], key[1], _TIMEOUT)
+        self._break(conn, _UNAVAILABLE, "add timeout", drop_channel=True)
+
+    # --- reads -------------------------------------------------------------------------
+    def _stub(self, bookie_id: BookieId) -> tuple[_Connection, pb_grpc.BookieStub]:
+        if self._closed:
+            raise UnavailableError("transport is closed")
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            conn = _Connection(bookie_id)
+            self._conns[bookie_id] = conn
+        self._ensure_channel(conn)
+        stub = conn.stub
+        if stub is None:
+            raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
+        return conn, stub
+
+    def _rpc_error(self, conn: _Connection, exc: grpc.aio.AioRpcError, what: str) -> ScribaError:
+        code = exc.code()
+        text = f"bookie {conn.bookie_id} ({conn.address}) {what}: {code.name} {exc.details() or ''}".strip()
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            # The channel may be stuck behind a silent drop: dial afresh next time.
+            if conn.channel is not None and conn.call is None:
+                self._close_channel_later(conn.channel)
+                conn.channel = conn.stub = None
+            return DeadlineError(text)
+        return UnavailableError(text)
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self.read_timeout_s if timeout_s is None else timeout_s
+
+    async def read_entry(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        entry_id: EntryId,
+        *,
+        fence: bool = False,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> bytes:
+        conn, stub = self._stub(bookie_id)
+        request = pb.ReadEntryRequest(
+            ledger_id=ledger_id, entry_id=entry_id, flags=_FENCE_FLAG if fence else 0, master_key=master_key
+        )
+        try:
+            response = await stub.ReadEntry(request, timeout=self._timeout(timeout_s))
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(conn, exc, "read_entry") from None
+        if response.status != 0:
+            raise error_for_status(response.status, _message(response.message, bookie_id, ledger_id, entry_id))
+        return bytes(response.entry)
+
+    async def read_range(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        first_entry_id: EntryId,
+        last_entry_id: EntryId,
+        *,
+        max_entries: int = 1024,
+        max_bytes: int = 4 * 1024 * 1024,
+        timeout_s: float | None = None,
+    ) -> list[bytes]:
+        conn, stub = self._stub(bookie_id)
+        request = pb.ReadRangeRequest(
+            ledger_id=ledger_id,
+            first_entry_id=first_entry_id,
+            last_entry_id=last_entry_id,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+        )
+        entries: list[bytes] = []
+        call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
+        try:
+            async for chunk in call:
+                if chunk.status == 0:
+                    entries.extend(chunk.entries)
+                    if len(entries) >= max_entries:
+                        break
+                    continue
+                entries.extend(chunk.entries)
+                if chunk.status == Status.NO_SUCH_ENTRY and entries:
+                    break
+                raise error_for_status(
+                    chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id + len(entries))
+                )
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(conn, exc, "read_range") from None
+        finally:
+            call.cancel()
+        if not entries and first_entry_id <= last_entry_id:
+            raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
+        return entries[:max_entries]
+
+    async def read_lac(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        *,
+        fence: bool = False,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> LacResult:
+        request = pb.ReadLacRequest(
+            ledger_id=ledger_id, flags=_FENCE_FLAG if fence else 0, master_key=master_key
+        )
+        return await self._read_lac(bookie_id, ledger_id, request, self._timeout(timeout_s))
+
+    async def long_poll_lac(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        previous_lac: EntryId,
+        *,
+        wait_s: float,
+        piggyback_entry: bool = True,
+    ) -> LacResult:
+        request = pb.ReadLacRequest(
+            ledger_id=ledger_id,
+            long_poll=True,
+            previous_lac=previous_lac,
+            timeout_ms=max(0, int(wait_s * 1000)),
+            piggyback_entry=piggyback_entry,
+        )
+        return await self._read_lac(bookie_id, ledger_id, request, wait_s + LONG_POLL_MARGIN_S)
+
+    async def _read_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, request: pb.ReadLacRequest, timeout_s: float
+    ) -> LacResult:
+        conn, stub = self._stub(bookie_id)
+        try:
+            r = await stub.ReadLac(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(conn, exc, "read_lac") from None
+        if r.status != 0:
+            raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
+        return LacResult(
+            lac=EntryId(r.lac),
+            last_entry_id=EntryId(r.last_entry_id),
+            last_entry=bytes(r.last_entry),
+            piggybacked_entry=bytes(r.piggybacked_entry),
+            fenced=r.fenced,
+        )
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+    ) -> None:
+        conn, stub = self._stub(bookie_id)
+        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key)
+        try:
+            r = await stub.WriteLac(request, timeout=self.read_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(conn, exc, "write_lac") from None
+        if r.status != 0:
+            raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
+
+    async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo:
+        conn, stub = self._stub(bookie_id)
+        try:
+            r = await stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=self._timeout(timeout_s))
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(conn, exc, "bookie_info") from None
+        if r.status != 0:
+            raise error_for_status(r.status, _message(r.message, bookie_id, None, None))
+        return BookieInfo(
+            bookie_id=BookieId(r.bookie_id or bookie_id),
+            read_only=r.state == pb.BOOKIE_READ_ONLY,
+            free_bytes=r.free_bytes,
+            total_bytes=r.total_bytes,
+        )
+
+    # --- shutdown -----------------------------------------------------------------------
+    async def close(self) -> None:
+        """Answer every pending add UNAVAILABLE, stop the tasks, close every channel."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tasks: list[asyncio.Task[Any]] = [self._sweeper] if self._sweeper is not None else []
+        channels = []
+        for conn in self._conns.values():
+            conn.closing = True
+            tasks.extend(t for t in (conn.sender, conn.reader) if t is not None)
+            self._break(conn, _UNAVAILABLE, "transport closed", drop_channel=False)
+            if conn.channel is not None:
+                channels.append(conn.channel)
+                conn.channel = conn.stub = None
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
+            if self._background:
+                await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name} {exc.details() or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _message(message: str, bookie_id: BookieId, ledger_id: int | None, entry_id: int | None) -> str:
+    where = f"bookie {bookie_id}"
+    if ledger_id is not None:
+        where += f" ledger {ledger_id}"
+    if entry_id is not None:
+        where += f" entry {entry_id}"
+    return f"{where}: {message}" if message else where

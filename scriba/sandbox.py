@@ -1,0 +1,445 @@
+"""``scriba sandbox``: a whole Scriba cluster on this machine, for trying things out.
+
+Starts a real etcd (one member, unless ``--metadata`` names an existing store) and
+N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region,
+writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
+PID), prints the URI and the next step, and runs until Ctrl-C / SIGTERM. Then it
+stops everything it started, by PID, and waits for each exit.
+
+States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
+is held (``flock``) from LOCKING to exit and names the sandbox's PID, so a second
+sandbox on the same dir refuses with a clear message; the kernel drops the lock if
+the process dies. A sandbox always starts fresh: it clears the ``etcd`` and
+``bookie-*`` dirs a previous sandbox left in DIR (with ``--metadata`` it keeps the
+bookies' data, whose cookies that store holds).
+
+``--detach`` runs the same sandbox in the background (log in ``DIR/sandbox.log``)
+and returns once it serves; ``--stop`` ends a detached one. ``--simple-test`` runs
+``scriba shell simple-test`` against the fresh sandbox and exits with its result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from scriba.errors import ConfigError, ScribaError
+from scriba.log import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_DATA_DIR = "sandbox-data"
+SANDBOX_FILE = "sandbox.json"
+LOCK_FILE = "sandbox.lock"
+LOG_FILE = "sandbox.log"
+REGION = "region-1"
+BOOKIES_MAX = 32
+ZONES_MAX = 26
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+DETACH_TIMEOUT_S = 90.0
+
+
+class SandboxBusyError(ScribaError):
+    """Another sandbox holds the data dir."""
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGINT/SIGTERM to unwind into the cleanup."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxOptions:
+    data_dir: Path
+    bookies: int = 4
+    zones: int = 3
+    metadata: str | None = None
+
+    def validate(self) -> None:
+        if not 1 <= self.bookies <= BOOKIES_MAX:
+            raise ConfigError(f"--bookies: {self.bookies} is not in 1..{BOOKIES_MAX}")
+        if not 1 <= self.zones <= ZONES_MAX:
+            raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
+
+
+def zone_name(index: int) -> str:
+    return f"zone-{chr(ord('a') + index)}"
+
+
+def default_data_dir() -> Path:
+    return Path.cwd() / DEFAULT_DATA_DIR
+
+
+def read_sandbox_file(data_dir: Path) -> dict[str, Any]:
+    """The running sandbox's description; ConfigError if there is none."""
+    path = data_dir / SANDBOX_FILE
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no sandbox is running in {data_dir} (no {SANDBOX_FILE}); start one with `scriba sandbox`") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    return doc
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SandboxLock:
+    """``DIR/sandbox.lock``: an ``flock`` held for the sandbox's life, holding its PID."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise SandboxBusyError(
+                f"a sandbox (pid {holder}) is already running on {self.path.parent}; "
+                f"stop it (Ctrl-C, or `scriba sandbox --stop --data {self.path.parent}`) or use another --data dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+    @staticmethod
+    def holder(data_dir: Path) -> int | None:
+        """The PID of the live sandbox holding ``data_dir``, if any."""
+        path = data_dir / LOCK_FILE
+        try:
+            with open(path) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    text = f.read().strip()
+                    return int(text) if text.isdigit() else None
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return None
+        except FileNotFoundError:
+            return None
+
+
+class Sandbox:
+    """Starts and stops the sandbox's processes (see the module docstring)."""
+
+    def __init__(self, options: SandboxOptions) -> None:
+        options.validate()
+        self.options = options
+        self.data_dir = options.data_dir
+        self.etcd: Any = None
+        self.bookies: list[Any] = []
+        self.metadata_uri = options.metadata or ""
+
+    def _reap_orphans(self) -> None:
+        """Kill what a SIGKILLed sandbox left running on this dir (PIDs from its sandbox.json
+        whose command line names this dir, so never anything else)."""
+        try:
+            doc = json.loads((self.data_dir / SANDBOX_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
+        for pid in pids:
+            if not isinstance(pid, int) or not _pid_alive(pid):
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(self.data_dir) in cmdline:
+                log.warning("sandbox_orphan_killed", pid=pid)
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while _pid_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    def _clear_previous(self) -> None:
+        self._reap_orphans()
+        # With our own etcd everything starts fresh. With an external store (--metadata) the
+        # bookies' data stays: the store keeps their cookies, and a wiped bookie would be refused.
+        external = bool(self.options.metadata)
+        for child in self.data_dir.iterdir():
+            if child.is_dir() and (child.name == "etcd" or (child.name.startswith("bookie-") and not external)):
+                shutil.rmtree(child)
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / SANDBOX_FILE).unlink()
+
+    def start(self, out: IO[str]) -> None:
+        from scriba.embedded.bookie import BookieProcess
+
+        self._clear_previous()
+        if not self.options.metadata:
+            from scriba.embedded.etcd import EtcdCluster
+
+            print(f"starting etcd in {self.data_dir / 'etcd'} ...", file=out, flush=True)
+            self.etcd = EtcdCluster(self.data_dir / "etcd", 1)
+            self.etcd.start(timeout_s=START_TIMEOUT_S)
+            self.metadata_uri = self.etcd.uri("scriba")
+        n, zones = self.options.bookies, self.options.zones
+        print(f"starting {n} bookies over {min(n, zones)} zones ...", file=out, flush=True)
+        for i in range(n):
+            zone = zone_name(i % zones)
+            self.bookies.append(
+                BookieProcess(
+                    self.data_dir / f"bookie-{i + 1}",
+                    self.metadata_uri,
+                    bookie_id=self.bookie_id(i),
+                    region=REGION,
+                    zone=zone,
+                    rack=f"rack-{i + 1}",
+                )
+            )
+        with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
+            futures = [pool.submit(b.start, START_TIMEOUT_S) for b in self.bookies]
+            for f in futures:
+                f.result()
+        self.write_sandbox_file()
+
+    def bookie_id(self, index: int) -> str:
+        """``bookie-N``; on an external store also unique to this data dir (ids are cluster-wide)."""
+        if not self.options.metadata:
+            return f"bookie-{index + 1}"
+        tag = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:6]
+        return f"sandbox-{tag}-bookie-{index + 1}"
+
+    def describe(self) -> dict[str, Any]:
+        etcd: dict[str, Any] | None = None
+        if self.etcd is not None:
+            etcd = {
+                "pids": [m.pid for m in self.etcd.members],
+                "data_dir": str(self.data_dir / "etcd"),
+                "endpoints": [f"{h}:{p}" for h, p in self.etcd.endpoints],
+            }
+        return {
+            "metadata_uri": self.metadata_uri,
+            "pid": os.getpid(),
+            "started_at": time.time(),
+            "region": REGION,
+            "etcd": etcd,
+            "bookies": [
+                {
+                    "bookie_id": b.bookie_id,
+                    "address": b.address,
+                    "region": REGION,
+                    "zone": zone_name(i % self.options.zones),
+                    "data_dir": str(b.data_dir),
+                    "journal_dir": str(b.journal_dir),
+                    "log": str(b.log_path),
+                    "pid": b.pid,
+                }
+                for i, b in enumerate(self.bookies)
+            ],
+        }
+
+    def write_sandbox_file(self) -> None:
+        path = self.data_dir / SANDBOX_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        tmp.replace(path)
+
+    def stop(self) -> None:
+        """Stop every process this sandbox started (bookies first, then etcd), waiting for each."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / SANDBOX_FILE).unlink()
+        if self.bookies:
+            with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
+                for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
+                    f.result()
+        if self.etcd is not None:
+            _stop_quietly(self.etcd)
+
+    def dead_bookies(self) -> list[str]:
+        return [b.bookie_id for b in self.bookies if getattr(b, "pid", None) is not None and not _running(b)]
+
+
+def _running(process: Any) -> bool:
+    running = getattr(process, "running", None)
+    if isinstance(running, bool):
+        return running
+    pid = getattr(process, "pid", None)
+    return pid is not None and _pid_alive(pid)
+
+
+def _stop_quietly(process: Any) -> None:
+    try:
+        process.stop()
+    except Exception as exc:  # keep stopping the others
+        log.warning("sandbox_stop_failed", what=repr(process), error=repr(exc))
+
+
+# --- the command ------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sandbox",
+        help="run etcd + bookies on this machine",
+        description="Start an embedded etcd and N bookie processes over zones; Ctrl-C stops everything.",
+    )
+    p.add_argument("--bookies", type=int, default=4, help="bookie processes to start (default 4)")
+    p.add_argument("--zones", type=int, default=3, help="zones to spread them over (default 3)")
+    p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
+    p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
+    p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
+    mode.add_argument("--stop", action="store_true", help="stop the sandbox running on --data")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    data_dir = (args.data or default_data_dir()).resolve()
+    if args.stop:
+        return stop_detached(data_dir)
+    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, metadata=args.metadata)
+    options.validate()
+    if args.detach:
+        return start_detached(args, data_dir)
+    return run_foreground(options, simple_test=args.simple_test)
+
+
+def run_foreground(options: SandboxOptions, *, simple_test: bool = False, out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    lock = SandboxLock(options.data_dir)
+    lock.acquire()
+    sandbox = Sandbox(options)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stop_requested.is_set():
+            stop_requested.set()
+            raise _Stop(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        sandbox.start(out)
+        _print_ready(sandbox, out)
+        if simple_test:
+            code = _run_simple_test(sandbox.metadata_uri, out)
+        else:
+            while not stop_requested.wait(1.0):
+                dead = sandbox.dead_bookies()
+                if dead:
+                    print(f"warning: bookie process(es) exited: {', '.join(dead)}", file=out, flush=True)
+                    sandbox.bookies = [b for b in sandbox.bookies if b.bookie_id not in dead]
+                    sandbox.write_sandbox_file()
+    except _Stop:
+        code = 0
+    finally:
+        for s in previous:
+            signal.signal(s, lambda signum, frame: None)  # a second Ctrl-C cannot cut the cleanup short
+        print("stopping the sandbox ...", file=out, flush=True)
+        sandbox.stop()
+        lock.release()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        print("sandbox stopped", file=out, flush=True)
+    return code
+
+
+def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
+    zones = sorted({zone_name(i % sandbox.options.zones) for i in range(len(sandbox.bookies))})
+    print(f"sandbox running: {len(sandbox.bookies)} bookies in {', '.join(zones)}", file=out)
+    print(f"metadata: {sandbox.metadata_uri}", file=out)
+    print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
+    print(
+        f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
+        file=out,
+        flush=True,
+    )
+
+
+def _run_simple_test(uri: str, out: IO[str]) -> int:
+    from scriba.client.shell import simple_test_report
+
+    ok, text = simple_test_report(uri)
+    print(text, file=out, flush=True)
+    return 0 if ok else 1
+
+
+def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
+    holder = SandboxLock.holder(data_dir)
+    if holder is not None:
+        raise SandboxBusyError(f"a sandbox (pid {holder}) is already running on {data_dir}")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "scriba.cli", "sandbox", "--data", str(data_dir),
+            "--bookies", str(args.bookies), "--zones", str(args.zones)]
+    if args.metadata:
+        argv += ["--metadata", args.metadata]
+    log_path = data_dir / LOG_FILE
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    deadline = time.monotonic() + DETACH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            raise ConfigError(f"the sandbox exited with {child.returncode}; log {log_path}:\n{tail}")
+        try:
+            doc = read_sandbox_file(data_dir)
+        except ConfigError:
+            doc = {}
+        if doc.get("pid") == child.pid:
+            print(f"sandbox running in the background (pid {child.pid}, log {log_path})")
+            print(f"metadata: {doc['metadata_uri']}")
+            print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
+                  f"stop with: scriba sandbox --stop --data {data_dir}")
+            return 0
+        time.sleep(0.1)
+    child.terminate()
+    raise ConfigError(f"the sandbox did not start within {DETACH_TIMEOUT_S:.0f}s; log {log_path}")
+
+
+def stop_detached(data_dir: Path) -> int:
+    pid = SandboxLock.holder(data_dir)
+    if pid is None:
+        print(f"no sandbox is running on {data_dir}")
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _pid_alive(pid) and SandboxLock.holder(data_dir) is not None:
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"sandbox pid {pid} did not stop within {STOP_TIMEOUT_S:.0f}s")
+        time.sleep(0.1)
+    print(f"sandbox (pid {pid}) stopped")
+    return 0

@@ -1,0 +1,186 @@
+"""``scriba sandbox``: starts etcd + bookie processes, describes them, stops them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scriba.embedded.process import port_open
+
+SCRIBA = [sys.executable, "-m", "scriba.cli"]
+START_TIMEOUT_S = 60.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of ours is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s}s")
+        time.sleep(0.05)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+    except (OSError, ValueError):
+        return None
+
+
+def _start(data: Path, *extra: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SCRIBA, "sandbox", "--data", str(data), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def _pids(doc: dict[str, Any]) -> list[int]:
+    return [b["pid"] for b in doc["bookies"]] + list(doc["etcd"]["pids"] if doc.get("etcd") else [])
+
+
+def _stop(proc: subprocess.Popen[str], sig: int) -> str:
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=40)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sandbox_starts_describes_refuses_second_and_stops(tmp_path: Path, sig: int) -> None:
+    data = tmp_path / "sb"
+    proc = _start(data, "--bookies", "4", "--zones", "3")
+    try:
+        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None,
+                  START_TIMEOUT_S, "sandbox.json")
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        doc = _read_json(data / "sandbox.json")
+        assert doc is not None
+        assert doc["metadata_uri"].startswith("etcd://127.0.0.1:")
+        assert doc["pid"] == proc.pid
+        assert [b["zone"] for b in doc["bookies"]] == ["zone-a", "zone-b", "zone-c", "zone-a"]
+        assert len({b["bookie_id"] for b in doc["bookies"]}) == 4
+        for b in doc["bookies"]:
+            host, port = b["address"].rsplit(":", 1)
+            assert port_open(host, int(port))
+            assert Path(b["data_dir"]).is_relative_to(data)
+        pids = _pids(doc)
+        assert len(pids) == 5 and all(_alive(p) for p in pids)
+        # a second sandbox on the same dir refuses, and harms nothing
+        second = subprocess.run([*SCRIBA, "sandbox", "--data", str(data)], capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert "already running" in second.stderr and str(proc.pid) in second.stderr
+        assert all(_alive(p) for p in pids)
+        out = _stop(proc, sig)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "metadata: etcd://" in out and "next:" in out and "sandbox stopped" in out
+    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "every sandbox process exiting")
+    assert not (data / "sandbox.json").exists()
+    # the dir is free again
+    assert not (data / "sandbox.lock").exists()
+
+
+@pytest.mark.slow
+def test_sandbox_simple_test_mode_passes_and_cleans_up(tmp_path: Path) -> None:
+    data = tmp_path / "sb"
+    done = subprocess.run(
+        [*SCRIBA, "sandbox", "--data", str(data), "--bookies", "3", "--simple-test"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "simple-test PASSED" in done.stdout
+    assert "sandbox stopped" in done.stdout
+    assert not (data / "sandbox.json").exists()
+
+
+@pytest.mark.slow
+def test_sandbox_detach_and_stop_and_shell_default_metadata(tmp_path: Path) -> None:
+    started = subprocess.run(
+        [*SCRIBA, "sandbox", "--bookies", "3", "--detach"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    doc = _read_json(tmp_path / "sandbox-data" / "sandbox.json")
+    assert doc is not None
+    pids = [*_pids(doc), doc["pid"]]
+    try:
+        # the shell finds the sandbox in ./sandbox-data without --metadata
+        env = {k: v for k, v in os.environ.items() if k != "SCRIBA_METADATA"}
+        listed = subprocess.run([*SCRIBA, "shell", "--json", "list-bookies"], capture_output=True, text=True,
+                                timeout=60, cwd=tmp_path, env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert sorted(b["bookie_id"] for b in json.loads(listed.stdout)) == ["bookie-1", "bookie-2", "bookie-3"]
+    finally:
+        stopped = subprocess.run([*SCRIBA, "sandbox", "--stop"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "every sandbox process exiting")
+
+
+@pytest.mark.slow
+def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None:
+    data = tmp_path / "sb"
+    first = _start(data, "--bookies", "2")
+    orphans: list[int] = []
+    try:
+        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or first.poll() is not None,
+                  START_TIMEOUT_S, "sandbox.json")
+        doc = _read_json(data / "sandbox.json")
+        assert doc is not None
+        orphans = _pids(doc)
+        first.kill()  # no cleanup: its etcd and bookies keep running
+        first.wait()
+        assert all(_alive(p) for p in orphans)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    second = _start(data, "--bookies", "2")
+    try:
+        _wait_for(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == second.pid or second.poll() is not None,
+                  START_TIMEOUT_S, "second sandbox.json")
+        assert second.poll() is None
+        assert not any(_alive(p) for p in orphans)
+        out = _stop(second, signal.SIGTERM)
+        assert second.returncode == 0, out
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+        for pid in orphans:  # never leave them behind, even when the test fails
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sandbox_bad_options_and_stop_without_sandbox(tmp_path: Path) -> None:
+    bad = subprocess.run([*SCRIBA, "sandbox", "--data", str(tmp_path / "x"), "--bookies", "0"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "--bookies" in bad.stderr and "Traceback" not in bad.stderr
+    idle = subprocess.run([*SCRIBA, "sandbox", "--data", str(tmp_path / "y"), "--stop"],
+                          capture_output=True, text=True, timeout=30)
+    assert idle.returncode == 1 and "no sandbox is running" in idle.stdout
