@@ -32,7 +32,7 @@ VALUE_BYTES = 1024
 
 
 def run_scriba_bench(uri: str, *, seconds: float | None, entries: int | None, inflight: int, ledgers: int,
-                     batch_entries: int = 64) -> dict[str, Any]:
+                     batch_entries: int = 256) -> dict[str, Any]:
     argv = [sys.executable, "-m", "scriba.cli", "--log-level", "warning", "bench", "--metadata", uri,
             "--ensemble", "3", "--write", "3", "--ack", "2", "--size", str(VALUE_BYTES),
             "--inflight", str(inflight), "--ledgers", str(ledgers), "--json", "--quiet",
@@ -155,7 +155,7 @@ def main() -> int:
     parser.add_argument("--ledgers", type=int, default=1)
     parser.add_argument("--etcd-inflight", type=int, default=256, help="etcd puts in flight")
     parser.add_argument("--latency-entries", type=int, default=2000)
-    parser.add_argument("--batch-entries", type=int, default=64, help="adds per gRPC message per bookie")
+    parser.add_argument("--batch-entries", type=int, default=256, help="adds per gRPC message per bookie")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="scriba-bench-") as tmp:

@@ -40,7 +40,7 @@ class BenchConfig:
     size_bytes: int = 1024
     inflight: int = 1000
     ledgers: int = 1
-    batch_entries_max: int = 64  # adds per gRPC message per bookie (transport tuning)
+    batch_entries_max: int = 256  # adds per gRPC message per bookie (the transport default)
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
 
     def validate(self) -> BenchConfig:
@@ -263,7 +263,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
     p.add_argument("--inflight", type=int, default=1000, help="appends in flight (default 1000)")
     p.add_argument("--ledgers", type=int, default=1)
-    p.add_argument("--batch-entries", type=int, default=64, help="adds per message per bookie (default 64)")
+    p.add_argument("--batch-entries", type=int, default=256, help="adds per message per bookie (default 256)")
     p.add_argument("--batches-inflight", type=int, default=8, help="unanswered messages per bookie (default 8)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

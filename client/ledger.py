@@ -40,6 +40,7 @@ from scriba.client.write_core import WriteCore, WriterState
 from scriba.config import require
 from scriba.entry import Digest, Entry
 from scriba.errors import (
+    CorruptEntryError,
     InternalError,
     LedgerClosedError,
     NoSuchEntryError,
@@ -479,21 +480,40 @@ class _Operation:
 
     async def _read_entries(self, effect: ReadEntries) -> None:
         ids = effect.entry_ids
-        bookie_id = effect.bookie_id
-        consecutive = len(ids) > 1 and ids[-1] - ids[0] == len(ids) - 1
-        if effect.fence or not consecutive:
-            await asyncio.gather(*(self._read_one(bookie_id, e, effect.fence) for e in ids))
+        if effect.fence or len(ids) == 1:
+            await asyncio.gather(*(self._read_one(effect.bookie_id, e, effect.fence) for e in ids))
             return
-        next_id = ids[0]
-        last = ids[-1]
+        # Consecutive runs are range reads; single ids are entry reads.
+        runs: list[tuple[int, int]] = []
+        start = prev = ids[0]
+        for entry_id in ids[1:]:
+            if entry_id != prev + 1:
+                runs.append((start, prev))
+                start = entry_id
+            prev = entry_id
+        runs.append((start, prev))
+        await asyncio.gather(*(
+            self._read_one(effect.bookie_id, EntryId(a), False) if a == b
+            else self._read_run(effect.bookie_id, a, b)
+            for a, b in runs
+        ))
+
+    async def _read_run(self, bookie_id: BookieId, next_id: int, last: int) -> None:
+        """Range reads of ``next_id..last`` from one replica.
+
+        A short answer continues with a range read from the next entry. An entry that
+        is corrupt at rest is reported alone and the range goes on after it; any other
+        error (missing, unavailable, timeout) reports every remaining entry at once,
+        so the core asks the next replica for them together (again a range read).
+        """
         while next_id <= last:
             try:
                 got = await self._transport.read_range(
                     bookie_id, self._ledger_id, EntryId(next_id), EntryId(last),
-                    max_entries=len(ids), timeout_s=self._config.read_timeout_s,
+                    max_entries=last - next_id + 1, timeout_s=self._config.read_timeout_s,
                 )
-            except NoSuchEntryError:
-                self._report(bookie_id, next_id, None, Status.NO_SUCH_ENTRY)
+            except CorruptEntryError:
+                self._report(bookie_id, next_id, None, Status.CORRUPT)
                 next_id += 1
                 continue
             except ScribaError as exc:
@@ -503,9 +523,11 @@ class _Operation:
                 )
                 return
             if not got:
-                self._report(bookie_id, next_id, None, Status.NO_SUCH_ENTRY)
-                next_id += 1
-                continue
+                self._report_many(
+                    bookie_id,
+                    [(e, None, Status.NO_SUCH_ENTRY) for e in range(next_id, last + 1)],
+                )
+                return
             first = next_id
             next_id += len(got)
             self._report_many(bookie_id, [(first + i, d, Status.OK) for i, d in enumerate(got)])
@@ -529,6 +551,10 @@ class _Operation:
     ) -> None:
         """One event for a whole range answer (the core still sees one input per entry)."""
         core = self._core
+        on_entries = getattr(core, "on_entries", None)
+        if on_entries is not None:
+            self._post(lambda: on_entries(bookie_id, answers))
+            return
 
         def event() -> Effects:
             effects: list[Any] = []

@@ -4,7 +4,8 @@
 entry: WAITING (asked one or more replicas) -> DONE (a replica returned it with a
 valid digest) | FAILED (every replica tried, none valid).
 
-Inputs: ``start()``, ``on_entry(bookie, entry, data, status)``, ``on_timer(key)``.
+Inputs: ``start()``, ``on_entry(bookie, entry, data, status)``,
+``on_entries(bookie, answers)`` (one replica's answers for many entries), ``on_timer(key)``.
 Outputs: ``ReadEntries`` (ids grouped per bookie; consecutive ids let the driver
 use one range read), ``StartTimer`` (speculative read), ``DeliverEntries``
 (verified, consecutive, in order), ``OperationDone`` / ``OperationFailed``.
@@ -13,6 +14,8 @@ Rules:
 - replicas are tried in the placement policy's read order for the entry's write set;
 - if a replica has not answered after ``speculative_timeout_s`` the next one is asked
   too (speculative read); an error or a bad digest moves on to the next at once;
+  the entries one replica failed together are asked of the next one together (one
+  ``ReadEntries`` per bookie, consecutive ids: the driver keeps using range reads);
 - every entry's digest is checked; ``DigestMismatchError`` only when *every* replica
   returned a bad copy; ``NoSuchEntryError`` only when every replica lacks it;
 - at most ``entries_window`` entries are outstanding (bounded memory).
@@ -125,9 +128,49 @@ class ReadCore:
     def on_entry(
         self, bookie_id: BookieId, entry_id: int, data: bytes | None, status: int
     ) -> Effects:
-        pending = self._pending.get(entry_id)
-        if pending is None or self._finished:
+        return self.on_entries(bookie_id, ((entry_id, data, status),))
+
+    def on_entries(
+        self, bookie_id: BookieId, answers: Sequence[tuple[int, bytes | None, int]]
+    ) -> Effects:
+        """Answers of one replica for several entries (a range read, or its failure).
+
+        The entries that need another replica are asked of it together (consecutive
+        ids, so the driver keeps using range reads), with one speculative timer.
+        """
+        if self._finished:
             return NO_EFFECTS
+        retry: dict[BookieId, list[EntryId]] = {}
+        delivered = False
+        for entry_id, data, status in answers:
+            outcome = self._answer(bookie_id, entry_id, data, status, retry)
+            if outcome is True:
+                delivered = True
+            elif outcome is not None:
+                return outcome  # failed: nothing else matters
+        effects: list[Effect] = []
+        if delivered:
+            effects.extend(self._deliver())
+            if self._finished:
+                return effects
+        if retry:
+            ids = [int(e) for batch in retry.values() for e in batch]
+            effects.extend(self._with_timer(self._batches(retry), ids))
+        return effects
+
+    def _answer(
+        self,
+        bookie_id: BookieId,
+        entry_id: int,
+        data: bytes | None,
+        status: int,
+        retry: dict[BookieId, list[EntryId]],
+    ) -> bool | Effects | None:
+        """One replica's answer for one entry: True when it is now ready, the failure
+        effects when the read failed, else None (queued in ``retry`` or waiting)."""
+        pending = self._pending.get(entry_id)
+        if pending is None:
+            return None
         pending.outstanding -= 1
         if status == Status.OK and data is not None:
             try:
@@ -139,7 +182,7 @@ class ReadCore:
                 if entry.ledger_id == self._ledger_id and entry.entry_id == entry_id:
                     del self._pending[entry_id]
                     self._ready[entry_id] = entry
-                    return self._deliver()
+                    return True
                 pending.bad += 1
                 pending.errors.append(f"{bookie_id}: header names another entry")
         elif status == Status.CORRUPT:
@@ -157,9 +200,10 @@ class ReadCore:
             bookie = pending.order[pending.tried]
             pending.tried += 1
             pending.outstanding += 1
-            return self._with_timer([ReadEntries(bookie, (EntryId(entry_id),))], [entry_id])
+            retry.setdefault(bookie, []).append(EntryId(entry_id))
+            return None
         if pending.outstanding > 0:
-            return NO_EFFECTS
+            return None
         return self._fail(self._entry_error(entry_id, pending))
 
     def on_timer(self, key: object) -> Effects:

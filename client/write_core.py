@@ -27,7 +27,11 @@ Invariants:
   hold the entry: when a bookie is replaced, its acks for unconfirmed entries are
   dropped and those entries are re-sent to the replacement after the new segment
   (starting at the first unconfirmed entry) is in the metadata;
-- every entry carries the ``lac`` known when it was packed (piggybacked LAC).
+- every entry carries the ``lac`` known when it was packed (piggybacked LAC);
+- any add failure (error status, TIMEOUT, UNAVAILABLE) from a bookie of the current
+  ensemble starts a change replacing it, even when the entry was already confirmed
+  by the rest of its write set (a late failure): the new segment starts at the first
+  unconfirmed entry, or at the next entry id when every entry is confirmed.
 
 Ensemble changes are bounded (``ensemble_changes_max``); in-flight entries and bytes
 are bounded (``has_capacity``): the driver must not append past them.
@@ -289,7 +293,12 @@ class WriteCore:
     def on_add_response(self, bookie_id: BookieId, entry_id: int, status: int) -> Effects:
         mask = self._masks.get(entry_id)
         if mask is None:  # confirmed already, failed, or never ours
-            return NO_EFFECTS
+            if status == 0:
+                return NO_EFFECTS
+            # A late failure (the entry was confirmed by the rest of its write set)
+            # still means this bookie is dead or slow: replace it, like BookKeeper,
+            # so later entries do not sit on fewer replicas.
+            return self._on_add_error(bookie_id, entry_id, Status(status))
         if status == 0:  # Status.OK, compared as an int on the hot path
             index = self._ack_index.get(bookie_id)  # bookies whose acks count now
             if index is None:
@@ -395,6 +404,8 @@ class WriteCore:
         return (done,)
 
     def _on_add_error(self, bookie_id: BookieId, entry_id: int, status: Status) -> Effects:
+        if self._state is WriterState.CLOSED:
+            return NO_EFFECTS  # a late answer after the close: nothing left to protect
         if status is Status.FENCED:
             return self._fail(
                 LedgerFencedError(
@@ -406,6 +417,8 @@ class WriteCore:
             return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
         if self._state is WriterState.FAILED:
             return NO_EFFECTS
+        if self._state is WriterState.CLOSING and self._closing_sent:
+            return NO_EFFECTS  # every entry is settled and the close is being written
         if bookie_id not in self._index or bookie_id in self._failing:
             return NO_EFFECTS  # replaced already, or being replaced
         if self._change is not None or self._retry_pending is not None:

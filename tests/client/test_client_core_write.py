@@ -294,3 +294,50 @@ def test_property_any_ack_order_confirms_in_order(quorums, n, data) -> None:  # 
             prefix += 1
         assert c.last_add_confirmed == prefix == confirmed_up_to
     assert c.last_add_confirmed == n - 1 and c.pending == 0
+
+
+def test_late_failure_of_a_confirmed_entry_still_replaces_the_bookie() -> None:
+    c, spares = core()
+    c.append(b"x")
+    c.on_add_response(BookieId("a"), 0, OK)
+    assert completes(c.on_add_response(BookieId("b"), 0, OK)) == [(0, 0)]
+    # c times out on entry 0 after a and b confirmed it: c is dead or slow all the same.
+    (wm,) = c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)
+    assert isinstance(wm, WriteMetadata) and wm.purpose == "ensemble_change"
+    assert spares.calls[0][1] == 2
+    new = wm.transform(c.metadata)
+    # Every entry confirmed: the new segment starts at the next entry id.
+    assert new.ensembles == ((0, ("a", "b", "c")), (1, ("a", "b", "x")))
+    assert not [e for e in c.on_metadata_written(new) if isinstance(e, SendAdd)]
+    _, (send,) = c.append(b"y")
+    assert send.entry_id == 1 and set(send.bookies) == {"a", "b", "x"}
+    # A second late error from the replaced bookie changes nothing.
+    assert not c.on_add_response(BookieId("c"), 0, Status.UNAVAILABLE)
+
+
+def test_late_failure_starts_the_segment_at_the_first_unconfirmed_entry() -> None:
+    c, _ = core()
+    for _ in range(3):
+        c.append(b"x")
+    for e in (0, 1):
+        c.on_add_response(BookieId("a"), e, OK)
+        c.on_add_response(BookieId("b"), e, OK)
+    assert c.last_add_confirmed == 1
+    (wm,) = c.on_add_response(BookieId("c"), 0, Status.UNAVAILABLE)
+    new = wm.transform(c.metadata)
+    assert new.ensembles == ((0, ("a", "b", "c")), (2, ("a", "b", "x")))
+    resent = {(e.entry_id, e.bookies) for e in c.on_metadata_written(new) if isinstance(e, SendAdd)}
+    assert resent == {(2, ("x",))}
+
+
+def test_late_failure_after_close_is_ignored() -> None:
+    c, _ = core()
+    c.append(b"x")
+    c.on_add_response(BookieId("a"), 0, OK)
+    c.on_add_response(BookieId("b"), 0, OK)
+    (wm,) = c.close()
+    c.on_metadata_written(wm.transform(c.metadata))
+    assert c.state is WriterState.CLOSED
+    assert not c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)
+    assert not c.on_add_response(BookieId("c"), 0, Status.FENCED)
+    assert c.state is WriterState.CLOSED

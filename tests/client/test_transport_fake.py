@@ -339,3 +339,33 @@ async def test_long_poll_through_a_silent_bookie_ends_by_its_deadline() -> None:
             await t.long_poll_lac(B, LedgerId(1), EntryId(5), wait_s=0.2)
         assert time.monotonic() - t0 < 0.2 + 2.0 + 1.0  # wait + margin, never indefinitely
         await t.close()
+
+
+def test_add_frames_join_into_the_addbatch_wire_format() -> None:
+    from scriba.client.grpc_transport import _add_frame
+    from scriba.proto import scriba_pb2 as pb
+
+    adds = [(7, e, KEY, pb.RECOVERY_ADD if e % 2 else 0, b"x" * (e * 150)) for e in range(6)]
+    expected = pb.AddBatch()
+    for lid, eid, key, flags, entry in adds:
+        expected.adds.add(ledger_id=lid, entry_id=eid, master_key=key, flags=flags, entry=entry)
+    assert b"".join(_add_frame(*a) for a in adds) == expected.SerializeToString()
+
+
+async def test_one_entry_to_several_bookies_keeps_each_adds_flags() -> None:
+    async with FakeBookieServer() as server:
+        server.servicer.keys[9] = KEY
+        server.servicer.fenced.add(9)
+        t = transport_for(server)
+        rec = Recorder()
+        entry = b"shared" * 10
+        # The same entry object to two bookies in a row (one frame serialized, reused),
+        # then as a recovery add: the cached frame must not carry the wrong flags.
+        t.add(BookieId("b1"), LedgerId(9), EntryId(0), KEY, entry, rec)
+        t.add(BookieId("b2"), LedgerId(9), EntryId(0), KEY, entry, rec)
+        t.add(BookieId("b3"), LedgerId(9), EntryId(0), KEY, entry, rec, recovery=True)
+        await rec.wait(3)
+        assert rec.answers[(9, 0)] == 3
+        assert server.servicer.entries[(9, 0)] == entry  # only the recovery add got in
+        assert server.servicer.batches_received == 3
+        await t.close()

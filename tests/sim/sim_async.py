@@ -34,6 +34,8 @@ class StorageTransport:
         self._queues: dict[BookieId, list[tuple[AddOp, AddCallback]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.adds = 0
+        self.entry_reads = 0  # read_entry calls
+        self.range_reads = 0  # read_range calls
 
     # --- adds ---------------------------------------------------------------------
     def add(
@@ -75,6 +77,7 @@ class StorageTransport:
         self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, *,
         fence: bool = False, master_key: bytes = b"", timeout_s: float | None = None,
     ) -> bytes:
+        self.entry_reads += 1
         storage = self._storage(bookie_id)
         if fence:
             await storage.fence(ledger_id, master_key)
@@ -86,6 +89,7 @@ class StorageTransport:
         last_entry_id: EntryId, *, max_entries: int = 1024, max_bytes: int = 4 * 1024 * 1024,
         timeout_s: float | None = None,
     ) -> list[bytes]:
+        self.range_reads += 1
         storage = self._storage(bookie_id)
         await asyncio.sleep(0)
         return storage.read_range(ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes)

@@ -343,3 +343,74 @@ async def test_sim_client_backpressure_bounds_inflight_and_waiting() -> None:
         await w.close()
     await transport.close()
     await store.close()
+
+
+async def test_sim_client_late_timeout_after_quorum_replaces_the_slow_bookie(env: Env) -> None:
+    env.transport.add_timeout_s = 0.05
+    w = await env.client.create_ledger(3, 3, 2)
+    await w.append(b"first")
+    victim = w.metadata.current_ensemble[2]
+    env.transport.add_delay_s[victim] = 1.0  # every add to it times out, after the others confirm
+    assert await w.append(b"confirmed-by-two") == 1  # A=2 confirms without the victim
+    async with asyncio.timeout(5):
+        while victim in w.metadata.current_ensemble:
+            await asyncio.sleep(0.01)
+    ids = [await w.append(b"later%d" % i) for i in range(5)]
+    assert ids == [2, 3, 4, 5, 6]
+    ensemble = w.metadata.current_ensemble
+    assert victim not in ensemble and len(w.metadata.ensembles) == 2
+    ledger_id = int(w.ledger_id)
+    # Later entries sit on the full write set (three replicas), none on the slow bookie.
+    for entry_id in ids:
+        holders = [
+            b for b in ensemble if env.transport.storages[b].read_entry(ledger_id, entry_id)
+        ]
+        assert len(holders) == 3
+    await w.close()
+
+
+async def _closed_ledger_and_read_order(env: Env, n: int) -> tuple[int, list[BookieId]]:
+    w = await env.client.create_ledger(3, 3, 2)
+    await asyncio.gather(*(w.append_async(b"e%d" % i) for i in range(n)))
+    await w.close()
+    ensemble = w.metadata.current_ensemble
+    order = list(env.client._read_order(w.metadata)(ensemble))
+    return int(w.ledger_id), order
+
+
+async def test_sim_reader_falls_back_to_range_reads_on_the_next_replica(env: Env) -> None:
+    n = 600
+    ledger_id, order = await _closed_ledger_and_read_order(env, n)
+    env.transport.down.update(order[:-1])  # the first two replicas in read order fail
+    env.transport.entry_reads = env.transport.range_reads = 0
+    r = await env.client.open_ledger(ledger_id)
+    payloads = [e.payload async for e in r.read()]
+    assert payloads == [b"e%d" % i for i in range(n)]
+    # Range reads on the next replica, not one entry read per entry.
+    assert env.transport.entry_reads == 0
+    assert env.transport.range_reads <= 3 * (n // 64 + 2)
+
+
+async def test_sim_reader_after_a_short_read_continues_with_ranges(env: Env) -> None:
+    n = 600
+    ledger_id, order = await _closed_ledger_and_read_order(env, n)
+    entries = env.transport.storages[order[0]]._entries[ledger_id]
+    for entry_id in range(20, n):  # the first replica lost everything after entry 19
+        del entries[entry_id]
+    env.transport.entry_reads = env.transport.range_reads = 0
+    r = await env.client.open_ledger(ledger_id)
+    payloads = [e.payload async for e in r.read()]
+    assert payloads == [b"e%d" % i for i in range(n)]
+    assert env.transport.entry_reads == 0
+    assert env.transport.range_reads <= 3 * (n // 64 + 2)
+
+
+async def test_sim_reader_corrupt_copy_in_a_range_is_read_from_another_replica(env: Env) -> None:
+    n = 300
+    ledger_id, order = await _closed_ledger_and_read_order(env, n)
+    env.transport.corrupt(order[0], ledger_id, 150)
+    env.transport.entry_reads = env.transport.range_reads = 0
+    r = await env.client.open_ledger(ledger_id)
+    payloads = [e.payload async for e in r.read()]
+    assert payloads == [b"e%d" % i for i in range(n)]
+    assert env.transport.entry_reads <= 1  # only the bad entry, from the next replica
