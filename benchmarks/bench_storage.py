@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from scriba.bookie.storage import open_storage
-from scriba.bookie.storage_api import AddOp, StorageConfig
+from scriba.bookie.storage_api import AddColumns, AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry
 
 KEY = b"k" * 32
@@ -67,18 +67,21 @@ async def storage_run(
     lat: list[float] = []
     failures = 0
 
-    async def writer(batches: list[list[AddOp]]) -> None:
+    # the service hands storage parallel columns (AddColumns), not AddOp objects
+    columns = [[AddColumns.of(b) for b in batches] for batches in work]
+
+    async def writer(batches: list[AddColumns]) -> None:
         nonlocal failures
         for b in batches:
             t = time.perf_counter()
-            statuses = await s.add_batch(b)
+            statuses = await s.add_columns(b)
             lat.append(time.perf_counter() - t)
             failures += sum(1 for st in statuses if st != 0)
 
     try:
         t0 = time.perf_counter()
         c0 = time.process_time()
-        await asyncio.gather(*(writer(b) for b in work))
+        await asyncio.gather(*(writer(b) for b in columns))
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
         stats = s.journal_stats()

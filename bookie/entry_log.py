@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import struct
 import threading
+from itertools import accumulate, repeat
+from operator import add
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +32,7 @@ REC_HEADER: Final = struct.Struct(">II")
 REC_HEADER_SIZE: Final = REC_HEADER.size
 SUFFIX: Final = ".elog"
 WRITE_CHUNK_BYTES: Final = 4 * 1024 * 1024
+_WRITE_CHUNK_ENTRIES: Final = 4096  # the whole-list path writes at most this many per call
 
 _crc_value = google_crc32c.value
 
@@ -108,6 +111,22 @@ class EntryLogs:
         log_id = self.current_id
         rec, loc, crc = REC_HEADER.pack, LOC.pack, _crc_value
         limit = self._file_bytes_max
+        sizes = list(map(len, entries))
+        count = len(sizes)
+        end = offset + sum(sizes) + REC_HEADER_SIZE * count
+        if end <= limit:  # all in the current log: whole-list operations, no loop per entry
+            headers = list(map(rec, sizes, map(crc, entries)))
+            offsets = list(accumulate(map(add, sizes, repeat(REC_HEADER_SIZE)), initial=offset))
+            locs = list(map(loc, repeat(log_id), offsets, sizes))
+            step = _WRITE_CHUNK_ENTRIES
+            for i in range(0, count, step):
+                j = min(i + step, count)
+                parts = [b""] * (2 * (j - i))
+                parts[0::2] = headers[i:j]
+                parts[1::2] = entries[i:j]
+                self._write(parts, offsets[j] - offsets[i])
+            self._offset = end
+            return locs
         for e in entries:
             n = len(e)
             if offset + REC_HEADER_SIZE + n > limit and offset > FILE_HEADER_SIZE:

@@ -13,7 +13,7 @@ import asyncio
 import struct
 from collections.abc import Callable, Sequence
 
-from scriba.bookie.storage_api import AddOp, LacState
+from scriba.bookie.storage_api import AddColumns, AddOp, LacState
 from scriba.entry import HEADER_SIZE
 from scriba.errors import Status, TooManyRequestsError
 
@@ -57,13 +57,60 @@ def admit_adds(
     has_entry: Callable[[int, int], bool],
     keyed: list[tuple[int, bytes]],
 ) -> tuple[list[Status], list[int]]:
+    """:func:`admit_columns` for a sequence of :class:`AddOp`."""
+    return admit_columns(states, AddColumns.of(ops), entry_size_max, has_entry, keyed)
+
+
+def admit_columns(
+    states: dict[int, LedgerState],
+    adds: AddColumns,
+    entry_size_max: int,
+    has_entry: Callable[[int, int], bool],
+    keyed: list[tuple[int, bytes]],
+) -> tuple[list[Status], list[int]]:
     """Statuses (OK meaning "OK once durable" for the accepted ones) and accepted indexes.
 
     Creates state for ledgers first seen here. Lists in ``keyed`` each ledger (run) with
     accepted adds and its master key: the caller journals a master-key record for each
     ahead of the adds, so replay never meets an add whose ledger key it does not know
     (even if an earlier record that created the ledger failed to reach the disk).
+
+    Hot path: a batch of new entries of one ledger with one key is checked with a few
+    whole-batch operations (no Python work per add); anything else goes add by add.
     """
+    lids = adds.ledger_ids
+    eids = adds.entry_ids
+    keys = adds.master_keys
+    entries = adds.entries
+    n = len(entries)
+    if n:
+        lid = lids[0]
+        key = keys[0]
+        st = states.get(lid)
+        sizes = list(map(len, entries))
+        if (
+            st is not None
+            and st.master_key == key
+            and (not st.fenced or (adds.recovery is not None and all(adds.recovery)))
+            and min(eids) > st.last_entry_id
+            and lids.count(lid) == n
+            and keys.count(key) == n
+            and min(sizes) >= HEADER_SIZE
+            and max(sizes) <= entry_size_max
+            and list(map(_IDS.unpack_from, entries)) == list(zip(lids, eids, strict=True))
+        ):
+            keyed.append((lid, key))
+            return [Status.OK] * n, list(range(n))
+    return _admit_each(states, adds, entry_size_max, has_entry, keyed)
+
+
+def _admit_each(
+    states: dict[int, LedgerState],
+    adds: AddColumns,
+    entry_size_max: int,
+    has_entry: Callable[[int, int], bool],
+    keyed: list[tuple[int, bytes]],
+) -> tuple[list[Status], list[int]]:
     statuses: list[Status] = []
     accepted: list[int] = []
     ok = Status.OK
@@ -72,10 +119,14 @@ def admit_adds(
     push = statuses.append
     last_lid = keyed_lid = -1
     st: LedgerState | None = None
-    for i, op in enumerate(ops):
-        lid = op.ledger_id
-        eid = op.entry_id
-        entry = op.entry
+    recovery = adds.recovery
+    keys = adds.master_keys
+    entries = adds.entries
+    eids = adds.entry_ids
+    for i, lid in enumerate(adds.ledger_ids):
+        eid = eids[i]
+        entry = entries[i]
+        key = keys[i]
         n = len(entry)
         if n < HEADER_SIZE or n > entry_size_max or eid < 0 or ids(entry) != (lid, eid):
             push(bad)
@@ -84,12 +135,12 @@ def admit_adds(
             last_lid = lid
             st = states.get(lid)
             if st is None:
-                st = LedgerState(op.master_key)
+                st = LedgerState(key)
                 states[lid] = st
-        if st.master_key != op.master_key:  # type: ignore[union-attr]
+        if st.master_key != key:  # type: ignore[union-attr]
             push(Status.UNAUTHORIZED)
             continue
-        if st.fenced and not op.recovery:  # type: ignore[union-attr]
+        if st.fenced and not (recovery is not None and recovery[i]):  # type: ignore[union-attr]
             push(Status.FENCED)
             continue
         push(ok)
@@ -97,7 +148,7 @@ def admit_adds(
             continue
         if lid != keyed_lid:
             keyed_lid = lid
-            keyed.append((lid, op.master_key))
+            keyed.append((lid, key))
         accepted.append(i)
     return statuses, accepted
 

@@ -1,6 +1,6 @@
 """In-memory twin of the bookie's ledger storage (for unit tests and simulation).
 
-Same contract and admission rules as ``DiskLedgerStorage`` (``ledger_state.admit_adds``):
+Same contract and admission rules as ``DiskLedgerStorage`` (``ledger_state.admit_columns``):
 master key fixed by the first add/fence, fencing, idempotent re-add keeping the first
 bytes, long-poll ``wait_lac``, and the read-only switch. Everything is "durable" at once.
 Test hooks: :meth:`fail_disk` (as if an fsync failed) and :meth:`set_disk_usage`.
@@ -9,10 +9,13 @@ Test hooks: :meth:`fail_disk` (as if an fsync failed) and :meth:`set_disk_usage`
 from __future__ import annotations
 
 import asyncio
+import operator
+import struct
 from collections.abc import Callable, Collection, Sequence
+from itertools import islice
 
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_adds
-from scriba.bookie.storage_api import AddOp, LacState, ReadOnlySwitch
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns
+from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import (
     BookieReadOnlyError,
@@ -24,6 +27,8 @@ from scriba.errors import (
 )
 
 __all__ = ["InMemoryLedgerStorage"]
+
+_LAC_AT_16 = struct.Struct(">16xq").unpack_from  # an entry's piggybacked LAC
 
 
 class InMemoryLedgerStorage:
@@ -50,23 +55,42 @@ class InMemoryLedgerStorage:
         return entries is not None and entry_id in entries
 
     async def add_batch(self, ops: Sequence[AddOp]) -> list[Status]:
+        return await self.add_columns(AddColumns.of(ops))
+
+    async def add_columns(self, adds: AddColumns) -> list[Status]:
         if self._switch.failed:
-            return [Status.STORAGE] * len(ops)
+            return [Status.STORAGE] * len(adds)
         if self._switch.read_only or self._closed:
-            return [Status.READ_ONLY] * len(ops)
-        statuses, accepted = admit_adds(
-            self._states, ops, self._entry_size_max, self._has_entry, []
+            return [Status.READ_ONLY] * len(adds)
+        statuses, accepted = admit_columns(
+            self._states, adds, self._entry_size_max, self._has_entry, []
         )
+        lids, eids, entries = adds.ledger_ids, adds.entry_ids, adds.entries
+        n = len(eids)
+        if n and len(accepted) == n and lids.count(lids[0]) == n:
+            # the common batch: new entries of one ledger in increasing order
+            st = self._states[lids[0]]
+            if eids[0] > st.last_entry_id and all(map(operator.lt, eids, islice(eids, 1, None))):
+                self._entries.setdefault(lids[0], {}).update(zip(eids, entries, strict=True))
+                st.last_entry_id = eids[-1]
+                piggy = max(map(_LAC_AT_16, entries))[0]
+                if piggy > st.lac:
+                    st.lac = piggy
+                    self._waiters.notify(lids[0])
+                await asyncio.sleep(0)
+                return statuses
         for i in accepted:
-            op = ops[i]
-            entries = self._entries.setdefault(op.ledger_id, {})
-            if op.entry_id not in entries:
-                entries[op.entry_id] = op.entry
-            st = self._states[op.ledger_id]
+            lid = lids[i]
+            eid = eids[i]
+            entry = entries[i]
+            stored = self._entries.setdefault(lid, {})
+            if eid not in stored:
+                stored[eid] = entry
+            st = self._states[lid]
             before = st.lac
-            st.note_entry(op.entry_id, op.entry)
+            st.note_entry(eid, entry)
             if st.lac != before:
-                self._waiters.notify(op.ledger_id)
+                self._waiters.notify(lid)
         await asyncio.sleep(0)
         return statuses
 

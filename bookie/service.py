@@ -29,7 +29,7 @@ from typing import Any, Final
 import grpc
 
 from scriba.bookie.metrics import BookieMetrics
-from scriba.bookie.storage_api import AddOp, LacState, LedgerStorage
+from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage
 from scriba.entry import HEADER_SIZE
 from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
 from scriba.ids import LEDGER_ID_MAX
@@ -204,7 +204,7 @@ class BookieService(pb_grpc.BookieServicer):
     ) -> tuple[pb.AddResponseBatch, int]:
         """Validate, hand the good ones to storage in one call, answer each in order.
 
-        The hot path: one pass over the batch builds both the storage ops and the
+        The hot path: one pass over the batch builds both the storage columns and the
         responses (status OK by default); only non-OK answers are patched afterwards.
         Returns the response and the bytes it holds in the connection's in-flight count
         (released once the response is sent).
@@ -225,10 +225,15 @@ class BookieService(pb_grpc.BookieServicer):
         size_max = self._entry_size_max
         unpack = _IDS.unpack_from
         new = out.add
-        ops: list[AddOp] = []
+        lids: list[int] = []
+        eids: list[int] = []
+        keys: list[bytes] = []
+        entries: list[bytes] = []
+        recovery: list[bool] | None = None
         targets: list[Any] = []
         rejected = 0
         nbytes = 0
+        # One pass, no object per add but the response's own: parallel lists for storage.
         for a in adds:
             entry = a.entry
             lid = a.ledger_id
@@ -248,7 +253,16 @@ class BookieService(pb_grpc.BookieServicer):
                 message = "master key missing"
             else:
                 nbytes += size
-                ops.append(AddOp(lid, eid, key, entry, (a.flags & 1) == 1))
+                if a.flags & 1:
+                    if recovery is None:
+                        recovery = [False] * len(entries)
+                    recovery.append(True)
+                elif recovery is not None:
+                    recovery.append(False)
+                lids.append(lid)
+                eids.append(eid)
+                keys.append(key)
+                entries.append(entry)
                 targets.append(r)
                 continue
             r.status = _BAD_REQUEST
@@ -256,7 +270,7 @@ class BookieService(pb_grpc.BookieServicer):
             rejected += 1
         if rejected:
             self._metrics.count_adds(_BAD_REQUEST, rejected)
-        if not ops:
+        if not entries:
             return response, 0
         if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
             message = f"in-flight bytes per connection exceed {self._inflight_max}"
@@ -267,7 +281,9 @@ class BookieService(pb_grpc.BookieServicer):
             return response, 0
         conn.inflight_bytes += nbytes
         try:
-            statuses: Sequence[int] = await self._storage.add_batch(ops)
+            statuses: Sequence[int] = await self._storage.add_columns(
+                AddColumns(lids, eids, keys, entries, recovery)
+            )
         except asyncio.CancelledError:
             conn.inflight_bytes -= nbytes
             raise
@@ -281,7 +297,7 @@ class BookieService(pb_grpc.BookieServicer):
             self._metrics.count_adds(status, len(targets))
             return response, nbytes
         ok = statuses.count(_OK)
-        if ok == len(ops):
+        if ok == len(entries):
             self._metrics.count_ok(ok, nbytes)
             return response, nbytes
         self._metrics.count_ok(ok, 0)

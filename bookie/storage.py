@@ -1,12 +1,12 @@
 """DiskLedgerStorage: journal + write cache + entry logs + LMDB index.
 
-Write path: ``add_batch`` admits ops (``ledger_state.admit_adds``), encodes the accepted
-ones as ONE journal record (plus master-key records for ledgers first seen) and awaits
-the journal's group commit; when the group is durable, ``_on_durable`` (event loop, in
-journal order) puts the entries in the write cache and advances LACs, then the batch
-returns. A checkpoint swaps the cache, appends its entries to the current entry log,
-fdatasyncs it, commits locations + ledger states + the journal position in one LMDB
-transaction, then removes journal files wholly before that position.
+Write path: ``add_columns`` (``add_batch``) admits adds (``ledger_state.admit_columns``),
+encodes the accepted ones as ONE journal record (plus master-key records for ledgers first
+seen) and awaits the journal's group commit; when the group is durable, ``_on_durable``
+(event loop, in journal order) puts the entries in the write cache and advances LACs,
+then the batch returns. A checkpoint swaps the cache, appends its entries to the current
+entry log, fdatasyncs it, commits locations + ledger states + the journal position in one
+LMDB transaction, then removes journal files wholly before that position.
 
 Restart (``open_storage``): load states and the checkpoint position from the index,
 replay the journal from there (idempotently: entries already indexed are skipped),
@@ -31,9 +31,12 @@ import concurrent.futures
 import contextlib
 import errno
 import fcntl
+import operator
 import os
 import shutil
+import struct
 from collections.abc import Callable, Collection, Sequence
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,8 +47,8 @@ from scriba.bookie.entry_log import EntryLogs
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
 from scriba.bookie.ledger_index import LedgerIndex, entry_key
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_adds
-from scriba.bookie.storage_api import AddOp, LacState, ReadOnlySwitch, StorageConfig
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns
+from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
 from scriba.errors import (
     BookieReadOnlyError,
@@ -65,6 +68,7 @@ log = get_logger(__name__)
 
 _ADDS: Final = 1
 _LAC: Final = 2
+_LAC_AT_16: Final = struct.Struct(">16xq").unpack_from  # an entry's piggybacked LAC
 
 
 def _is_enospc(exc: BaseException) -> bool:
@@ -224,8 +228,38 @@ class DiskLedgerStorage:
         ):
             self._flush_task = self._loop.create_task(self.checkpoint())
 
-    def _apply_adds(self, ops: Sequence[AddOp], accepted: list[int]) -> None:
+    def _apply_adds(self, adds: AddColumns, accepted: list[int]) -> None:
         """Durable adds into the write cache and ledger states (hot path: kept flat)."""
+        eids = adds.entry_ids
+        n = len(eids)
+        if n and len(accepted) == n:
+            # the common batch: new entries of one ledger in increasing order (whole-batch ops)
+            lid = adds.ledger_ids[0]
+            st = self._states.get(lid)
+            if (
+                st is not None
+                and eids[0] > st.last_entry_id
+                and (n == 1 or all(map(operator.lt, eids, islice(eids, 1, None))))
+                and adds.ledger_ids.count(lid) == n
+            ):
+                entries = adds.entries
+                self._dirty.add(lid)
+                cached = self._cache.ledgers.get(lid)
+                if cached is None:
+                    cached = self._cache.ledgers[lid] = {}
+                cached.update(zip(eids, entries, strict=True))
+                st.last_entry_id = eids[-1]
+                self._cache.bytes += sum(map(len, entries))
+                self._cache.count += n
+                piggy = max(map(_LAC_AT_16, entries))[0]
+                if piggy > st.lac:
+                    st.lac = piggy
+                    if lid in self._waiters.by_ledger:
+                        self._waiters.notify(lid)
+                return
+        self._apply_each(adds, accepted)
+
+    def _apply_each(self, adds: AddColumns, accepted: list[int]) -> None:
         states = self._states
         cache = self._cache
         ledgers = cache.ledgers
@@ -233,13 +267,13 @@ class DiskLedgerStorage:
         waiting = waiters.by_ledger
         dirty = self._dirty
         from_bytes = int.from_bytes
+        lids, eids, datas = adds.ledger_ids, adds.entry_ids, adds.entries
         last_lid = -1
         st: LedgerState | None = None
         entries: dict[int, bytes] = {}
         nbytes = count = 0
         for i in accepted:
-            op = ops[i]
-            lid = op.ledger_id
+            lid = lids[i]
             if lid != last_lid:
                 last_lid = lid
                 st = states.get(lid)
@@ -250,13 +284,13 @@ class DiskLedgerStorage:
                 entries = got if got is not None else ledgers.setdefault(lid, {})
             elif st is None:
                 continue
-            eid = op.entry_id
+            eid = eids[i]
             if eid <= st.last_entry_id:
                 if self._has_entry(lid, eid):
                     continue
             else:
                 st.last_entry_id = eid
-            data = op.entry
+            data = datas[i]
             entries[eid] = data
             nbytes += len(data)
             count += 1
@@ -296,12 +330,15 @@ class DiskLedgerStorage:
         return None
 
     async def add_batch(self, ops: Sequence[AddOp]) -> list[Status]:
+        return await self.add_columns(AddColumns.of(ops))
+
+    async def add_columns(self, adds: AddColumns) -> list[Status]:
         refused = self._refused()
         if refused is not None:
-            return [refused] * len(ops)
+            return [refused] * len(adds)
         keyed: list[tuple[int, bytes]] = []
-        statuses, accepted = admit_adds(
-            self._states, ops, self._entry_size_max, self._has_entry, keyed
+        statuses, accepted = admit_columns(
+            self._states, adds, self._entry_size_max, self._has_entry, keyed
         )
         if not accepted:
             return statuses
@@ -314,7 +351,10 @@ class DiskLedgerStorage:
         while self._journal_queued_bytes > self._config.journal_queue_bytes_max:
             self._journal_room.clear()
             await self._journal_room.wait()  # bounded queue: woken as groups complete
-        record = jr.encode_adds([ops[i].entry for i in accepted])
+        entries = adds.entries
+        record = jr.encode_adds(
+            list(entries) if len(accepted) == len(entries) else [entries[i] for i in accepted]
+        )
         keys = [jr.encode_master_key(lid, key) for lid, key in keyed]
         keys.append(record)
         record = b"".join(keys)
@@ -324,7 +364,7 @@ class DiskLedgerStorage:
         size = len(record)
         self._journal_queued_bytes += size
         try:
-            await journal.submit(record, (_ADDS, ops, accepted))
+            await journal.submit(record, (_ADDS, adds, accepted))
         except StorageError as exc:
             bad = Status.READ_ONLY if isinstance(exc, DiskFullError) else Status.STORAGE
             for i in accepted:
@@ -489,9 +529,9 @@ class DiskLedgerStorage:
         datas: list[bytes] = []
         for lid in sorted(cache.ledgers):
             entries = cache.ledgers[lid]
-            for eid in sorted(entries):
-                keys.append(entry_key(lid, eid))
-                datas.append(entries[eid])
+            eids = sorted(entries)
+            keys += map(entry_key, repeat(lid), eids)
+            datas += map(entries.__getitem__, eids)
         locs = self._logs.append(datas) if datas else []
         self._logs.sync()
         for log_id, n in self._logs.take_written().items():

@@ -22,7 +22,7 @@ from scriba.config import require
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, HEADER_SIZE
 from scriba.errors import Status
 
-__all__ = ["AddOp", "LacState", "LedgerStorage", "StorageConfig", "check_add_op"]
+__all__ = ["AddColumns", "AddOp", "LacState", "LedgerStorage", "StorageConfig", "check_add_op"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,34 @@ class AddOp:
     master_key: bytes
     entry: bytes
     recovery: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AddColumns:
+    """A batch of adds as parallel sequences (the service's hot path: no object per add).
+
+    ``recovery`` is None when no add of the batch is a recovery add.
+    """
+
+    ledger_ids: Sequence[int]
+    entry_ids: Sequence[int]
+    master_keys: Sequence[bytes]
+    entries: Sequence[bytes]
+    recovery: Sequence[bool] | None = None
+
+    @staticmethod
+    def of(ops: Sequence[AddOp]) -> AddColumns:
+        rec = [op.recovery for op in ops]
+        return AddColumns(
+            [op.ledger_id for op in ops],
+            [op.entry_id for op in ops],
+            [op.master_key for op in ops],
+            [op.entry for op in ops],
+            rec if any(rec) else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +138,10 @@ class LedgerStorage(Protocol):
         error (never OK after a failed fsync). A re-add of a stored entry is OK (the bytes
         first written are kept).
         """
+        ...
+
+    async def add_columns(self, adds: AddColumns) -> list[Status]:
+        """As :meth:`add_batch`, for adds given as parallel sequences (the service's path)."""
         ...
 
     async def fence(self, ledger_id: int, master_key: bytes) -> LacState:

@@ -190,10 +190,10 @@ class SlowStorage(InMemoryLedgerStorage):
         self.gate = asyncio.Event()
         self.batches = 0
 
-    async def add_batch(self, ops):  # type: ignore[no-untyped-def]
+    async def add_columns(self, adds):  # type: ignore[no-untyped-def]
         self.batches += 1
         await self.gate.wait()
-        return await super().add_batch(ops)
+        return await super().add_columns(adds)
 
 
 async def test_in_flight_bytes_beyond_the_bound_get_too_many_requests(make_bookie) -> None:
