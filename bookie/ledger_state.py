@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState
 from scriba.entry import HEADER_SIZE
@@ -176,6 +176,30 @@ class LacWaiters:
         for lid in list(self._waiters):
             self.notify(lid)
 
+    async def wait_for_lac(
+        self,
+        states: Mapping[int, LedgerState],
+        state_of: Callable[[int], LedgerState],
+        ledger_id: int,
+        previous_lac: int,
+        timeout_s: float,
+        *,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> LacState:
+        """Long poll: the ledger's state once its LAC passes ``previous_lac``, or at the
+        deadline (or when ``stopped()``) whatever it is; ``state_of`` raises for an unknown
+        ledger at that point."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.0)
+        while True:
+            st = states.get(ledger_id)
+            if st is not None and st.lac > previous_lac:
+                return st.snapshot()
+            remaining = deadline - loop.time()
+            if remaining <= 0 or stopped():
+                return state_of(ledger_id).snapshot()
+            await self.wait(ledger_id, remaining)
+
     async def wait(self, ledger_id: int, timeout_s: float) -> None:
         if timeout_s <= 0:
             return
@@ -195,3 +219,26 @@ class LacWaiters:
                 futs.remove(fut)
                 if not futs:
                     del self._waiters[ledger_id]
+
+
+def read_consecutive(
+    first_entry: bytes,
+    lookup: Callable[[int], bytes | None],
+    first: int,
+    last: int,
+    max_entries: int,
+    max_bytes: int,
+) -> list[bytes]:
+    """``first_entry`` then entries ``first + 1 ..`` from ``lookup`` while they are
+    consecutive, up to ``last``, ``max_entries`` and ``max_bytes`` (one rule for both storages)."""
+    out = [first_entry]
+    size = len(first_entry)
+    eid = first + 1
+    while eid <= last and len(out) < max_entries:
+        data = lookup(eid)
+        if data is None or size + len(data) > max_bytes:
+            break
+        out.append(data)
+        size += len(data)
+        eid += 1
+    return out

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable, Collection, Sequence
 from itertools import islice
 
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns, read_consecutive
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import (
@@ -149,18 +149,10 @@ class InMemoryLedgerStorage:
     def read_range(
         self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
     ) -> list[bytes]:
-        out = [self.read_entry(ledger_id, first)]
-        size = len(out[0])
         entries = self._entries.get(ledger_id, {})
-        eid = first + 1
-        while eid <= last and len(out) < max_entries:
-            data = entries.get(eid)
-            if data is None or size + len(data) > max_bytes:
-                break
-            out.append(data)
-            size += len(data)
-            eid += 1
-        return out
+        return read_consecutive(
+            self.read_entry(ledger_id, first), entries.get, first, last, max_entries, max_bytes
+        )
 
     def lac_state(self, ledger_id: int) -> LacState:
         return self._state(ledger_id).snapshot()
@@ -170,16 +162,10 @@ class InMemoryLedgerStorage:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(timeout_s, 0.0), self._lac_wait_timeout_s_max)
-        while True:
-            st = self._states.get(ledger_id)
-            if st is not None and st.lac > previous_lac:
-                return st.snapshot()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return self._state(ledger_id).snapshot()
-            await self._waiters.wait(ledger_id, remaining)
+        return await self._waiters.wait_for_lac(
+            self._states, self._state, ledger_id, previous_lac,
+            min(timeout_s, self._lac_wait_timeout_s_max),
+        )
 
     def ledger_ids(self) -> list[int]:
         return sorted(self._states)

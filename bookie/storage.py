@@ -47,7 +47,7 @@ from scriba.bookie.entry_log import EntryLogs
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
 from scriba.bookie.ledger_index import LedgerIndex, entry_key
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns, read_consecutive
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
 from scriba.errors import (
@@ -452,17 +452,11 @@ class DiskLedgerStorage:
     def read_range(
         self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
     ) -> list[bytes]:
-        out = [self.read_entry(ledger_id, first)]
-        size = len(out[0])
-        eid = first + 1
-        while eid <= last and len(out) < max_entries:
-            data = self._lookup(ledger_id, eid)
-            if data is None or size + len(data) > max_bytes:
-                break
-            out.append(data)
-            size += len(data)
-            eid += 1
-        return out
+        return read_consecutive(
+            self.read_entry(ledger_id, first),
+            lambda eid: self._lookup(ledger_id, eid),
+            first, last, max_entries, max_bytes,
+        )
 
     def lac_state(self, ledger_id: int) -> LacState:
         return self._state(ledger_id).snapshot()
@@ -472,15 +466,11 @@ class DiskLedgerStorage:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
-        deadline = self._loop.time() + min(max(timeout_s, 0.0), self._config.lac_wait_timeout_s_max)
-        while True:
-            st = self._states.get(ledger_id)
-            if st is not None and st.lac > previous_lac:
-                return st.snapshot()
-            remaining = deadline - self._loop.time()
-            if remaining <= 0 or self._closed:
-                return self._state(ledger_id).snapshot()
-            await self._waiters.wait(ledger_id, remaining)
+        return await self._waiters.wait_for_lac(
+            self._states, self._state, ledger_id, previous_lac,
+            min(timeout_s, self._config.lac_wait_timeout_s_max),
+            stopped=lambda: self._closed,
+        )
 
     def ledger_ids(self) -> list[int]:
         return sorted(self._states)
