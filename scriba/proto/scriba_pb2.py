@@ -24,49 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19scriba/proto/scriba.proto\x12\tscriba.v1\"c\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\"/\n\x08\x41\x64\x64\x42\x61tch\x12#\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x15.scriba.v1.AddRequest\"f\n\x0b\x41\x64\x64Response\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12!\n\x06status\x18\x03 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0f\n\x07message\x18\x04 \x01(\t\"=\n\x10\x41\x64\x64ResponseBatch\x12)\n\tresponses\x18\x01 \x03(\x0b\x32\x16.scriba.v1.AddResponse\"Z\n\x10ReadEntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66lags\x18\x03 \x01(\r\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\"{\n\x11ReadEntryResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\r\n\x05\x65ntry\x18\x04 \x01(\x0c\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x9f\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x12\n\nmaster_key\x18\x07 \x01(\x0c\"p\n\x11ReadRangeResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x03(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x9c\x01\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66lags\x18\x02 \x01(\r\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x11\n\tlong_poll\x18\x04 \x01(\x08\x12\x14\n\x0cprevious_lac\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x17\n\x0fpiggyback_entry\x18\x07 \x01(\x08\"\xa8\x01\n\x0fReadLacResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x0c\x12\x19\n\x11piggybacked_entry\x18\x05 \x01(\x0c\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"F\n\x10WriteLacResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xab\x01\n\x12\x42ookieInfoResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.scriba.v1.BookieState\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t*\xc5\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\r\n\tREAD_ONLY\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x07\x12\x0b\n\x07\x43ORRUPT\x10\x08\x12\x0c\n\x08INTERNAL\x10\t\x12\x0b\n\x07TIMEOUT\x10\n\x12\x0f\n\x0bUNAVAILABLE\x10\x0b*.\n\x07\x41\x64\x64\x46lag\x12\x11\n\rADD_FLAG_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01*)\n\x08ReadFlag\x12\x12\n\x0eREAD_FLAG_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01*n\n\x0b\x42ookieState\x12\x18\n\x14\x42OOKIE_STATE_UNKNOWN\x10\x00\x12\x15\n\x11\x42OOKIE_READ_WRITE\x10\x01\x12\x14\n\x10\x42OOKIE_READ_ONLY\x10\x02\x12\x18\n\x14\x42OOKIE_SHUTTING_DOWN\x10\x03\x32\xb2\x03\n\x06\x42ookie\x12\x41\n\tAddStream\x12\x13.scriba.v1.AddBatch\x1a\x1b.scriba.v1.AddResponseBatch(\x01\x30\x01\x12\x46\n\tReadEntry\x12\x1b.scriba.v1.ReadEntryRequest\x1a\x1c.scriba.v1.ReadEntryResponse\x12H\n\tReadRange\x12\x1b.scriba.v1.ReadRangeRequest\x1a\x1c.scriba.v1.ReadRangeResponse0\x01\x12@\n\x07ReadLac\x12\x19.scriba.v1.ReadLacRequest\x1a\x1a.scriba.v1.ReadLacResponse\x12\x43\n\x08WriteLac\x12\x1a.scriba.v1.WriteLacRequest\x1a\x1b.scriba.v1.WriteLacResponse\x12L\n\rGetBookieInfo\x12\x1c.scriba.v1.BookieInfoRequest\x1a\x1d.scriba.v1.BookieInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19scriba/proto/scriba.proto\x12\tscriba.v1\"c\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\"q\n\x06\x41\x64\x64Run\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\r\n\x05\x66lags\x18\x03 \x01(\r\x12\x11\n\tentry_ids\x18\x04 \x03(\x03\x12\r\n\x05sizes\x18\x05 \x03(\r\x12\x0f\n\x07\x65ntries\x18\x06 \x01(\x0c\"P\n\x08\x41\x64\x64\x42\x61tch\x12#\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x15.scriba.v1.AddRequest\x12\x1f\n\x04runs\x18\x02 \x03(\x0b\x32\x11.scriba.v1.AddRun\"f\n\x0b\x41\x64\x64Response\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12!\n\x06status\x18\x03 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0f\n\x07message\x18\x04 \x01(\t\"j\n\x0e\x41\x64\x64RunResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x11\n\tentry_ids\x18\x02 \x03(\x03\x12!\n\x06status\x18\x03 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0f\n\x07message\x18\x04 \x01(\t\"f\n\x10\x41\x64\x64ResponseBatch\x12)\n\tresponses\x18\x01 \x03(\x0b\x32\x16.scriba.v1.AddResponse\x12\'\n\x04runs\x18\x02 \x03(\x0b\x32\x19.scriba.v1.AddRunResponse\"Z\n\x10ReadEntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66lags\x18\x03 \x01(\r\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\"{\n\x11ReadEntryResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\r\n\x05\x65ntry\x18\x04 \x01(\x0c\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x9f\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x12\n\nmaster_key\x18\x07 \x01(\x0c\"p\n\x11ReadRangeResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x03(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x9c\x01\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66lags\x18\x02 \x01(\r\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x11\n\tlong_poll\x18\x04 \x01(\x08\x12\x14\n\x0cprevious_lac\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x17\n\x0fpiggyback_entry\x18\x07 \x01(\x08\"\xa8\x01\n\x0fReadLacResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x0c\x12\x19\n\x11piggybacked_entry\x18\x05 \x01(\x0c\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"F\n\x10WriteLacResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xab\x01\n\x12\x42ookieInfoResponse\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.scriba.v1.Status\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.scriba.v1.BookieState\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t*\xc5\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\r\n\tREAD_ONLY\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x07\x12\x0b\n\x07\x43ORRUPT\x10\x08\x12\x0c\n\x08INTERNAL\x10\t\x12\x0b\n\x07TIMEOUT\x10\n\x12\x0f\n\x0bUNAVAILABLE\x10\x0b*.\n\x07\x41\x64\x64\x46lag\x12\x11\n\rADD_FLAG_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01*)\n\x08ReadFlag\x12\x12\n\x0eREAD_FLAG_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01*n\n\x0b\x42ookieState\x12\x18\n\x14\x42OOKIE_STATE_UNKNOWN\x10\x00\x12\x15\n\x11\x42OOKIE_READ_WRITE\x10\x01\x12\x14\n\x10\x42OOKIE_READ_ONLY\x10\x02\x12\x18\n\x14\x42OOKIE_SHUTTING_DOWN\x10\x03\x32\xb2\x03\n\x06\x42ookie\x12\x41\n\tAddStream\x12\x13.scriba.v1.AddBatch\x1a\x1b.scriba.v1.AddResponseBatch(\x01\x30\x01\x12\x46\n\tReadEntry\x12\x1b.scriba.v1.ReadEntryRequest\x1a\x1c.scriba.v1.ReadEntryResponse\x12H\n\tReadRange\x12\x1b.scriba.v1.ReadRangeRequest\x1a\x1c.scriba.v1.ReadRangeResponse0\x01\x12@\n\x07ReadLac\x12\x19.scriba.v1.ReadLacRequest\x1a\x1a.scriba.v1.ReadLacResponse\x12\x43\n\x08WriteLac\x12\x1a.scriba.v1.WriteLacRequest\x1a\x1b.scriba.v1.WriteLacResponse\x12L\n\rGetBookieInfo\x12\x1c.scriba.v1.BookieInfoRequest\x1a\x1d.scriba.v1.BookieInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scriba.proto.scriba_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUS']._serialized_start=1519
-  _globals['_STATUS']._serialized_end=1716
-  _globals['_ADDFLAG']._serialized_start=1718
-  _globals['_ADDFLAG']._serialized_end=1764
-  _globals['_READFLAG']._serialized_start=1766
-  _globals['_READFLAG']._serialized_end=1807
-  _globals['_BOOKIESTATE']._serialized_start=1809
-  _globals['_BOOKIESTATE']._serialized_end=1919
+  _globals['_STATUS']._serialized_start=1816
+  _globals['_STATUS']._serialized_end=2013
+  _globals['_ADDFLAG']._serialized_start=2015
+  _globals['_ADDFLAG']._serialized_end=2061
+  _globals['_READFLAG']._serialized_start=2063
+  _globals['_READFLAG']._serialized_end=2104
+  _globals['_BOOKIESTATE']._serialized_start=2106
+  _globals['_BOOKIESTATE']._serialized_end=2216
   _globals['_ADDREQUEST']._serialized_start=40
   _globals['_ADDREQUEST']._serialized_end=139
-  _globals['_ADDBATCH']._serialized_start=141
-  _globals['_ADDBATCH']._serialized_end=188
-  _globals['_ADDRESPONSE']._serialized_start=190
-  _globals['_ADDRESPONSE']._serialized_end=292
-  _globals['_ADDRESPONSEBATCH']._serialized_start=294
-  _globals['_ADDRESPONSEBATCH']._serialized_end=355
-  _globals['_READENTRYREQUEST']._serialized_start=357
-  _globals['_READENTRYREQUEST']._serialized_end=447
-  _globals['_READENTRYRESPONSE']._serialized_start=449
-  _globals['_READENTRYRESPONSE']._serialized_end=572
-  _globals['_READRANGEREQUEST']._serialized_start=575
-  _globals['_READRANGEREQUEST']._serialized_end=734
-  _globals['_READRANGERESPONSE']._serialized_start=736
-  _globals['_READRANGERESPONSE']._serialized_end=848
-  _globals['_READLACREQUEST']._serialized_start=851
-  _globals['_READLACREQUEST']._serialized_end=1007
-  _globals['_READLACRESPONSE']._serialized_start=1010
-  _globals['_READLACRESPONSE']._serialized_end=1178
-  _globals['_WRITELACREQUEST']._serialized_start=1180
-  _globals['_WRITELACREQUEST']._serialized_end=1249
-  _globals['_WRITELACRESPONSE']._serialized_start=1251
-  _globals['_WRITELACRESPONSE']._serialized_end=1321
-  _globals['_BOOKIEINFOREQUEST']._serialized_start=1323
-  _globals['_BOOKIEINFOREQUEST']._serialized_end=1342
-  _globals['_BOOKIEINFORESPONSE']._serialized_start=1345
-  _globals['_BOOKIEINFORESPONSE']._serialized_end=1516
-  _globals['_BOOKIE']._serialized_start=1922
-  _globals['_BOOKIE']._serialized_end=2356
+  _globals['_ADDRUN']._serialized_start=141
+  _globals['_ADDRUN']._serialized_end=254
+  _globals['_ADDBATCH']._serialized_start=256
+  _globals['_ADDBATCH']._serialized_end=336
+  _globals['_ADDRESPONSE']._serialized_start=338
+  _globals['_ADDRESPONSE']._serialized_end=440
+  _globals['_ADDRUNRESPONSE']._serialized_start=442
+  _globals['_ADDRUNRESPONSE']._serialized_end=548
+  _globals['_ADDRESPONSEBATCH']._serialized_start=550
+  _globals['_ADDRESPONSEBATCH']._serialized_end=652
+  _globals['_READENTRYREQUEST']._serialized_start=654
+  _globals['_READENTRYREQUEST']._serialized_end=744
+  _globals['_READENTRYRESPONSE']._serialized_start=746
+  _globals['_READENTRYRESPONSE']._serialized_end=869
+  _globals['_READRANGEREQUEST']._serialized_start=872
+  _globals['_READRANGEREQUEST']._serialized_end=1031
+  _globals['_READRANGERESPONSE']._serialized_start=1033
+  _globals['_READRANGERESPONSE']._serialized_end=1145
+  _globals['_READLACREQUEST']._serialized_start=1148
+  _globals['_READLACREQUEST']._serialized_end=1304
+  _globals['_READLACRESPONSE']._serialized_start=1307
+  _globals['_READLACRESPONSE']._serialized_end=1475
+  _globals['_WRITELACREQUEST']._serialized_start=1477
+  _globals['_WRITELACREQUEST']._serialized_end=1546
+  _globals['_WRITELACRESPONSE']._serialized_start=1548
+  _globals['_WRITELACRESPONSE']._serialized_end=1618
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=1620
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=1639
+  _globals['_BOOKIEINFORESPONSE']._serialized_start=1642
+  _globals['_BOOKIEINFORESPONSE']._serialized_end=1813
+  _globals['_BOOKIE']._serialized_start=2219
+  _globals['_BOOKIE']._serialized_end=2653
 # @@protoc_insertion_point(module_scope)

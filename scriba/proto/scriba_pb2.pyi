@@ -73,11 +73,29 @@ class AddRequest(_message.Message):
     entry: bytes
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., entry: _Optional[bytes] = ...) -> None: ...
 
+class AddRun(_message.Message):
+    __slots__ = ("ledger_id", "master_key", "flags", "entry_ids", "sizes", "entries")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    master_key: bytes
+    flags: int
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    entries: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., entry_ids: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., entries: _Optional[bytes] = ...) -> None: ...
+
 class AddBatch(_message.Message):
-    __slots__ = ("adds",)
+    __slots__ = ("adds", "runs")
     ADDS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     adds: _containers.RepeatedCompositeFieldContainer[AddRequest]
-    def __init__(self, adds: _Optional[_Iterable[_Union[AddRequest, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[AddRun]
+    def __init__(self, adds: _Optional[_Iterable[_Union[AddRequest, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[AddRun, _Mapping]]] = ...) -> None: ...
 
 class AddResponse(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "status", "message")
@@ -91,11 +109,25 @@ class AddResponse(_message.Message):
     message: str
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class AddRunResponse(_message.Message):
+    __slots__ = ("ledger_id", "entry_ids", "status", "message")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    status: Status
+    message: str
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_ids: _Optional[_Iterable[int]] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
 class AddResponseBatch(_message.Message):
-    __slots__ = ("responses",)
+    __slots__ = ("responses", "runs")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[AddResponse]
-    def __init__(self, responses: _Optional[_Iterable[_Union[AddResponse, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[AddRunResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[AddResponse, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[AddRunResponse, _Mapping]]] = ...) -> None: ...
 
 class ReadEntryRequest(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "flags", "master_key")
