@@ -24,6 +24,7 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
+from itertools import accumulate, chain, repeat
 from typing import Any, Final
 
 import grpc
@@ -67,6 +68,65 @@ def error_status(exc: BaseException) -> tuple[int, str]:
             message = f"{type(exc).__name__}: {message}"
         return wire_status(code), message
     return _INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+def _run_problem(ledger_id: int, master_key: bytes, entry_ids: list[int], sizes: list[int], blob_bytes: int) -> str:
+    """What makes a run malformed as a whole ('' when nothing does)."""
+    if len(sizes) != len(entry_ids):
+        return f"run of ledger {ledger_id}: {len(entry_ids)} entry ids but {len(sizes)} sizes"
+    if sum(sizes) != blob_bytes:
+        return f"run of ledger {ledger_id}: sizes add up to {sum(sizes)} bytes, entries hold {blob_bytes}"
+    if ledger_id > LEDGER_ID_MAX or min(entry_ids) < 0:
+        return f"run of ledger {ledger_id}: invalid ids (entry ids {min(entry_ids)}..{max(entry_ids)})"
+    if not master_key:
+        return f"run of ledger {ledger_id}: master key missing"
+    return ""
+
+
+def _answer_runs(response: pb.AddResponseBatch, runs: Sequence[pb.AddRun], status: int, message: str) -> None:
+    """Answer every add of ``runs`` with one status."""
+    for run in runs:
+        if run.entry_ids:
+            answer = response.runs.add()
+            answer.ledger_id = run.ledger_id
+            answer.entry_ids.extend(run.entry_ids)
+            answer.status = status
+            answer.message = message
+
+
+def _answer_columns(
+    response: pb.AddResponseBatch,
+    runs: list[tuple[int, int]],
+    entry_ids: list[int],
+    statuses: Sequence[int] | None,
+    status: int,
+    message: str,
+) -> None:
+    """Answers for adds laid out run after run in ``entry_ids``: one per run when they all
+    share ``status`` (``statuses`` None), else one per run and distinct status."""
+    new = response.runs.add
+    start = 0
+    for lid, n in runs:
+        ids = entry_ids[start : start + n]
+        if statuses is None:
+            answer = new()
+            answer.ledger_id = lid
+            answer.entry_ids.extend(ids)
+            if status != _OK:
+                answer.status = status
+                answer.message = message
+        else:
+            groups: dict[int, list[int]] = {}
+            for eid, st in zip(ids, statuses[start : start + n], strict=True):
+                groups.setdefault(int(st), []).append(eid)
+            for st, group in groups.items():
+                answer = new()
+                answer.ledger_id = lid
+                answer.entry_ids.extend(group)
+                if st != _OK:
+                    answer.status = wire_status(st)
+                    answer.message = Status(st).name
+        start += n
 
 
 class ServingState:
@@ -184,7 +244,7 @@ class BookieService(pb_grpc.BookieServicer):
         started = time.perf_counter()
         nbytes = 0
         try:
-            response, nbytes = await self._process_adds(batch.adds, conn)
+            response, nbytes = await self._process_batch(batch, conn)
         except BaseException as exc:  # never leave a batch unanswered (or its slot taken)
             status, message = error_status(exc)
             if not isinstance(exc, ScribaError | asyncio.CancelledError):
@@ -193,11 +253,127 @@ class BookieService(pb_grpc.BookieServicer):
             add = response.responses.add
             for a in batch.adds:
                 add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
+            _answer_runs(response, batch.runs, status, message)
             if isinstance(exc, asyncio.CancelledError):
                 conn.responses.put_nowait((response, nbytes))
                 raise
         self._metrics.add_batch_seconds.observe(time.perf_counter() - started)
         conn.responses.put_nowait((response, nbytes))
+
+    async def _process_batch(self, batch: pb.AddBatch, conn: _Connection) -> tuple[pb.AddResponseBatch, int]:
+        """Runs and single adds of one message (clients send one kind; both are served)."""
+        if not batch.adds:
+            return await self._process_runs(batch.runs, conn)
+        if not batch.runs:
+            return await self._process_adds(batch.adds, conn)
+        (r1, n1), (r2, n2) = await asyncio.gather(
+            self._process_runs(batch.runs, conn), self._process_adds(batch.adds, conn)
+        )
+        r1.MergeFrom(r2)
+        return r1, n1 + n2
+
+    async def _process_runs(
+        self, runs: Sequence[pb.AddRun], conn: _Connection
+    ) -> tuple[pb.AddResponseBatch, int]:
+        """The clients' hot path: runs of one ledger's adds, packed in one bytes field each.
+
+        Structure is checked here (counts and lengths add up, ids in range, a key);
+        the entries themselves (size bounds, header ids, key, fencing) are admitted by
+        storage like any add. All good runs of the message go to storage in one call
+        (one journal record); the answer is one ``AddRunResponse`` per run and status.
+        """
+        response = pb.AddResponseBatch()
+        count = 0
+        for run in runs:
+            count += len(run.entry_ids)
+        refusal = self._refusal(count)
+        if refusal is not None:
+            _answer_runs(response, runs, *refusal)
+            self._metrics.count_adds(refusal[0], count)
+            return response, 0
+        lids: list[int] = []
+        eids: list[int] = []
+        keys: list[bytes] = []
+        entries: list[bytes] = []
+        recovery: list[bool] | None = None
+        good: list[tuple[int, int]] = []  # (ledger id, number of adds) of each run sent on
+        nbytes = 0
+        rejected = 0
+        for run in runs:
+            ids = list(run.entry_ids)
+            n = len(ids)
+            if not n:
+                continue
+            blob = run.entries
+            sizes = list(run.sizes)
+            lid = run.ledger_id
+            problem = _run_problem(lid, run.master_key, ids, sizes, len(blob))
+            if problem:
+                answer = response.runs.add()
+                answer.ledger_id = lid
+                answer.entry_ids.extend(ids)
+                answer.status = _BAD_REQUEST
+                answer.message = problem
+                rejected += n
+                continue
+            ends = list(accumulate(sizes))
+            entries += map(blob.__getitem__, map(slice, chain((0,), ends), ends))
+            lids += repeat(lid, n)
+            eids += ids
+            keys += repeat(run.master_key, n)
+            if run.flags & 1:
+                if recovery is None:
+                    recovery = [False] * (len(entries) - n)
+                recovery += repeat(True, n)
+            elif recovery is not None:
+                recovery += repeat(False, n)
+            good.append((lid, n))
+            nbytes += ends[-1]
+        if rejected:
+            self._metrics.count_adds(_BAD_REQUEST, rejected)
+        if not entries:
+            return response, 0
+        if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
+            message = f"in-flight bytes per connection exceed {self._inflight_max}"
+            _answer_columns(response, good, eids, None, _TOO_MANY, message)
+            self._metrics.count_adds(_TOO_MANY, len(entries))
+            return response, 0
+        conn.inflight_bytes += nbytes
+        try:
+            statuses: Sequence[int] = await self._storage.add_columns(
+                AddColumns(lids, eids, keys, entries, recovery)
+            )
+        except asyncio.CancelledError:
+            conn.inflight_bytes -= nbytes
+            raise
+        except Exception as exc:
+            status, message = error_status(exc)
+            if not isinstance(exc, ScribaError):
+                log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
+            _answer_columns(response, good, eids, None, status, message)
+            self._metrics.count_adds(status, len(entries))
+            return response, nbytes
+        ok = statuses.count(_OK)
+        if ok == len(entries):
+            self._metrics.count_ok(ok, nbytes)
+            _answer_columns(response, good, eids, None, _OK, "")
+            return response, nbytes
+        self._metrics.count_ok(ok, 0)
+        _answer_columns(response, good, eids, statuses, _OK, "")
+        for st in statuses:
+            if st != _OK:
+                self._metrics.count_adds(wire_status(int(st)), 1)
+        log.debug("adds_rejected", bookie_id=self._state.bookie_id, count=len(entries) - ok)
+        return response, nbytes
+
+    def _refusal(self, count: int) -> tuple[int, str] | None:
+        """Why a whole message of ``count`` adds is refused (too big, not serving), if it is."""
+        if count > self._batch_entries_max:
+            return _BAD_REQUEST, f"batch of {count} adds exceeds {self._batch_entries_max}"
+        if not self._state.accepting_adds:
+            return _READ_ONLY, ("bookie is shutting down" if self._state.shutting_down
+                                else "bookie not registered")
+        return None
 
     async def _process_adds(
         self, adds: Sequence[pb.AddRequest], conn: _Connection
@@ -212,12 +388,9 @@ class BookieService(pb_grpc.BookieServicer):
         response = pb.AddResponseBatch()
         out = response.responses
         count = len(adds)
-        if count > self._batch_entries_max or not self._state.accepting_adds:
-            if count > self._batch_entries_max:
-                status, message = _BAD_REQUEST, f"batch of {count} adds exceeds {self._batch_entries_max}"
-            else:
-                status = _READ_ONLY
-                message = "bookie is shutting down" if self._state.shutting_down else "bookie not registered"
+        refusal = self._refusal(count)
+        if refusal is not None:
+            status, message = refusal
             for a in adds:
                 out.add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
             self._metrics.count_adds(status, count)

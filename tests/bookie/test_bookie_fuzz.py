@@ -55,8 +55,26 @@ def add_request(draw: st.DrawFn) -> pb.AddRequest:
     return pb.AddRequest(ledger_id=lid, entry_id=eid, master_key=draw(keys), flags=draw(u32), entry=data)
 
 
+@st.composite
+def add_run(draw: st.DrawFn) -> pb.AddRun:
+    """A run: well-formed entries of one ledger most of the time, else any ids, sizes and bytes."""
+    datas = draw(st.lists(packed(), max_size=6))
+    lid = draw(u64)
+    eids = [draw(i64) for _ in datas]
+    if datas and draw(st.booleans()):  # ids from the headers
+        lid = int.from_bytes(datas[0][:8].ljust(8, b"\0"), "big")
+        eids = [int.from_bytes(d[8:16].ljust(8, b"\0"), "big", signed=True) for d in datas]
+    sizes = [len(d) for d in datas]
+    if draw(st.booleans()):
+        sizes = draw(st.lists(u32, max_size=7))
+    return pb.AddRun(ledger_id=lid, master_key=draw(keys), flags=draw(u32), entry_ids=eids, sizes=sizes,
+                     entries=b"".join(datas))
+
+
 requests = st.one_of(
     st.builds(lambda adds: ("add", pb.AddBatch(adds=adds)), st.lists(add_request(), max_size=8)),
+    st.builds(lambda adds, runs: ("add", pb.AddBatch(adds=adds, runs=runs)),
+              st.lists(add_request(), max_size=2), st.lists(add_run(), min_size=1, max_size=3)),
     st.builds(lambda lid, e, f, k: ("read", pb.ReadEntryRequest(ledger_id=lid, entry_id=e, flags=f, master_key=k)),
               u64, i64, u32, keys),
     st.builds(lambda lid, a, b, n, m, f, k: ("range", pb.ReadRangeRequest(
@@ -73,7 +91,12 @@ requests = st.one_of(
 async def _call(stub: pb_grpc.BookieStub, kind: str, msg: object) -> list[object]:
     if kind == "add":
         call = stub.AddStream(iter([msg, msg]), timeout=10)
-        return [r for resp in [x async for x in call] for r in resp.responses]
+        out: list[object] = []
+        async for resp in call:
+            out += resp.responses
+            for answer in resp.runs:  # one reply per add it answers
+                out += [answer] * len(answer.entry_ids)
+        return out
     if kind == "range":
         return [c async for c in stub.ReadRange(msg, timeout=10)]
     method = {"read": stub.ReadEntry, "lac": stub.ReadLac, "write_lac": stub.WriteLac, "info": stub.GetBookieInfo}[kind]
@@ -114,7 +137,8 @@ def test_every_rpc_answers_generated_requests_with_a_status(tmp_path: Path, stor
         replies = loop.run_until_complete(_call(stub, kind, msg))
         seen.add(kind)
         if kind == "add":
-            assert len(replies) == 2 * len(msg.adds)  # type: ignore[attr-defined]
+            runs = msg.runs  # type: ignore[attr-defined]
+            assert len(replies) == 2 * (len(msg.adds) + sum(len(r.entry_ids) for r in runs))  # type: ignore[attr-defined]
         else:
             assert replies, f"{kind}: no reply"
         for reply in replies:
