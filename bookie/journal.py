@@ -12,6 +12,17 @@ Grouping: the writer thread takes everything queued (up to ``group_bytes_max``);
 that is at least ``GROUP_WAIT_RECORDS_MIN`` records (many writers) does it wait, at most
 ``group_wait_ms_max``, for more. An idle or single-writer journal never waits.
 
+Idle path (``sync_inline_when_idle``): a record submitted while no other record is queued,
+being written or awaiting its durable callback is written and synced on the calling (event
+loop) thread itself; its outcome is posted to the loop's next turn. This saves the
+two thread hand-offs (wake the writer, wake the loop) that cost more than the fdatasync
+itself on these machines (0.45 ms vs 0.19 ms p50 for one add). Under load something is
+always outstanding, so the writer thread keeps grouping and the loop never blocks on the
+disk; at low rates the loop blocks for one fdatasync, which the caller waits for anyway.
+After a write + sync slower than ``INLINE_SYNC_S_MAX`` (a stalled disk, or a checkpoint
+syncing beside it) writes go through the thread until the disk is fast again, so reads
+on the loop do not wait behind a stall.
+
 File layout ``<id:016x>.jnl``: a 16-byte header (magic, version, file id) then records
 ``u32 body_len | u32 crc32c(len || body) | body``; ``body[0]`` is the record type.
 Replay (:func:`replay_journal`) yields complete records from a position and cuts the
@@ -49,6 +60,7 @@ REC_HEADER_SIZE: Final = REC_HEADER.size
 BODY_LEN_MAX: Final = 1 << 30
 SUFFIX: Final = ".jnl"
 GROUP_WAIT_RECORDS_MIN: Final = 4  # wait for more only when this many records queued at once
+INLINE_SYNC_S_MAX: Final = 0.002  # no inline writes while the disk is slower than this (sync stalls)
 
 # record types
 ADDS: Final = 1  # u32 count | u32 len * count | entries (ids are in each entry's header)
@@ -247,6 +259,9 @@ def _header_ok(header: bytes, file_id: int) -> bool:
 # --- writer ---------------------------------------------------------------------------
 
 
+_Post = Callable[..., Any]  # how a group's outcome reaches the loop: call_soon(_threadsafe)
+
+
 class Journal:
     """Appends records in groups on a dedicated thread; see the module docstring."""
 
@@ -261,6 +276,7 @@ class Journal:
         group_wait_ms_max: float = 1.0,
         group_bytes_max: int = 4 * 1024 * 1024,
         file_bytes_max: int = 256 * 1024 * 1024,
+        sync_inline_when_idle: bool = True,
     ) -> None:
         self._dir = journal_dir
         self._fio = fio
@@ -272,6 +288,10 @@ class Journal:
         self._file_bytes_max = file_bytes_max
         self._cond = threading.Condition()
         self._queue: deque[tuple[bytes, Any, asyncio.Future[None]]] = deque()
+        self._inline = sync_inline_when_idle
+        self._last_sync_s = 0.0  # how long the latest group's write + fdatasync took
+        self._busy = False  # a group is being written (by the thread or inline); under _cond
+        self._outstanding = 0  # records submitted whose durable callback has not run (loop only)
         self._stopping = False
         self._failed: StorageError | None = None
         files = journal_files(journal_dir)
@@ -313,10 +333,32 @@ class Journal:
         if self._stopping:
             fut.set_exception(StorageError("journal closed"))
             return fut
+        item = (record, token, fut)
+        self._outstanding += 1
         with self._cond:
-            self._queue.append((record, token, fut))
-            if len(self._queue) == 1:
-                self._cond.notify()
+            inline = (
+                self._inline
+                and self._outstanding == 1
+                and not self._busy
+                and not self._queue
+                and self._last_sync_s <= INLINE_SYNC_S_MAX
+            )
+            if inline:
+                self._busy = True
+            else:
+                self._queue.append(item)
+                if len(self._queue) == 1:
+                    self._cond.notify()
+        if inline:
+            try:
+                # The outcome runs on the loop's next turn, not inside submit: the caller
+                # yields like any awaiter, so one busy writer cannot starve the others.
+                self._write_group([item], post=self._loop.call_soon)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    if self._queue:
+                        self._cond.notify()
         return fut
 
     def fail(self, err: StorageError) -> None:
@@ -354,11 +396,14 @@ class Journal:
     def _loop_groups(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while (self._busy or not self._queue) and not self._stopping:
                     self._cond.wait()
+                while self._busy:  # stopping: let an inline write finish first
+                    self._cond.wait(0.01)
                 if not self._queue and self._stopping:
                     return
                 group = self._take_group()
+                self._busy = True
                 # Many concurrent writers: wait (bounded) for more to share this sync. A
                 # small group (low load, one writer) is written at once: no added latency.
                 if self._group_wait_s > 0 and len(group) >= GROUP_WAIT_RECORDS_MIN:
@@ -374,19 +419,24 @@ class Journal:
                         more = self._take_group()
                         group += more
                         size += sum(len(g[0]) for g in more)
-            if self._failed is not None:
-                self._loop.call_soon_threadsafe(self._fail_group, group, self._failed)
-                continue
-            self._write_group(group)
+            try:
+                if self._failed is not None:
+                    self._loop.call_soon_threadsafe(self._fail_group, group, self._failed)
+                    continue
+                self._write_group(group, post=self._loop.call_soon_threadsafe)
+            finally:
+                with self._cond:
+                    self._busy = False
 
-    def _write_group(self, group: list[tuple[bytes, Any, asyncio.Future[None]]]) -> None:
+    def _write_group(self, group: list[tuple[bytes, Any, asyncio.Future[None]]], *, post: _Post) -> None:
+        """Write and sync ``group``; ``post`` runs the outcome's callback on the loop."""
         parts = [g[0] for g in group]
         nbytes = sum(map(len, parts))
         if self._offset + nbytes > self._file_bytes_max and self._offset > FILE_HEADER_SIZE:
             try:
                 self._rotate()
             except OSError as exc:
-                self._fail(group, StorageError(f"journal rotation failed: {exc}"), exc)
+                self._fail(group, StorageError(f"journal rotation failed: {exc}"), exc, post)
                 return
         start = self._offset
         t0 = time.perf_counter()
@@ -394,21 +444,22 @@ class Journal:
             self._fio.writev(self._fd, parts)
         except OSError as exc:
             if exc.errno == errno.ENOSPC and self._cut_back(start):
-                self._fail(group, DiskFullError(f"journal write: disk full ({exc})"), exc)
+                self._fail(group, DiskFullError(f"journal write: disk full ({exc})"), exc, post)
             else:
-                self._fail(group, StorageError(f"journal write failed: {exc}"), exc)
+                self._fail(group, StorageError(f"journal write failed: {exc}"), exc, post)
             return
         self._offset = start + nbytes
         try:
             self._fio.fdatasync(self._fd)
         except OSError as exc:
-            self._fail(group, StorageError(f"journal fdatasync failed: {exc}"), exc)
+            self._fail(group, StorageError(f"journal fdatasync failed: {exc}"), exc, post)
             return
-        self.syncs_seconds += time.perf_counter() - t0
+        self._last_sync_s = time.perf_counter() - t0
+        self.syncs_seconds += self._last_sync_s
         self.groups += 1
         self.records += len(group)
         pos = JournalPosition(self._file_id, self._offset)
-        self._loop.call_soon_threadsafe(self._group_durable, group, pos)
+        post(self._group_durable, group, pos)
 
     def _rotate(self) -> None:
         old = self._fd
@@ -417,12 +468,12 @@ class Journal:
         self._fio.close(old)
 
     def _fail(self, group: list[tuple[bytes, Any, asyncio.Future[None]]], err: StorageError,
-              exc: OSError) -> None:
+              exc: OSError, post: _Post) -> None:
         """Fail the group; any error but a cleanly cut-back ENOSPC fails the journal for good."""
         if not isinstance(err, DiskFullError) and self._failed is None:
             self._failed = err
         log.error("journal_io_failed", error=str(exc), records=len(group))
-        self._loop.call_soon_threadsafe(self._report_failure, group, err)
+        post(self._report_failure, group, err)
 
     def _report_failure(self, group: list[tuple[bytes, Any, asyncio.Future[None]]],
                         err: StorageError) -> None:
@@ -444,6 +495,7 @@ class Journal:
     def _group_durable(self, group: list[tuple[bytes, Any, asyncio.Future[None]]],
                        pos: JournalPosition) -> None:
         self.position = pos
+        self._outstanding -= len(group)
         try:
             self._on_durable([g[1] for g in group], pos)
         finally:
@@ -451,8 +503,8 @@ class Journal:
                 if not fut.done():
                     fut.set_result(None)
 
-    @staticmethod
-    def _fail_group(group: list[tuple[bytes, Any, asyncio.Future[None]]], err: StorageError) -> None:
+    def _fail_group(self, group: list[tuple[bytes, Any, asyncio.Future[None]]], err: StorageError) -> None:
+        self._outstanding -= len(group)
         for _, _, fut in group:
             if not fut.done():
                 fut.set_exception(err)
