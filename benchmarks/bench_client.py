@@ -32,7 +32,7 @@ VALUE_BYTES = 1024
 
 
 def run_scriba_bench(uri: str, *, seconds: float | None, entries: int | None, inflight: int, ledgers: int,
-                     batch_entries: int = 256) -> dict[str, Any]:
+                     batch_entries: int = 512) -> dict[str, Any]:
     argv = [sys.executable, "-m", "scriba.cli", "--log-level", "warning", "bench", "--metadata", uri,
             "--ensemble", "3", "--write", "3", "--ack", "2", "--size", str(VALUE_BYTES),
             "--inflight", str(inflight), "--ledgers", str(ledgers), "--json", "--quiet",
@@ -75,20 +75,20 @@ async def transport_latency(addresses: dict[str, str], count: int) -> dict[str, 
     digest, key, loop = Crc32cDigest(), master_key(b"floor"), asyncio.get_running_loop()
     latencies: list[float] = []
     ledger_id = LedgerId((1 << 62) + int(time.time()))
+    bookies = [BookieId(b) for b in addresses]
     try:
         for e in range(count):
             done: asyncio.Future[None] = loop.create_future()
             acks = [0]
 
-            def on_response(b: BookieId, lid: LedgerId, eid: EntryId, status: Any, done: Any = done, acks: Any = acks) -> None:
-                acks[0] += 1
-                if acks[0] == min(2, len(addresses)) and not done.done():
+            def on_responses(b: BookieId, lid: int, eids: list[int], status: Any, done: Any = done, acks: Any = acks) -> None:
+                acks[0] += len(eids)
+                if acks[0] >= min(2, len(addresses)) and not done.done():
                     done.set_result(None)
 
             data = pack_entry(digest, ledger_id, e, e - 1, 0, b"v" * VALUE_BYTES)
             t0 = time.perf_counter()
-            for b in addresses:
-                transport.add(BookieId(b), ledger_id, EntryId(e), key, data, on_response)
+            transport.add_entry(bookies, ledger_id, EntryId(e), key, data, on_responses)
             await asyncio.wait_for(done, 10)
             latencies.append((time.perf_counter() - t0) * 1000)
     finally:
@@ -155,7 +155,7 @@ def main() -> int:
     parser.add_argument("--ledgers", type=int, default=1)
     parser.add_argument("--etcd-inflight", type=int, default=256, help="etcd puts in flight")
     parser.add_argument("--latency-entries", type=int, default=2000)
-    parser.add_argument("--batch-entries", type=int, default=256, help="adds per gRPC message per bookie")
+    parser.add_argument("--batch-entries", type=int, default=512, help="adds per gRPC message per bookie")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="scriba-bench-") as tmp:

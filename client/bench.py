@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from time import perf_counter_ns
 from typing import Any
 
 from scriba.errors import ConfigError, ScribaError
@@ -40,7 +41,7 @@ class BenchConfig:
     size_bytes: int = 1024
     inflight: int = 1000
     ledgers: int = 1
-    batch_entries_max: int = 256  # adds per gRPC message per bookie (the transport default)
+    batch_entries_max: int = 512  # adds per gRPC message per bookie (the transport default)
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
 
     def validate(self) -> BenchConfig:
@@ -132,33 +133,41 @@ class _Run:
         self.stop_at = float("inf")
         self.finished = asyncio.get_running_loop().create_future()
         self.outstanding = 0
+        self.issue_max = 0  # appends to issue in all (lowered when time is up or one fails)
 
-    def _more(self) -> bool:
-        if self.failed:
-            return False
-        if self.cfg.entries is not None and self.issued >= self.cfg.entries:
-            return False
-        return time.monotonic() < self.stop_at
+    def start(self, seconds: float | None) -> None:
+        """Issue the first appends; with ``seconds``, stop issuing after that long."""
+        if seconds is not None:
+            self.stop_at = time.monotonic() + seconds
+            asyncio.get_running_loop().call_later(seconds, self._time_up)
+        self.issue_max = self.cfg.entries if self.cfg.entries is not None else INFLIGHT_MAX**3
+        for slot in range(min(self.cfg.inflight, self.cfg.entries or self.cfg.inflight)):
+            self.issue(slot)
+
+    def _time_up(self) -> None:
+        self.issue_max = min(self.issue_max, self.issued)
+        if self.outstanding == 0 and not self.finished.done():
+            self.finished.set_result(None)
 
     def issue(self, slot: int) -> None:
         submit = self.submits[slot % len(self.submits)]
         self.issued += 1
         self.outstanding += 1
-        t0 = time.perf_counter_ns()
-        fut = submit(self.payload)
-        fut.add_done_callback(lambda f: self._on_done(f, t0, slot))
+        t0 = perf_counter_ns()
+        submit(self.payload).add_done_callback(lambda f: self._on_done(f, t0, slot))
 
     def _on_done(self, fut: asyncio.Future[Any], t0: int, slot: int) -> None:
         self.outstanding -= 1
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        if exc is None:
-            self.latencies_ns.append(time.perf_counter_ns() - t0)
+        if not fut.cancelled() and fut.exception() is None:
+            self.latencies_ns.append(perf_counter_ns() - t0)
             self.done += 1
         else:
+            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             self.failed += 1
+            self.issue_max = 0
             if not self.first_error:
                 self.first_error = f"{type(exc).__name__}: {exc}"
-        if self._more():
+        if self.issued < self.issue_max:
             self.issue(slot)
         elif self.outstanding == 0 and not self.finished.done():
             self.finished.set_result(None)
@@ -194,10 +203,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
         run = _Run(cfg, [_submitter(w) for w in writers])
         reporter = asyncio.get_running_loop().create_task(_progress(run)) if progress else None
         t0 = time.monotonic()
-        if cfg.seconds is not None:
-            run.stop_at = t0 + cfg.seconds
-        for slot in range(min(cfg.inflight, cfg.entries or cfg.inflight)):
-            run.issue(slot)
+        run.start(cfg.seconds)
         deadline_s = (cfg.seconds or SECONDS_MAX) + 60.0
         async with asyncio.timeout(deadline_s):
             await run.finished
@@ -263,7 +269,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
     p.add_argument("--inflight", type=int, default=1000, help="appends in flight (default 1000)")
     p.add_argument("--ledgers", type=int, default=1)
-    p.add_argument("--batch-entries", type=int, default=256, help="adds per message per bookie (default 256)")
+    p.add_argument("--batch-entries", type=int, default=512, help="adds per message per bookie (default 512)")
     p.add_argument("--batches-inflight", type=int, default=8, help="unanswered messages per bookie (default 8)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -5,8 +5,10 @@ send adds and reads through a ``BookieTransport``, write records through
 ``update_metadata``, run timers, and resolve the callers' futures. Everything runs
 on one event loop: transport callbacks must arrive on it.
 
-The write hot path costs, per entry, one ``WriteCore.append`` (pack + digest), one
-``transport.add`` per bookie of the write set, one core call per ack, and one future.
+The write hot path costs, per entry, one ``WriteCore.append_if_room`` (pack + digest),
+one ``transport.add_entry`` for the whole write set (``transport.add`` per bookie when
+the transport has no batched path), and one future; answers come back per run, one
+``WriteCore.on_add_responses`` call for many entries of one bookie.
 ``append_async`` lets a caller keep thousands of entries in flight without a
 coroutine per entry; ``append`` awaits it.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -143,7 +146,11 @@ class LedgerWriter:
         self._explicit_lac = core.last_add_confirmed
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
+        self._on_adds = self._on_add_responses
         self._add = transport.add
+        # the batched path (one call per write set, answers per run), when offered
+        self._add_entry: Callable[..., None] | None = getattr(transport, "add_entry", None)
+        self._new_future = functools.partial(asyncio.Future, loop=self._loop)  # create_future, one call less
 
     # --- views -----------------------------------------------------------------------
     @property
@@ -182,8 +189,22 @@ class LedgerWriter:
         if self._closing:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
         core = self._core
+        if not self._waiting:
+            sent = core.append_if_room(payload)
+            if sent is not None:  # the hot path: packed and sent now
+                future: asyncio.Future[int] = self._new_future()
+                self._futures.append(future)
+                entry_id, packed, bookies = sent
+                add_entry = self._add_entry
+                if add_entry is not None:
+                    add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds)
+                else:
+                    add = self._add
+                    for bookie_id in bookies:
+                        add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add)
+                return future
         core.check_appendable()
-        future: asyncio.Future[int] = self._loop.create_future()
+        future = self._loop.create_future()
         if self._waiting or not core.has_capacity(len(payload)):
             if len(self._waiting) >= self._config.appends_waiting_max:
                 raise TooManyRequestsError(
@@ -206,6 +227,10 @@ class LedgerWriter:
     def _submit(self, payload: bytes, future: asyncio.Future[int]) -> None:
         entry_id, packed, bookies = self._core.append_packed(payload)
         self._futures.append(future)
+        add_entry = self._add_entry
+        if add_entry is not None:
+            add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds)
+            return
         add = self._add
         for bookie_id in bookies:
             add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add)
@@ -226,11 +251,29 @@ class LedgerWriter:
         if effects:
             self._execute(effects)
 
+    def _on_add_responses(
+        self, bookie_id: BookieId, ledger_id: int, entry_ids: list[int], status: Status
+    ) -> None:
+        effects = self._core.on_add_responses(bookie_id, entry_ids, status)
+        if effects:
+            self._execute(effects)
+
     # --- effects ---------------------------------------------------------------------
     def _execute(self, effects: Effects) -> None:
         for effect in effects:
             kind = type(effect)
             if kind is SendAdd:
+                if self._add_entry is not None:
+                    self._add_entry(
+                        effect.bookies,  # type: ignore[union-attr]
+                        self._ledger_id,
+                        effect.entry_id,  # type: ignore[union-attr]
+                        self._master_key,
+                        effect.entry,  # type: ignore[union-attr]
+                        self._on_adds,
+                        recovery=effect.recovery,  # type: ignore[union-attr]
+                    )
+                    continue
                 add = self._transport.add
                 for bookie_id in effect.bookies:  # type: ignore[union-attr]
                     add(

@@ -10,11 +10,17 @@ queues the request and later calls ``on_response(bookie_id, ledger_id, entry_id,
 status)`` exactly once — with ``Status.TIMEOUT`` when ``add_timeout_s`` passes and
 ``Status.UNAVAILABLE`` when the connection fails. Reads are coroutines that return
 values or raise the typed errors of ``scriba.errors``, each with a deadline.
+
+A transport may also offer the batched write path of ``BatchedAddTransport``:
+``add_entry(bookies, ...)`` queues one entry for its whole write set in one call,
+and answers come as ``on_responses(bookie_id, ledger_id, entry_ids, status)``, one
+call for many adds of one bookie that got the same status (each add named exactly
+once). Drivers use it when present (``getattr``) and fall back to ``add``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +28,8 @@ from scriba.errors import Status
 from scriba.ids import BookieId, EntryId, LedgerId
 
 AddCallback = Callable[[BookieId, LedgerId, EntryId, Status], None]
+AddRunCallback = Callable[[BookieId, int, list[int], Status], None]
+"""``(bookie_id, ledger_id, entry_ids, status)``: adds answered alike (any order of ids)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +122,20 @@ class BookieTransport(Protocol):
     async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo: ...
 
     async def close(self) -> None: ...
+
+
+class BatchedAddTransport(BookieTransport, Protocol):
+    def add_entry(
+        self,
+        bookies: Iterable[BookieId],
+        ledger_id: LedgerId,
+        entry_id: EntryId,
+        master_key: bytes,
+        entry: bytes,
+        on_responses: AddRunCallback,
+        *,
+        recovery: bool = False,
+    ) -> None:
+        """Queue ``entry`` to every bookie of ``bookies``; each add is answered once
+        through ``on_responses`` (batched per bookie and status)."""
+        ...

@@ -6,7 +6,8 @@ States::
       |  \\--bookie error--> (change in progress, still OPEN) --metadata written--> OPEN
       \\--FENCED / metadata not OPEN / no replacement--> FAILED
 
-Inputs (method calls): ``append(payload)``, ``on_add_response(bookie, entry, status)``,
+Inputs (method calls): ``append(payload)``, ``on_add_response(bookie, entry, status)``
+(or ``on_add_responses(bookie, entries, status)`` for many answers at once),
 ``close()``, ``on_metadata_written(record)``, ``on_metadata_failed(error)``, ``on_timer(key)``.
 Outputs: sequences of effects (``client/effects.py``): ``SendAdd`` (one per entry,
 naming every bookie of its write set), ``CompleteAppends`` (a range, in order),
@@ -41,8 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Collection
+import struct
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from typing import Final
+
+import google_crc32c
 
 from scriba.client.effects import (
     NO_EFFECTS,
@@ -56,7 +61,7 @@ from scriba.client.effects import (
     WriteMetadata,
 )
 from scriba.config import require
-from scriba.entry import HEADER, Digest, pack_entry
+from scriba.entry import HEADER, Crc32cDigest, Digest, pack_entry
 from scriba.errors import (
     LedgerClosedError,
     LedgerFencedError,
@@ -68,6 +73,11 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
 from scriba.meta.records import Ensemble, LedgerMetadata, LedgerState
+
+_pack_header: Final = HEADER.pack
+_crc_value: Final = google_crc32c.value
+_crc_extend: Final = google_crc32c.extend
+_crc_bytes: Final = struct.Struct(">I").pack
 
 ChooseReplacement = Callable[[Ensemble, int, frozenset[BookieId]], BookieId]
 """``(ensemble, failed_index, exclude) -> replacement``; raises NotEnoughBookiesError."""
@@ -187,6 +197,9 @@ class WriteCore:
         self._Qw = metadata.write_quorum_size
         self._Qa = metadata.ack_quorum_size
         self._partial_write_sets = self._Qw < self._E
+        self._crc32c = type(digest) is Crc32cDigest
+        self._entries_max = self._config.entries_inflight_max
+        self._bytes_max = self._config.bytes_inflight_max
         self._next = int(metadata.last_entry_id) + 1
         self._lac = int(metadata.last_entry_id)
         self._length = metadata.length  # total length through the last appended entry
@@ -281,11 +294,37 @@ class WriteCore:
             self.check_appendable()
         entry_id = self._next
         self._next = entry_id + 1
-        self._length += len(payload)
-        packed = pack_entry(
-            self._digest, self._ledger_id, entry_id, self._lac, self._length, payload
-        )
+        length = self._length + len(payload)
+        self._length = length
+        if self._crc32c:  # pack_entry with the CRC32C digest, without two calls
+            header = _pack_header(self._ledger_id, entry_id, self._lac, length)
+            packed = b"".join((header, _crc_bytes(_crc_extend(_crc_value(header), payload)), payload))
+        else:
+            packed = pack_entry(self._digest, self._ledger_id, entry_id, self._lac, length, payload)
         self._masks[entry_id] = 0
+        self._packed[entry_id] = packed
+        self._bytes_inflight += len(packed)
+        return entry_id, packed, self._send_sets[entry_id % self._E]
+
+    def append_if_room(self, payload: bytes) -> tuple[int, bytes, tuple[BookieId, ...]] | None:
+        """``append_packed`` if ``has_capacity(len(payload))``, else None (raises like it
+        when the writer cannot append)."""
+        masks = self._masks
+        if masks and (
+            len(masks) >= self._entries_max or self._bytes_inflight + len(payload) > self._bytes_max
+        ):
+            self.check_appendable()
+            return None
+        if self._state is not WriterState.OPEN or not self._crc32c:
+            return self.append_packed(payload)
+        # append_packed, inlined for the common digest (one call less per append)
+        entry_id = self._next
+        self._next = entry_id + 1
+        length = self._length + len(payload)
+        self._length = length
+        header = _pack_header(self._ledger_id, entry_id, self._lac, length)
+        packed = b"".join((header, _crc_bytes(_crc_extend(_crc_value(header), payload)), payload))
+        masks[entry_id] = 0
         self._packed[entry_id] = packed
         self._bytes_inflight += len(packed)
         return entry_id, packed, self._send_sets[entry_id % self._E]
@@ -311,6 +350,38 @@ class WriteCore:
                 return self._advance()
             return NO_EFFECTS
         return self._on_add_error(bookie_id, entry_id, Status(status))
+
+    def on_add_responses(self, bookie_id: BookieId, entry_ids: Iterable[int], status: int) -> Effects:
+        """Many answers of one bookie with one status (a batched transport answer).
+
+        The same outcome as ``on_add_response`` for each id in turn; the LAC advances
+        once, at the end (one ``CompleteAppends`` for the whole advance)."""
+        if status != 0:
+            effects: list[Effect] = []
+            for entry_id in entry_ids:
+                effects.extend(self.on_add_response(bookie_id, entry_id, status))
+            return effects
+        index = self._ack_index.get(bookie_id)  # bookies whose acks count now
+        if index is None:
+            return NO_EFFECTS
+        masks = self._masks
+        get = masks.get
+        bit = 1 << index
+        if self._partial_write_sets:
+            size, quorum = self._E, self._Qw
+            for entry_id in entry_ids:
+                mask = get(entry_id)
+                if mask is not None and (index - entry_id) % size < quorum:
+                    masks[entry_id] = mask | bit
+        else:
+            for entry_id in entry_ids:
+                mask = get(entry_id)
+                if mask is not None:
+                    masks[entry_id] = mask | bit
+        mask = get(self._lac + 1)
+        if mask is not None and mask.bit_count() >= self._Qa:
+            return self._advance()
+        return NO_EFFECTS
 
     def close(self) -> Effects:
         """Begin closing: once every pending entry is settled, CAS the metadata to CLOSED."""
@@ -381,9 +452,9 @@ class WriteCore:
 
     def _advance(self) -> Effects:
         first = self._lac + 1
-        entry_id = first
         masks = self._masks
         packed = self._packed
+        entry_id = first
         quorum = self._Qa
         last_packed = b""
         freed = 0

@@ -341,3 +341,69 @@ def test_late_failure_after_close_is_ignored() -> None:
     assert not c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)
     assert not c.on_add_response(BookieId("c"), 0, Status.FENCED)
     assert c.state is WriterState.CLOSED
+
+
+def _confirmed(effects, into: list[int]) -> None:  # type: ignore[no-untyped-def]
+    for first, last in completes(effects):
+        into.extend(range(first, last + 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shape=st.sampled_from([(3, 3, 2), (3, 2, 2), (4, 3, 2), (5, 3, 3), (2, 2, 2), (5, 5, 3), (1, 1, 1), (11, 11, 6), (11, 4, 3)]),
+    n=st.integers(1, 40),
+    data=st.data(),
+)
+def test_batched_answers_confirm_like_single_ones(shape: tuple[int, int, int], n: int, data) -> None:  # type: ignore[no-untyped-def]
+    """on_add_responses over any grouping and order of OK answers ends where the
+    same answers one by one end: same LAC, same entries confirmed, in order."""
+    e, w, a = shape
+    single, _ = core(md(e, w, a, "abcdefghijk"))
+    batched, _ = core(md(e, w, a, "abcdefghijk"))
+    answers: list[tuple[str, int]] = []
+    for i in range(n):
+        entry_id, effects = single.append(b"p%d" % i)
+        assert batched.append(b"p%d" % i)[0] == entry_id
+        (send,) = effects
+        answers += [(b, entry_id) for b in send.bookies]  # type: ignore[union-attr]
+    answers = data.draw(st.permutations(answers))
+    keep = data.draw(st.integers(0, len(answers)))
+    answers = answers[:keep]
+    done_single: list[int] = []
+    for b, entry_id in answers:
+        _confirmed(single.on_add_response(BookieId(b), entry_id, OK), done_single)
+    done_batched: list[int] = []
+    i = 0
+    while i < len(answers):  # consecutive answers of one bookie go as one batch
+        j = i + 1
+        while j < len(answers) and answers[j][0] == answers[i][0] and j - i < data.draw(st.integers(1, 8)):
+            j += 1
+        ids = [entry_id for _, entry_id in answers[i:j]]
+        _confirmed(batched.on_add_responses(BookieId(answers[i][0]), ids, OK), done_batched)
+        i = j
+    assert done_batched == done_single == list(range(len(done_single)))
+    assert batched.last_add_confirmed == single.last_add_confirmed
+    assert batched.pending == single.pending
+
+
+def test_batched_error_answers_start_one_change() -> None:
+    c, spares = core()
+    for _ in range(4):
+        c.append(b"x")
+    c.on_add_responses(BookieId("a"), [0, 1, 2, 3], OK)
+    effects = c.on_add_responses(BookieId("b"), [3, 1, 0, 2], Status.UNAVAILABLE)
+    assert [type(x) for x in effects] == [WriteMetadata] and len(spares.calls) == 1
+    assert c.last_add_confirmed == -1
+
+
+def test_append_packed_matches_pack_entry_for_both_digests() -> None:
+    from scriba.entry import pack_entry
+
+    for digest in (make_digest("crc32c", b""), make_digest("hmac-sha256", b"pw")):
+        c = WriteCore(md(), digest=digest, choose_replacement=Spares())
+        c.on_add_responses(BookieId("a"), [], OK)
+        for i in range(3):
+            entry_id, packed, _ = c.append_packed(b"payload-%d" % i)
+            length = sum(len(b"payload-%d" % k) for k in range(i + 1))
+            assert packed == pack_entry(digest, 7, entry_id, -1, length, b"payload-%d" % i)
+            assert unpack_entry(digest, packed).payload == b"payload-%d" % i

@@ -341,15 +341,31 @@ async def test_long_poll_through_a_silent_bookie_ends_by_its_deadline() -> None:
         await t.close()
 
 
-def test_add_frames_join_into_the_addbatch_wire_format() -> None:
-    from scriba.client.grpc_transport import _add_frame
+def test_encoded_runs_parse_as_the_addbatch_protobuf() -> None:
+    from scriba.client.grpc_transport import _encode_run, _Run
     from scriba.proto import scriba_pb2 as pb
 
-    adds = [(7, e, KEY, pb.RECOVERY_ADD if e % 2 else 0, b"x" * (e * 150)) for e in range(6)]
+    runs = []
+    for lid, flags, count, size in ((7, 0, 3, 150), (8, pb.RECOVERY_ADD, 1, 0), (7, 0, 200, 1000)):
+        run = _Run(lid, KEY, flags, None, False, 0.0)
+        for e in range(count):
+            entry = bytes([e % 251]) * (size + e)
+            run.entry_ids.append(e + (1 << 40))
+            run.entries.append(entry)
+            run.size += len(entry)
+        runs.append(run)
+    parts: list[bytes] = []
+    for run in runs:
+        _encode_run(run, parts)
     expected = pb.AddBatch()
-    for lid, eid, key, flags, entry in adds:
-        expected.adds.add(ledger_id=lid, entry_id=eid, master_key=key, flags=flags, entry=entry)
-    assert b"".join(_add_frame(*a) for a in adds) == expected.SerializeToString()
+    for run in runs:
+        expected.runs.add(
+            ledger_id=run.ledger_id, master_key=KEY, flags=run.flags, entry_ids=run.entry_ids,
+            sizes=[len(x) for x in run.entries], entries=b"".join(run.entries),
+        )
+    assert b"".join(parts) == expected.SerializeToString()
+    parsed = pb.AddBatch.FromString(b"".join(parts))
+    assert [list(r.entry_ids) for r in parsed.runs] == [r.entry_ids for r in runs]
 
 
 async def test_one_entry_to_several_bookies_keeps_each_adds_flags() -> None:
@@ -359,8 +375,8 @@ async def test_one_entry_to_several_bookies_keeps_each_adds_flags() -> None:
         t = transport_for(server)
         rec = Recorder()
         entry = b"shared" * 10
-        # The same entry object to two bookies in a row (one frame serialized, reused),
-        # then as a recovery add: the cached frame must not carry the wrong flags.
+        # The same entry object to two bookies in a row, then as a recovery add: the
+        # recovery add must travel in its own run (flags are per run).
         t.add(BookieId("b1"), LedgerId(9), EntryId(0), KEY, entry, rec)
         t.add(BookieId("b2"), LedgerId(9), EntryId(0), KEY, entry, rec)
         t.add(BookieId("b3"), LedgerId(9), EntryId(0), KEY, entry, rec, recovery=True)

@@ -1,7 +1,9 @@
 """A small in-process bookie servicer for transport tests (grpc.aio, in memory).
 
 Knobs: ``add_delay_s`` (answer batches late), ``silent`` (swallow adds: a
-blackhole), ``status_for`` (force a status per entry), ``fenced`` ledgers.
+blackhole), ``status_for`` (force a status per entry), ``fenced`` ledgers,
+``split_answers`` (answer a run in two parts, ids in reverse order). Adds sent in
+runs are answered in runs, one answer per run and status.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class FakeBookie(pb_grpc.BookieServicer):
         self.batch_sizes: list[int] = []
         self.streams_opened = 0
         self.lac: dict[int, int] = {}
+        self.run_entry_ids: list[list[int]] = []  # entry ids of every run received
+        self.split_answers = False  # answer each run in two parts, out of order
 
     def _add_one(self, a: Any) -> pb.AddResponse:
         if self.status_for is not None:
@@ -44,16 +48,45 @@ class FakeBookie(pb_grpc.BookieServicer):
         self.entries.setdefault((a.ledger_id, a.entry_id), bytes(a.entry))
         return pb.AddResponse(ledger_id=a.ledger_id, entry_id=a.entry_id, status=pb.OK)
 
+    def _add_run(self, run: Any) -> list[pb.AddRunResponse]:
+        """A run's adds one by one (as ``_add_one``), answered per status in add order."""
+        if len(run.sizes) != len(run.entry_ids) or sum(run.sizes) != len(run.entries):
+            return [pb.AddRunResponse(ledger_id=run.ledger_id, entry_ids=run.entry_ids, status=pb.BAD_REQUEST)]
+        self.run_entry_ids.append(list(run.entry_ids))
+        groups: dict[int, list[int]] = {}
+        offset = 0
+        for entry_id, size in zip(run.entry_ids, run.sizes, strict=True):
+            add = pb.AddRequest(
+                ledger_id=run.ledger_id, entry_id=entry_id, master_key=run.master_key, flags=run.flags,
+                entry=run.entries[offset : offset + size],
+            )
+            offset += size
+            groups.setdefault(self._add_one(add).status, []).append(entry_id)
+        return [
+            pb.AddRunResponse(ledger_id=run.ledger_id, entry_ids=ids, status=status)  # type: ignore[arg-type]
+            for status, ids in groups.items()
+        ]
+
     async def AddStream(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         self.streams_opened += 1
         async for batch in request_iterator:
             self.batches_received += 1
-            self.batch_sizes.append(len(batch.adds))
+            self.batch_sizes.append(len(batch.adds) + sum(len(r.entry_ids) for r in batch.runs))
             if self.silent:
                 continue
             if self.add_delay_s:
                 await asyncio.sleep(self.add_delay_s)
-            yield pb.AddResponseBatch(responses=[self._add_one(a) for a in batch.adds])
+            answers = [a for run in batch.runs for a in self._add_run(run)]
+            if self.split_answers:  # each answer as two, the later half first, ids reversed
+                split = []
+                for a in answers:
+                    ids = list(a.entry_ids)[::-1]
+                    half = len(ids) // 2
+                    for part in (ids[:half], ids[half:]):
+                        if part:
+                            split.append(pb.AddRunResponse(ledger_id=a.ledger_id, entry_ids=part, status=a.status))
+                answers = split
+            yield pb.AddResponseBatch(responses=[self._add_one(a) for a in batch.adds], runs=answers)
 
     async def ReadEntry(self, request: Any, context: Any) -> Any:
         if self.silent:

@@ -374,9 +374,15 @@ class SimDriver:
         on_done: Callable[[object], None] | None = None,
         on_failed: Callable[[ScribaError], None] | None = None,
         after: Callable[[], None] | None = None,
+        ack_window_s: float | None = None,
     ) -> None:
         self.world = world
         self.core = core
+        # With ``ack_window_s`` (and a core that takes batches), OK/failed add answers of
+        # one bookie arriving within the window reach ``on_add_responses`` together, as
+        # the gRPC transport's run answers do.
+        self.ack_window_s = ack_window_s if hasattr(core, "on_add_responses") else None
+        self._acks: dict[tuple[BookieId, Status], list[int]] = {}
         self.transport = transport
         self.meta = meta
         self.ledger_id = ledger_id
@@ -395,6 +401,18 @@ class SimDriver:
         if self.after is not None:
             self.after()
 
+    def _on_add(self, bookie_id: BookieId, _ledger_id: int, entry_id: int, status: Status) -> None:
+        key = (bookie_id, status)
+        waiting = self._acks.get(key)
+        if waiting is None:
+            waiting = self._acks[key] = []
+            self.world.at(self.ack_window_s or 0.0, self._flush_acks, key)
+        waiting.append(entry_id)
+
+    def _flush_acks(self, key: tuple[BookieId, Status]) -> None:
+        entry_ids = self._acks.pop(key)
+        self.execute(self.core.on_add_responses(key[0], entry_ids, key[1]))
+
     def _one(self, effect: Any) -> None:
         core = self.core
         t = self.transport
@@ -402,7 +420,8 @@ class SimDriver:
             for bookie_id in effect.bookies:
                 t.add(
                     bookie_id, self.ledger_id, effect.entry_id, self.master_key, effect.entry,
-                    lambda b, _l, e, s: self.execute(core.on_add_response(b, e, s)),
+                    self._on_add if self.ack_window_s is not None
+                    else lambda b, _l, e, s: self.execute(core.on_add_response(b, e, s)),
                     recovery=effect.recovery,
                 )
         elif isinstance(effect, CompleteAppends):
