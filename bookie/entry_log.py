@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
@@ -37,6 +38,7 @@ _WRITE_CHUNK_ENTRIES: Final = 4096  # the whole-list path writes at most this ma
 _crc_value = google_crc32c.value
 
 Location = tuple[int, int, int]  # log id, record offset, entry length
+Span = tuple[int, int, int, Sequence[int]]  # log id, first index, stop index, offsets (+ end)
 LOC: Final = struct.Struct(">IQI")  # a Location packed, as the index stores it
 
 
@@ -102,52 +104,78 @@ class EntryLogs:
     def append(self, entries: list[bytes]) -> list[bytes]:
         """Append entries (not yet durable: call :meth:`sync`); packed locations (``LOC``)."""
         locs: list[bytes] = []
-        parts: list[bytes] = []
+        loc = LOC.pack
+        for log_id, i, j, offsets in self.append_spans(entries):
+            locs += map(loc, repeat(log_id), offsets[: j - i], map(len, entries[i:j]))
+        return locs
+
+    def append_spans(self, entries: list[bytes]) -> list[Span]:
+        """Append entries (not yet durable: call :meth:`sync`); where they went, as spans
+        ``(log id, first index, stop index, offsets)`` -- ``entries[first:stop]`` sit back to
+        back in that log from ``offsets[0]``; ``offsets`` also holds the end of the last
+        (a ``range`` when the entries have one size). A new log starts when one is full."""
         if self._fd < 0:
             self._roll()
         self._dirty.add(self.current_id)
         offset = self._offset
-        start = offset
         log_id = self.current_id
-        rec, loc, crc = REC_HEADER.pack, LOC.pack, _crc_value
+        rec, crc = REC_HEADER.pack, _crc_value
         limit = self._file_bytes_max
         sizes = list(map(len, entries))
         count = len(sizes)
-        end = offset + sum(sizes) + REC_HEADER_SIZE * count
+        if not count:
+            return []
+        step = sizes[0] + REC_HEADER_SIZE
+        same = sizes.count(sizes[0]) == count
+        end = offset + step * count if same else offset + sum(sizes) + REC_HEADER_SIZE * count
         if end <= limit:  # all in the current log: whole-list operations, no loop per entry
             headers = list(map(rec, sizes, map(crc, entries)))
-            offsets = list(accumulate(map(add, sizes, repeat(REC_HEADER_SIZE)), initial=offset))
-            locs = list(map(loc, repeat(log_id), offsets, sizes))
-            step = _WRITE_CHUNK_ENTRIES
-            for i in range(0, count, step):
-                j = min(i + step, count)
+            offsets: Sequence[int] = (
+                range(offset, end + 1, step) if same
+                else list(accumulate(map(add, sizes, repeat(REC_HEADER_SIZE)), initial=offset))
+            )
+            chunk = _WRITE_CHUNK_ENTRIES
+            for i in range(0, count, chunk):
+                j = min(i + chunk, count)
                 parts = [b""] * (2 * (j - i))
                 parts[0::2] = headers[i:j]
                 parts[1::2] = entries[i:j]
                 self._write(parts, offsets[j] - offsets[i])
             self._offset = end
-            return locs
-        for e in entries:
-            n = len(e)
+            return [(log_id, 0, count, offsets)]
+        spans: list[Span] = []
+        pending: list[bytes] = []
+        span_offsets: list[int] = []
+        first = 0
+        start = offset
+        for k, e in enumerate(entries):
+            n = sizes[k]
             if offset + REC_HEADER_SIZE + n > limit and offset > FILE_HEADER_SIZE:
-                self._write(parts, offset - start)
-                parts = []
+                self._write(pending, offset - start)
+                pending = []
+                if k > first:
+                    span_offsets.append(offset)
+                    spans.append((log_id, first, k, span_offsets))
+                span_offsets = []
+                first = k
                 self._offset = offset
                 self._roll()
                 log_id = self.current_id
                 offset = start = self._offset
-            parts.append(rec(n, crc(e)))
-            parts.append(e)
-            locs.append(loc(log_id, offset, n))
+            pending.append(rec(n, crc(e)))
+            pending.append(e)
+            span_offsets.append(offset)
             offset += REC_HEADER_SIZE + n
             if offset - start >= WRITE_CHUNK_BYTES:
-                self._write(parts, offset - start)
-                parts = []
+                self._write(pending, offset - start)
+                pending = []
                 start = offset
-        if parts:
-            self._write(parts, offset - start)
+        if pending:
+            self._write(pending, offset - start)
         self._offset = offset
-        return locs
+        span_offsets.append(offset)
+        spans.append((log_id, first, count, span_offsets))
+        return spans
 
     def _write(self, parts: list[bytes], nbytes: int) -> None:
         if parts:

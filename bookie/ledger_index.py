@@ -6,22 +6,31 @@ reads after a restart need no scan, and it takes ~4M puts/s in a batch and ~0.7M
 single-key gets/s here, far above the add rate. Every value carries a CRC32C so a bit
 flipped at rest is detected (``CorruptEntryError``), never served.
 
-Databases: ``entries`` (key ``>QQ`` ledger, entry; value ``>IQI`` log id, offset, length), ``ledgers`` (key ``>Q``; value state + crc), ``logs`` (per entry log: total and
-dead bytes, for compaction), ``meta`` (checkpoint journal position, next log id).
-One write transaction per checkpoint carries entries, states, log stats and position.
+Databases: ``runs`` (key ``>QQ`` ledger, first entry of a run of consecutive entries
+written back to back in one entry log; value: log id, count, first record offset and
+either the record stride (entries of one size) or every record offset, + crc: one put per
+run instead of one per entry), ``entries`` (key ``>QQ`` ledger, entry; value ``>IQI`` log
+id, offset, length: entries not in a run, e.g. out of order or moved by compaction),
+``ledgers`` (key ``>Q``; value state + crc), ``logs`` (per entry log: total and dead
+bytes, for compaction), ``meta`` (checkpoint journal position, next log id). A lookup
+tries the run starting at or before the entry, then ``entries``; runs never overlap and
+an entry is in at most one of the two. One write transaction per checkpoint carries
+runs, entries, states, log stats and position.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
 import google_crc32c
 import lmdb
 
-from scriba.bookie.entry_log import LOC, Location
+from scriba.bookie.entry_log import LOC, REC_HEADER_SIZE, Location
 from scriba.bookie.journal import FILE_HEADER_SIZE, JournalPosition
 from scriba.bookie.ledger_state import LedgerState
 from scriba.errors import CorruptEntryError
@@ -34,6 +43,11 @@ _STATE: Final = struct.Struct(">Bqqq")
 _POS: Final = struct.Struct(">QQ")
 _LOGKEY: Final = struct.Struct(">I")
 _LOGSTAT: Final = struct.Struct(">QQ")
+_RUN: Final = struct.Struct(">IIQQ")  # log id, count, first record offset, stride (0: offsets follow)
+_U64: Final = struct.Struct(">Q")
+_U64_PAIR: Final = struct.Struct(">QQ")
+RUN_ENTRIES_MAX: Final = 4096  # entries per run record (an explicit-offsets value: 32 KiB)
+_U64_ARRAY_OK: Final = array("Q").itemsize == 8
 
 _crc = google_crc32c.value
 
@@ -49,14 +63,80 @@ def _open(value: bytes, what: str) -> bytes:
     return body
 
 
+def run_records(
+    ledger_id: int, first_entry: int, log_id: int, offsets: Sequence[int]
+) -> list[tuple[bytes, bytes]]:
+    """Index records (key, value) for entries ``first_entry ..`` written back to back in
+    one log; ``offsets``: each record's offset then the end of the last (len = count + 1).
+    A ``range`` (entries of one size) is stored as its stride; else every offset."""
+    out: list[tuple[bytes, bytes]] = []
+    count = len(offsets) - 1
+    for i in range(0, count, RUN_ENTRIES_MAX):
+        j = min(i + RUN_ENTRIES_MAX, count)
+        part = offsets[i : j + 1]
+        if isinstance(part, range):
+            body = _RUN.pack(log_id, j - i, part.start, part.step)
+        elif _U64_ARRAY_OK:
+            arr = array("Q", part)
+            if sys.byteorder == "little":
+                arr.byteswap()
+            body = _RUN.pack(log_id, j - i, part[0], 0) + arr.tobytes()
+        else:
+            body = _RUN.pack(log_id, j - i, part[0], 0) + struct.pack(f">{len(part)}Q", *part)
+        out.append((_KEY.pack(ledger_id, first_entry + i), _seal(body)))
+    return out
+
+
+def _run_location(raw: bytes, index: int, ledger_id: int, entry_id: int) -> Location | None:
+    """The location of the ``index``-th entry of a run record (None: past its end)."""
+    body = _open(raw, f"run of ledger {ledger_id} holding entry {entry_id}")
+    try:
+        log_id, count, base, stride = _RUN.unpack_from(body)
+        if index >= count:
+            return None
+        if stride:
+            if len(body) != _RUN.size:
+                raise struct.error("run value size")
+            return log_id, base + index * stride, stride - REC_HEADER_SIZE
+        if len(body) != _RUN.size + 8 * (count + 1):
+            raise struct.error("run value size")
+        start, end = _U64_PAIR.unpack_from(body, _RUN.size + 8 * index)
+        return log_id, start, end - start - REC_HEADER_SIZE
+    except struct.error:
+        raise CorruptEntryError(f"index: bad run for ledger {ledger_id} entry {entry_id}") from None
+
+
+def _run_singles(key: bytes, raw: bytes) -> list[tuple[bytes, bytes]]:
+    """A run record as single-entry records (when a run record from its first id exists:
+    its entries were re-added after that record was found corrupt; never overwrite it)."""
+    lid, first = _KEY.unpack(key)
+    (count,) = struct.unpack_from(">I", raw, 4)
+    out: list[tuple[bytes, bytes]] = []
+    for i in range(count):
+        loc = _run_location(raw, i, lid, first + i)
+        if loc is not None:
+            out.append((_KEY.pack(lid, first + i), _LOC.pack(*loc)))
+    return out
+
+
+def _run_bytes(raw: bytes) -> tuple[int, int]:
+    """(log id, bytes of the run's records) of a run value (no checks: used to account)."""
+    log_id, count, base, stride = _RUN.unpack_from(raw)
+    if stride:
+        return log_id, count * stride
+    (end,) = _U64.unpack_from(raw, _RUN.size + 8 * count)
+    return log_id, end - base
+
+
 class LedgerIndex:
     def __init__(self, path: Path, map_size_bytes: int) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self._env = lmdb.open(
-            str(path), map_size=map_size_bytes, max_dbs=4, subdir=True, sync=True,
+            str(path), map_size=map_size_bytes, max_dbs=5, subdir=True, sync=True,
             metasync=True, readahead=False, lock=True, max_readers=512,
         )
         self._entries = self._env.open_db(b"entries")
+        self._runs = self._env.open_db(b"runs")
         self._ledgers = self._env.open_db(b"ledgers")
         self._logs = self._env.open_db(b"logs")
         self._meta = self._env.open_db(b"meta")
@@ -64,12 +144,36 @@ class LedgerIndex:
     # --- reads ------------------------------------------------------------------------
 
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
+        got = self.locate(ledger_id, entry_id)
+        return None if got is None else got[0]
+
+    def locate(self, ledger_id: int, entry_id: int) -> tuple[Location, bytes | None] | None:
+        """The entry's location and the key of the run record holding it (None: its own)."""
+        key = _KEY.pack(ledger_id, entry_id)
         with self._env.begin(db=self._entries, buffers=False) as txn:
-            raw = txn.get(_KEY.pack(ledger_id, entry_id))
+            cur = txn.cursor(db=self._runs)
+            found = cur.set_range(key)
+            if not (found and cur.key() == key):
+                found = cur.prev() if found else cur.last()
+            corrupt: CorruptEntryError | None = None
+            if found:
+                run_key = cur.key()
+                if run_key[:8] == key[:8]:
+                    first = _KEY.unpack(run_key)[1]
+                    if first <= entry_id:
+                        try:
+                            loc = _run_location(cur.value(), entry_id - first, ledger_id, entry_id)
+                        except CorruptEntryError as exc:
+                            loc, corrupt = None, exc  # an entry re-added since has its own record
+                        if loc is not None:
+                            return loc, run_key
+            raw = txn.get(key)
         if raw is None:
+            if corrupt is not None:
+                raise corrupt
             return None
         try:
-            return _LOC.unpack(raw)  # type: ignore[return-value]
+            return _LOC.unpack(raw), None  # type: ignore[return-value]
         except struct.error:
             raise CorruptEntryError(f"index: bad location for ledger {ledger_id} entry {entry_id}") from None
 
@@ -112,13 +216,19 @@ class LedgerIndex:
         position: JournalPosition | None,
         next_log_id: int,
         removed_logs: Iterable[int] = (),
+        runs: Iterable[tuple[bytes, bytes]] = (),
+        removed_runs: Iterable[bytes] = (),
     ) -> None:
-        """One durable transaction: entry locations (``entry_key``, packed ``LOC``), ledger
-        states, log stats, position."""
-        items = list(locations)
+        """One durable transaction: run records (:func:`run_records`), entry locations
+        (``entry_key``, packed ``LOC``), ledger states, log stats, position."""
         with self._env.begin(write=True) as txn:
-            if items:
-                txn.cursor(db=self._entries).putmulti(items)
+            for key in removed_runs:
+                txn.delete(key, db=self._runs)
+            cur = txn.cursor(db=self._runs)
+            for key, value in runs:
+                if not cur.put(key, value, overwrite=False):  # a run from there is indexed
+                    txn.cursor(db=self._entries).putmulti(_run_singles(key, value))
+            txn.cursor(db=self._entries).putmulti(locations)  # consumed lazily, in C
             for lid, st in states.items():
                 body = _STATE.pack(st.fenced, st.lac, st.explicit_lac, st.last_entry_id)
                 txn.put(_LEDGER.pack(lid), _seal(body + st.master_key), db=self._ledgers)
@@ -136,9 +246,19 @@ class LedgerIndex:
         freed: dict[int, int] = {}
         with self._env.begin(write=True) as txn:
             cur = txn.cursor(db=self._entries)
+            runs = txn.cursor(db=self._runs)
             for lid in ledger_ids:
                 txn.delete(_LEDGER.pack(lid), db=self._ledgers)
                 prefix = _LEDGER.pack(lid)
+                if runs.set_range(prefix):
+                    while runs.key()[:8] == prefix:
+                        try:
+                            log_id, n = _run_bytes(runs.value())
+                            freed[log_id] = freed.get(log_id, 0) + n
+                        except struct.error:
+                            pass
+                        if not runs.delete():
+                            break
                 if not cur.set_range(prefix):
                     continue
                 while cur.key()[:8] == prefix:

@@ -10,8 +10,10 @@ stored -> OK without a new write; otherwise the add must be journaled before it 
 from __future__ import annotations
 
 import asyncio
+import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from itertools import groupby, islice, repeat
 
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState
 from scriba.entry import HEADER_SIZE
@@ -19,6 +21,7 @@ from scriba.errors import Status, TooManyRequestsError
 
 LAC_WAITERS_MAX = 100_000
 _IDS = struct.Struct(">Qq")  # the ledger and entry ids at the head of a packed entry
+_LAC_AT = struct.Struct(">16xq").unpack_from  # an entry's piggybacked LAC
 
 
 class LedgerState:
@@ -74,34 +77,184 @@ def admit_columns(
     accepted adds and its master key: the caller journals a master-key record for each
     ahead of the adds, so replay never meets an add whose ledger key it does not know
     (even if an earlier record that created the ledger failed to reach the disk).
-
-    Hot path: a batch of new entries of one ledger with one key is checked with a few
-    whole-batch operations (no Python work per add); anything else goes add by add.
     """
+    adm = admit_runs(states, adds, entry_size_max, has_entry, keyed, join=False)
+    if not adm.runs:
+        return adm.statuses, adm.rest
+    return adm.statuses, adm.accepted()
+
+
+class RunAdd:
+    """Adds of one ledger admitted whole: new ids, increasing (``consecutive``: by one).
+
+    ``start``/``stop``: their indexes in the batch; ``lac``: the highest piggybacked LAC.
+    """
+
+    __slots__ = ("consecutive", "entries", "entry_ids", "lac", "ledger_id", "nbytes", "start", "stop")
+
+    def __init__(self, ledger_id: int, entry_ids: Sequence[int], entries: Sequence[bytes],
+                 lac: int, nbytes: int, consecutive: bool, start: int, stop: int) -> None:
+        self.ledger_id = ledger_id
+        self.entry_ids = entry_ids
+        self.entries = entries
+        self.lac = lac
+        self.nbytes = nbytes
+        self.consecutive = consecutive
+        self.start = start
+        self.stop = stop
+
+
+class Admission:
+    """What :func:`admit_runs` decided for a batch.
+
+    ``statuses``: one per add; ``runs``: runs admitted whole; ``rest``: other accepted
+    indexes (increasing); ``blob``: every entry of the batch concatenated (given by the
+    caller or joined here; None if not asked) and ``sizes`` their sizes, for callers that
+    journal the batch.
+    """
+
+    __slots__ = ("blob", "count", "rest", "runs", "sizes", "statuses")
+
+    def __init__(self, statuses: list[Status], runs: list[RunAdd], rest: list[int],
+                 blob: bytes | None, sizes: list[int]) -> None:
+        self.statuses = statuses
+        self.runs = runs
+        self.rest = rest
+        self.blob = blob
+        self.sizes = sizes
+        self.count = sum(r.stop - r.start for r in runs) + len(rest)
+
+    def accepted(self) -> list[int]:
+        out = list(self.rest)
+        for r in self.runs:
+            out += range(r.start, r.stop)
+        out.sort()
+        return out
+
+
+_RUN_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+_RUN_STRUCTS_MAX = 256
+
+
+def _run_struct(count: int, size: int) -> struct.Struct:
+    """Reads (ledger, entry, LAC) of ``count`` packed entries of ``size`` bytes each."""
+    key = (count, size)
+    st = _RUN_STRUCTS.get(key)
+    if st is None:
+        if len(_RUN_STRUCTS) >= _RUN_STRUCTS_MAX:
+            _RUN_STRUCTS.clear()
+        st = _RUN_STRUCTS[key] = struct.Struct(">" + f"Qqq{size - 24}x" * count)
+    return st
+
+
+def _segments(lids: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, stop) of each stretch of equal ledger ids."""
+    n = len(lids)
+    if not n:
+        return []
+    if lids.count(lids[0]) == n:
+        return [(0, n)]
+    out: list[tuple[int, int]] = []
+    i = 0
+    for _, group in groupby(lids):
+        j = i + len(list(group))
+        out.append((i, j))
+        i = j
+    return out
+
+
+def admit_runs(
+    states: dict[int, LedgerState],
+    adds: AddColumns,
+    entry_size_max: int,
+    has_entry: Callable[[int, int], bool],
+    keyed: list[tuple[int, bytes]],
+    *,
+    join: bool = True,
+) -> Admission:
+    """Admit a batch stretch by stretch of one ledger (see :func:`admit_columns`).
+
+    ``join``: when no blob is given, build one (the caller journals it); without it the
+    headers are read entry by entry and ``Admission.blob`` is None.
+
+    Hot path: a stretch of new entries of a known ledger with one key and increasing ids
+    is checked with a few whole-stretch operations (entries of one size: one ``struct``
+    call reads every header from the batch's blob); anything else goes add by add.
+    """
+    entries = adds.entries
+    n = len(entries)
     lids = adds.ledger_ids
     eids = adds.entry_ids
     keys = adds.master_keys
-    entries = adds.entries
-    n = len(entries)
-    if n:
-        lid = lids[0]
-        key = keys[0]
-        st = states.get(lid)
+    recovery = adds.recovery
+    blob = adds.blob
+    given = adds.sizes
+    if blob is not None and given is not None and len(given) == n:
+        sizes = given if isinstance(given, list) else list(given)
+    else:
         sizes = list(map(len, entries))
+    if blob is not None and len(blob) != sum(sizes):
+        blob = None  # not the entries' concatenation: ignored
+        sizes = list(map(len, entries))
+    if blob is None and join:
+        blob = b"".join(entries)  # one copy, cheaper than reading headers entry by entry
+    statuses: list[Status] = [Status.OK] * n
+    runs: list[RunAdd] = []
+    rest: list[int] = []
+    offset = 0
+    for i, j in _segments(lids):
+        c = j - i
+        lid = lids[i]
+        key = keys[i]
+        st = states.get(lid)
+        seg_sizes = sizes[i:j] if c != n else sizes
+        size = seg_sizes[0]
+        one_size = seg_sizes.count(size) == c
+        seg_bytes = size * c if one_size else sum(seg_sizes)
+        run = None
         if (
             st is not None
             and st.master_key == key
-            and (not st.fenced or (adds.recovery is not None and all(adds.recovery)))
-            and min(eids) > st.last_entry_id
-            and lids.count(lid) == n
-            and keys.count(key) == n
-            and min(sizes) >= HEADER_SIZE
-            and max(sizes) <= entry_size_max
-            and list(map(_IDS.unpack_from, entries)) == list(zip(lids, eids, strict=True))
+            and (keys if c == n else keys[i:j]).count(key) == c
+            and (not st.fenced or (recovery is not None and recovery[i:j].count(True) == c))
+            and (HEADER_SIZE <= size <= entry_size_max if one_size
+                 else min(seg_sizes) >= HEADER_SIZE and max(seg_sizes) <= entry_size_max)
         ):
+            seg_eids = eids[i:j] if c != n else eids
+            if blob is not None and one_size:  # one size: every header in one call
+                vals = _run_struct(c, size).unpack_from(blob, offset)
+                got = vals[1::3]
+                if vals[0::3].count(lid) == c and got == tuple(seg_eids):
+                    first = got[0]
+                    consecutive = got[-1] - first == c - 1 and got == tuple(range(first, first + c))
+                    if first > st.last_entry_id and (
+                        consecutive or all(map(operator.lt, got, islice(got, 1, None)))
+                    ):
+                        run = RunAdd(lid, seg_eids, entries[i:j] if c != n else entries,
+                                     max(vals[2::3]), seg_bytes, consecutive, i, j)
+            else:
+                seg_entries = entries[i:j] if c != n else entries
+                if (
+                    list(map(_IDS.unpack_from, seg_entries)) == list(zip(repeat(lid), seg_eids))
+                    and seg_eids[0] > st.last_entry_id
+                    and all(map(operator.lt, seg_eids, islice(seg_eids, 1, None)))
+                ):
+                    first = seg_eids[0]
+                    run = RunAdd(lid, seg_eids, seg_entries, max(map(_LAC_AT, seg_entries))[0],
+                                 seg_bytes, seg_eids[-1] - first == c - 1, i, j)
+        offset += seg_bytes
+        if run is not None:
             keyed.append((lid, key))
-            return [Status.OK] * n, list(range(n))
-    return _admit_each(states, adds, entry_size_max, has_entry, keyed)
+            runs.append(run)
+            continue
+        sub = adds if c == n else AddColumns(
+            lids[i:j], eids[i:j], keys[i:j], entries[i:j],
+            None if recovery is None else recovery[i:j],
+        )
+        sub_statuses, sub_accepted = _admit_each(states, sub, entry_size_max, has_entry, keyed)
+        statuses[i:j] = sub_statuses
+        rest += [k + i for k in sub_accepted] if i else sub_accepted
+    return Admission(statuses, runs, rest, blob, sizes)
 
 
 def _admit_each(

@@ -297,6 +297,7 @@ class BookieService(pb_grpc.BookieServicer):
         entries: list[bytes] = []
         recovery: list[bool] | None = None
         good: list[tuple[int, int]] = []  # (ledger id, number of adds) of each run sent on
+        one: tuple[bytes, list[int]] | None = None  # the blob and sizes of the last good run
         nbytes = 0
         rejected = 0
         for run in runs:
@@ -328,6 +329,7 @@ class BookieService(pb_grpc.BookieServicer):
             elif recovery is not None:
                 recovery += repeat(False, n)
             good.append((lid, n))
+            one = (blob, sizes)
             nbytes += ends[-1]
         if rejected:
             self._metrics.count_adds(_BAD_REQUEST, rejected)
@@ -339,10 +341,14 @@ class BookieService(pb_grpc.BookieServicer):
             self._metrics.count_adds(_TOO_MANY, len(entries))
             return response, 0
         conn.inflight_bytes += nbytes
+        # One run (the common message): storage journals its blob as is, no join.
+        columns = (
+            AddColumns(lids, eids, keys, entries, recovery, blob=one[0], sizes=one[1])
+            if len(good) == 1 and one is not None
+            else AddColumns(lids, eids, keys, entries, recovery)
+        )
         try:
-            statuses: Sequence[int] = await self._storage.add_columns(
-                AddColumns(lids, eids, keys, entries, recovery)
-            )
+            statuses: Sequence[int] = await self._storage.add_columns(columns)
         except asyncio.CancelledError:
             conn.inflight_bytes -= nbytes
             raise

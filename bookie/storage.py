@@ -1,12 +1,15 @@
 """DiskLedgerStorage: journal + write cache + entry logs + LMDB index.
 
-Write path: ``add_columns`` (``add_batch``) admits adds (``ledger_state.admit_columns``),
-encodes the accepted ones as ONE journal record (plus master-key records for ledgers first
-seen) and awaits the journal's group commit; when the group is durable, ``_on_durable``
-(event loop, in journal order) puts the entries in the write cache and advances LACs,
-then the batch returns. A checkpoint swaps the cache, appends its entries to the current
-entry log, fdatasyncs it, commits locations + ledger states + the journal position in one
-LMDB transaction, then removes journal files wholly before that position.
+Write path: ``add_columns`` (``add_batch``) admits adds (``ledger_state.admit_runs``: a
+stretch of new entries of one ledger is checked whole), encodes the accepted ones as ONE
+journal record (after a master-key record per ledger of the batch) with one copy of the
+entries, and awaits the journal's group commit; when the group is durable, ``_on_durable``
+(event loop, in journal order) appends each admitted run to the write cache and advances
+LACs, then the batch returns. A checkpoint swaps the cache, appends its entries to the
+current entry log, fdatasyncs it, commits locations (one index record per run of
+consecutive entries) + ledger states + the journal position in one LMDB transaction,
+then removes journal files wholly before that position. A checkpoint runs to its end
+even if its caller is cancelled.
 
 Restart (``open_storage``): load states and the checkpoint position from the index,
 replay the journal from there (idempotently: entries already indexed are skipped),
@@ -31,23 +34,25 @@ import concurrent.futures
 import contextlib
 import errno
 import fcntl
-import operator
 import os
 import shutil
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Collection, Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Final
 
+import google_crc32c
 import lmdb
 
 from scriba.bookie import journal as jr
-from scriba.bookie.entry_log import EntryLogs
+from scriba.bookie.entry_log import LOC, EntryLogs, Span
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
-from scriba.bookie.ledger_index import LedgerIndex, entry_key
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns, read_consecutive
+from scriba.bookie.ledger_index import LedgerIndex, entry_key, run_records
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, RunAdd, admit_runs, read_consecutive
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
 from scriba.errors import (
@@ -68,7 +73,46 @@ log = get_logger(__name__)
 
 _ADDS: Final = 1
 _LAC: Final = 2
-_LAC_AT_16: Final = struct.Struct(">16xq").unpack_from  # an entry's piggybacked LAC
+_U32: Final = struct.Struct(">I")
+_U32_ARRAY_OK: Final = array("I").itemsize == 4
+_KEY_RECORDS_MAX: Final = 100_000
+_crc_value = google_crc32c.value
+_crc_extend = google_crc32c.extend
+
+
+def adds_record(
+    sizes: Sequence[int], blob: bytes | None, entries: Sequence[bytes], prefix: list[bytes]
+) -> bytes:
+    """``prefix`` (framed records) then one framed journal ADDS record, in one buffer.
+
+    The entries come with their ``sizes``, concatenated in ``blob`` when the caller has
+    that; the bytes are exactly ``b"".join(prefix) + journal.encode_adds(entries)`` (the
+    journal's format), built with one copy of the entries and whole-batch operations.
+    """
+    n = len(sizes)
+    size = sizes[0]
+    if sizes.count(size) == n:
+        lens = _U32.pack(size) * n
+    elif _U32_ARRAY_OK:
+        arr = array("I", sizes)
+        if sys.byteorder == "little":
+            arr.byteswap()
+        lens = arr.tobytes()
+    else:
+        lens = struct.pack(f">{n}I", *sizes)
+    head = b"\x01" + _U32.pack(n) + lens
+    if blob is not None:
+        body_len = _U32.pack(len(head) + len(blob))
+        crc = _crc_extend(_crc_extend(_crc_value(body_len), head), blob)
+        prefix += (body_len, _U32.pack(crc), head, blob)
+        return b"".join(prefix)
+    body_len = _U32.pack(len(head) + sum(sizes))
+    crc = _crc_extend(_crc_value(body_len), head)
+    for entry in entries:
+        crc = _crc_extend(crc, entry)
+    prefix += (body_len, _U32.pack(crc), head)
+    prefix += entries
+    return b"".join(prefix)
 
 
 def _is_enospc(exc: BaseException) -> bool:
@@ -109,8 +153,10 @@ class DiskLedgerStorage:
         self._waiters = LacWaiters()
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
+        self._checkpoint_tasks: set[asyncio.Task[None]] = set()  # running (shielded) checkpoints
         self._tasks: list[asyncio.Task[None]] = []
         self._journal: Journal | None = None
+        self._key_records: dict[int, tuple[bytes, bytes]] = {}  # ledger -> (key, its record)
         self._closed = False
         self._locks: list[int] = []
 
@@ -185,6 +231,7 @@ class DiskLedgerStorage:
             group_wait_ms_max=c.journal_group_wait_ms_max,
             group_bytes_max=c.journal_group_bytes_max,
             file_bytes_max=c.journal_file_bytes_max,
+            sync_inline_when_idle=c.journal_sync_inline_when_idle,
         )
         self._applied_pos = self._journal.position
         self._check_disk()
@@ -212,7 +259,11 @@ class DiskLedgerStorage:
             if token is None:
                 continue
             if token[0] == _ADDS:
-                self._apply_adds(token[1], token[2])
+                _, adds, rest, runs = token
+                for run in runs:
+                    self._apply_run(run)
+                if rest:
+                    self._apply_each(adds.ledger_ids, adds.entry_ids, adds.entries, rest)
             else:  # explicit LAC
                 _, lid, lac = token
                 st = states.get(lid)
@@ -228,51 +279,42 @@ class DiskLedgerStorage:
         ):
             self._flush_task = self._loop.create_task(self.checkpoint())
 
-    def _apply_adds(self, adds: AddColumns, accepted: list[int]) -> None:
-        """Durable adds into the write cache and ledger states (hot path: kept flat)."""
-        eids = adds.entry_ids
-        n = len(eids)
-        if n and len(accepted) == n:
-            # the common batch: new entries of one ledger in increasing order (whole-batch ops)
-            lid = adds.ledger_ids[0]
-            st = self._states.get(lid)
-            if (
-                st is not None
-                and eids[0] > st.last_entry_id
-                and (n == 1 or all(map(operator.lt, eids, islice(eids, 1, None))))
-                and adds.ledger_ids.count(lid) == n
-            ):
-                entries = adds.entries
-                self._dirty.add(lid)
-                cached = self._cache.ledgers.get(lid)
-                if cached is None:
-                    cached = self._cache.ledgers[lid] = {}
-                cached.update(zip(eids, entries, strict=True))
-                st.last_entry_id = eids[-1]
-                self._cache.bytes += sum(map(len, entries))
-                self._cache.count += n
-                piggy = max(map(_LAC_AT_16, entries))[0]
-                if piggy > st.lac:
-                    st.lac = piggy
-                    if lid in self._waiters.by_ledger:
-                        self._waiters.notify(lid)
-                return
-        self._apply_each(adds, accepted)
+    def _apply_run(self, run: RunAdd) -> None:
+        """Durable new entries of one ledger into the write cache (whole-run operations)."""
+        lid = run.ledger_id
+        st = self._states.get(lid)
+        if st is None:
+            return  # deleted meanwhile
+        eids = run.entry_ids
+        if eids[0] <= st.last_entry_id:  # another batch stored some of these meanwhile
+            self._apply_each([lid] * len(eids), eids, run.entries, range(len(eids)))
+            return
+        if run.consecutive:
+            self._cache.append_run(lid, eids[0], run.entries, run.nbytes)
+        else:
+            put = self._cache.put
+            for eid, entry in zip(eids, run.entries, strict=True):
+                put(lid, eid, entry)
+        st.last_entry_id = eids[-1]
+        self._dirty.add(lid)
+        if run.lac > st.lac:
+            st.lac = run.lac
+            if lid in self._waiters.by_ledger:
+                self._waiters.notify(lid)
 
-    def _apply_each(self, adds: AddColumns, accepted: list[int]) -> None:
+    def _apply_each(
+        self, lids: Sequence[int], eids: Sequence[int], datas: Sequence[bytes], indexes: Sequence[int]
+    ) -> None:
+        """Durable adds one by one (any order, any ledgers; already stored ones skipped)."""
         states = self._states
-        cache = self._cache
-        ledgers = cache.ledgers
+        put = self._cache.put
         waiters = self._waiters
         waiting = waiters.by_ledger
         dirty = self._dirty
         from_bytes = int.from_bytes
-        lids, eids, datas = adds.ledger_ids, adds.entry_ids, adds.entries
         last_lid = -1
         st: LedgerState | None = None
-        entries: dict[int, bytes] = {}
-        nbytes = count = 0
-        for i in accepted:
+        for i in indexes:
             lid = lids[i]
             if lid != last_lid:
                 last_lid = lid
@@ -280,8 +322,6 @@ class DiskLedgerStorage:
                 if st is None:
                     continue  # deleted meanwhile
                 dirty.add(lid)
-                got = ledgers.get(lid)
-                entries = got if got is not None else ledgers.setdefault(lid, {})
             elif st is None:
                 continue
             eid = eids[i]
@@ -291,16 +331,12 @@ class DiskLedgerStorage:
             else:
                 st.last_entry_id = eid
             data = datas[i]
-            entries[eid] = data
-            nbytes += len(data)
-            count += 1
+            put(lid, eid, data)
             piggy = from_bytes(data[16:24], "big", signed=True)
             if piggy > st.lac:
                 st.lac = piggy
                 if lid in waiting:
                     waiters.notify(lid)
-        cache.bytes += nbytes
-        cache.count += count
 
     def _on_failure(self, err: StorageError) -> None:
         if isinstance(err, DiskFullError):
@@ -337,10 +373,9 @@ class DiskLedgerStorage:
         if refused is not None:
             return [refused] * len(adds)
         keyed: list[tuple[int, bytes]] = []
-        statuses, accepted = admit_columns(
-            self._states, adds, self._entry_size_max, self._has_entry, keyed
-        )
-        if not accepted:
+        adm = admit_runs(self._states, adds, self._entry_size_max, self._has_entry, keyed)
+        statuses = adm.statuses
+        if not adm.count:
             return statuses
         while (
             self._cache.bytes >= 2 * self._cache_bytes_max
@@ -351,29 +386,40 @@ class DiskLedgerStorage:
         while self._journal_queued_bytes > self._config.journal_queue_bytes_max:
             self._journal_room.clear()
             await self._journal_room.wait()  # bounded queue: woken as groups complete
-        entries = adds.entries
-        record = jr.encode_adds(
-            list(entries) if len(accepted) == len(entries) else [entries[i] for i in accepted]
-        )
-        keys = [jr.encode_master_key(lid, key) for lid, key in keyed]
-        keys.append(record)
-        record = b"".join(keys)
+        prefix = [self._key_record(lid, key) for lid, key in keyed]
+        if adm.count == len(adds):
+            record = adds_record(adm.sizes, adm.blob, adds.entries, prefix)
+        else:
+            entries = adds.entries
+            chosen = [entries[i] for i in adm.accepted()]
+            record = adds_record(list(map(len, chosen)), None, chosen, prefix)
         journal = self._journal
         if journal is None:
             raise InvariantViolation("add_batch before open")
         size = len(record)
         self._journal_queued_bytes += size
         try:
-            await journal.submit(record, (_ADDS, adds, accepted))
+            await journal.submit(record, (_ADDS, adds, adm.rest, adm.runs))
         except StorageError as exc:
             bad = Status.READ_ONLY if isinstance(exc, DiskFullError) else Status.STORAGE
-            for i in accepted:
+            for i in adm.accepted():
                 statuses[i] = bad
         finally:
             self._journal_queued_bytes -= size
             if self._journal_queued_bytes <= self._config.journal_queue_bytes_max:
                 self._journal_room.set()
         return statuses
+
+    def _key_record(self, ledger_id: int, key: bytes) -> bytes:
+        """The framed master-key record of a ledger (kept: one per batch is journaled)."""
+        got = self._key_records.get(ledger_id)
+        if got is not None and got[0] == key:
+            return got[1]
+        if len(self._key_records) >= _KEY_RECORDS_MAX:
+            self._key_records.clear()
+        record = jr.encode_master_key(ledger_id, key)
+        self._key_records[ledger_id] = (key, record)
+        return record
 
     async def _journal_write(self, record: bytes, token: Any) -> None:
         if self._switch.failed:
@@ -478,6 +524,24 @@ class DiskLedgerStorage:
     # --- checkpoint, GC ------------------------------------------------------------------
 
     async def checkpoint(self) -> None:
+        """Flush the write cache, commit the index and the journal position.
+
+        Runs to its end even when the caller is cancelled (e.g. the periodic task at
+        close): a checkpoint stopped between swapping the cache out and committing the
+        index would lose the swapped entries while a later checkpoint records a journal
+        position past them.
+        """
+        task = self._loop.create_task(self._checkpoint_under_lock())
+        self._checkpoint_tasks.add(task)
+        task.add_done_callback(self._checkpoint_done)
+        await asyncio.shield(task)
+
+    def _checkpoint_done(self, task: asyncio.Task[None]) -> None:
+        self._checkpoint_tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved even when its awaiter was cancelled meanwhile
+
+    async def _checkpoint_under_lock(self) -> None:
         async with self._flush_lock:
             await self._checkpoint_locked()
 
@@ -515,19 +579,17 @@ class DiskLedgerStorage:
         self._checkpoints += 1
 
     def _flush(self, cache: WriteCache, states: dict[int, LedgerState], pos: JournalPosition) -> None:
-        keys: list[bytes] = []
+        segments = list(cache.segments())
         datas: list[bytes] = []
-        for lid in sorted(cache.ledgers):
-            entries = cache.ledgers[lid]
-            eids = sorted(entries)
-            keys += map(entry_key, repeat(lid), eids)
-            datas += map(entries.__getitem__, eids)
-        locs = self._logs.append(datas) if datas else []
+        for _, _, run in segments:
+            datas += run
+        spans = self._logs.append_spans(datas) if datas else []
         self._logs.sync()
         for log_id, n in self._logs.take_written().items():
             self._log_stats.setdefault(log_id, [0, 0])[0] += n
         stats = {k: (v[0], v[1]) for k, v in self._log_stats.items()}
-        self._index.commit(zip(keys, locs, strict=True), states, stats, pos, self._logs.next_log_id)
+        runs, locs = _index_records(segments, spans)
+        self._index.commit(locs, states, stats, pos, self._logs.next_log_id, runs=runs)
         journal = self._journal
         if journal is not None:
             journal.trim(pos)
@@ -583,14 +645,17 @@ class DiskLedgerStorage:
         if log_id == self._logs.current_id or log_id not in self._log_stats:
             return False
         live: list[tuple[int, int, bytes]] = []
+        run_keys: set[bytes] = set()  # run records of moved entries (all in this log: all moved)
         records, clean = self._logs.scan(log_id)
         for lid, eid, offset, data in records:
             try:
-                loc = self._index.get(lid, eid)
+                got = self._index.locate(lid, eid)
             except CorruptEntryError:
-                loc = None
-            if loc is not None and loc[0] == log_id and loc[1] == offset:
+                got = None
+            if got is not None and got[0][0] == log_id and got[0][1] == offset:
                 live.append((lid, eid, data))
+                if got[1] is not None:
+                    run_keys.add(got[1])
         if not clean:
             log.error("entry_log_compaction_skipped", log_id=log_id, reason="unreadable record")
             return False
@@ -603,7 +668,7 @@ class DiskLedgerStorage:
         self._index.commit(
             zip(keys, locs, strict=True),
             {}, {k: (v[0], v[1]) for k, v in self._log_stats.items()}, None,
-            self._logs.next_log_id, removed_logs=[log_id],
+            self._logs.next_log_id, removed_logs=[log_id], removed_runs=sorted(run_keys),
         )
         log.info("entry_log_compacted", log_id=log_id, live_entries=len(live))
         return True
@@ -722,6 +787,41 @@ class DiskLedgerStorage:
         locks, self._locks = self._locks, []
         for fd in locks:
             os.close(fd)
+
+
+def _index_records(
+    segments: list[tuple[int, Sequence[int], list[bytes]]], spans: list[Span]
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """(run records, single-entry records) for flushed ``segments`` appended as ``spans``
+    (the segments' entries concatenated, in order). A run of consecutive ids becomes one
+    record per log it landed in (per ``RUN_ENTRIES_MAX``); other entries one each."""
+    runs: list[tuple[bytes, bytes]] = []
+    singles: list[tuple[bytes, bytes]] = []
+    loc = LOC.pack
+    si = 0
+    pos = 0
+    for lid, eids, entries in segments:
+        seg_start = pos
+        a = pos
+        b = pos + len(entries)
+        pos = b
+        while a < b:
+            while spans[si][2] <= a:
+                si += 1
+            log_id, s0, s1, offsets = spans[si]
+            c = min(b, s1)
+            part = offsets[a - s0 : c - s0 + 1]
+            ids = eids[a - seg_start : c - seg_start]
+            if isinstance(ids, range):
+                runs += run_records(lid, ids[0], log_id, part)
+            else:
+                singles += zip(
+                    map(entry_key, repeat(lid), ids),
+                    map(loc, repeat(log_id), part[:-1], map(len, entries[a - seg_start : c - seg_start])),
+                    strict=True,
+                )
+            a = c
+    return runs, singles
 
 
 def _make_dirs(config: StorageConfig) -> None:

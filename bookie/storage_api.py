@@ -40,7 +40,11 @@ class AddOp:
 class AddColumns:
     """A batch of adds as parallel sequences (the service's hot path: no object per add).
 
-    ``recovery`` is None when no add of the batch is a recovery add.
+    ``recovery`` is None when no add of the batch is a recovery add. ``blob``, when the
+    caller has it (an ``AddRun``'s ``entries`` field for a batch of one run), is exactly
+    ``b"".join(entries)``, and ``sizes`` the entries' lengths (an ``AddRun``'s ``sizes``):
+    storage then reads headers and journals the batch from them without measuring and
+    joining the entries again (a blob or sizes that do not add up are ignored).
     """
 
     ledger_ids: Sequence[int]
@@ -48,6 +52,8 @@ class AddColumns:
     master_keys: Sequence[bytes]
     entries: Sequence[bytes]
     recovery: Sequence[bool] | None = None
+    blob: bytes | None = None
+    sizes: Sequence[int] | None = None
 
     @staticmethod
     def of(ops: Sequence[AddOp]) -> AddColumns:
@@ -84,6 +90,7 @@ class StorageConfig:
     journal_group_bytes_max: int = 4 * 1024 * 1024
     journal_file_bytes_max: int = 256 * 1024 * 1024
     journal_queue_bytes_max: int = 64 * 1024 * 1024
+    journal_sync_inline_when_idle: bool = True  # see journal.Journal (idle path)
     entry_log_file_bytes_max: int = 256 * 1024 * 1024
     write_cache_bytes_max: int = 64 * 1024 * 1024
     checkpoint_interval_s: float = 30.0

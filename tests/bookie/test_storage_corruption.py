@@ -93,23 +93,28 @@ async def test_every_byte_of_one_record_is_covered(flushed: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("byte", [3, 6, 10, 11, 14, 15])  # log id, offset (high, low), length
-async def test_index_value_flip_detected(flushed: Path, byte: int) -> None:
-    s = await open_storage(config(flushed))
+async def test_index_value_flip_detected(tmp_path: Path, byte: int) -> None:
+    """A single-entry index value (entries written out of order are indexed one by one)."""
+    root = tmp_path / "img"
+    s = await open_storage(config(root))
     try:
-        loc = s._index.get(1, 42)
+        for b in range(0, ENTRIES, 20):
+            await s.add_batch([op(i) for i in range(b + 19, b - 1, -1)])  # each batch backwards
+        await s.checkpoint()
+        loc, run_key = s._index.locate(1, 42) or ((0, 0, 0), b"")
     finally:
         await s.close()
-    assert loc is not None
+    assert run_key is None, "entry 42 was expected out of any run"
     from scriba.bookie.entry_log import LOC
 
     value = LOC.pack(*loc)
-    data_file = flushed / "ledgers" / "index" / "data.mdb"
+    data_file = root / "ledgers" / "index" / "data.mdb"
     blob = data_file.read_bytes()
     hits = [i for i in range(len(blob)) if blob.startswith(value, i)]
     assert hits, "index value not found in the LMDB file"
     for i in hits:
         flip_bit(data_file, i + byte, byte % 8)
-    s = await open_storage(config(flushed))
+    s = await open_storage(config(root))
     try:
         with pytest.raises(CorruptEntryError):
             s.read_entry(1, 42)
@@ -118,6 +123,29 @@ async def test_index_value_flip_detected(flushed: Path, byte: int) -> None:
             s.read_entry(1, ENTRIES + 5)
     finally:
         await s.close()
+
+
+@pytest.mark.parametrize("byte", [0, 3, 4, 7, 8, 15, 16, 23, 24, 27])  # log, count, offset, stride, crc
+async def test_index_run_flip_detected(flushed: Path, byte: int) -> None:
+    """A run value (entries flushed in order share one): any flip fails the whole run."""
+    s = await open_storage(config(flushed))
+    try:
+        got = s._index.locate(1, 42)
+        assert got is not None and got[1] is not None, "entry 42 was expected in a run"
+        with s._index._env.begin(db=s._index._runs) as txn:
+            value = bytes(txn.get(got[1]))
+        first = s._index.locate(1, 0)
+        assert first is not None and first[1] == got[1]  # one run holds them all
+    finally:
+        await s.close()
+    data_file = flushed / "ledgers" / "index" / "data.mdb"
+    blob = data_file.read_bytes()
+    hits = [i for i in range(len(blob)) if blob.startswith(value, i)]
+    assert hits, "run value not found in the LMDB file"
+    for i in hits:
+        flip_bit(data_file, i + byte, byte % 8)
+    good, bad = await read_all(flushed, rounds=1)
+    assert (good, bad) == (0, ENTRIES)  # every entry of the run refused, none served wrong
 
 
 async def test_index_state_flip_refuses_to_open(flushed: Path) -> None:
@@ -130,3 +158,31 @@ async def test_index_state_flip_refuses_to_open(flushed: Path) -> None:
         flip_bit(data_file, i + 5, 0)
     with pytest.raises(CorruptEntryError, match="ledger 1 state"):
         await open_storage(config(flushed))
+
+
+async def test_entries_re_added_after_a_corrupt_run_are_served(flushed: Path) -> None:
+    """Re-replication writes entries whose run record was found corrupt: they get their
+    own records and read back intact; the corrupt run is kept (not overwritten by a
+    shorter one), so the others stay refused as corrupt instead of turning "missing"."""
+    s = await open_storage(config(flushed))
+    try:
+        got = s._index.locate(1, 0)
+        assert got is not None and got[1] is not None
+        with s._index._env.begin(db=s._index._runs) as txn:
+            value = bytes(txn.get(got[1]))
+    finally:
+        await s.close()
+    data_file = flushed / "ledgers" / "index" / "data.mdb"
+    blob = data_file.read_bytes()
+    for i in [i for i in range(len(blob)) if blob.startswith(value, i)]:
+        flip_bit(data_file, i + 9, 1)  # the record offset
+    s = await open_storage(config(flushed))
+    try:
+        with pytest.raises(CorruptEntryError):
+            s.read_entry(1, 5)
+        assert await s.add_batch([op(i) for i in range(50)]) == [0] * 50  # a part of the run
+        await s.checkpoint()
+    finally:
+        await s.close()
+    good, bad = await read_all(flushed, rounds=1)  # the rest: still refused, never "missing"
+    assert (good, bad) == (50, ENTRIES - 50)
