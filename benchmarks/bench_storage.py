@@ -85,7 +85,7 @@ async def storage_run(
         ops = [AddOp(lid, e, KEY, pack_entry(digest, lid, e, e - 1, 0, payload))
                for e in range(per_ledger * batch)]
         work.append([ops[i : i + batch] for i in range(0, len(ops), batch)])
-    extra: dict[str, Any] = {} if sync_inline else {"journal_sync_inline_when_idle": False}
+    extra: dict[str, Any] = {"journal_sync_inline_when_idle": sync_inline}
     s = await open_storage(StorageConfig(root / "journal", root / "ledgers",
                                          write_cache_bytes_max=write_cache_mib << 20,
                                          journal_group_wait_ms_max=group_wait_ms, **extra))

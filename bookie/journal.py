@@ -21,7 +21,9 @@ always outstanding, so the writer thread keeps grouping and the loop never block
 disk; at low rates the loop blocks for one fdatasync, which the caller waits for anyway.
 After a write + sync slower than ``INLINE_SYNC_S_MAX`` (a stalled disk, or a checkpoint
 syncing beside it) writes go through the thread until the disk is fast again, so reads
-on the loop do not wait behind a stall.
+on the loop do not wait behind a stall. Measured: storage alone, one add 0.45 -> 0.33 ms
+p50; a bookie process paced at 1k adds/s, interleaved A/B of 4 rounds on a noisy VM,
+median p50 1.05 vs 1.14 ms and p99 4.1 vs 5.6 ms (on vs off).
 
 File layout ``<id:016x>.jnl``: a 16-byte header (magic, version, file id) then records
 ``u32 body_len | u32 crc32c(len || body) | body``; ``body[0]`` is the record type.
