@@ -340,22 +340,15 @@ class BookieService(pb_grpc.BookieServicer):
             _answer_columns(response, good, eids, None, _TOO_MANY, message)
             self._metrics.count_adds(_TOO_MANY, len(entries))
             return response, 0
-        conn.inflight_bytes += nbytes
         # One run (the common message): storage journals its blob as is, no join.
         columns = (
             AddColumns(lids, eids, keys, entries, recovery, blob=one[0], sizes=one[1])
             if len(good) == 1 and one is not None
             else AddColumns(lids, eids, keys, entries, recovery)
         )
-        try:
-            statuses: Sequence[int] = await self._storage.add_columns(columns)
-        except asyncio.CancelledError:
-            conn.inflight_bytes -= nbytes
-            raise
-        except Exception as exc:
-            status, message = error_status(exc)
-            if not isinstance(exc, ScribaError):
-                log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
+        statuses, failure = await self._store(columns, conn, nbytes)
+        if failure is not None:
+            status, message = failure
             _answer_columns(response, good, eids, None, status, message)
             self._metrics.count_adds(status, len(entries))
             return response, nbytes
@@ -371,6 +364,23 @@ class BookieService(pb_grpc.BookieServicer):
                 self._metrics.count_adds(wire_status(int(st)), 1)
         log.debug("adds_rejected", bookie_id=self._state.bookie_id, count=len(entries) - ok)
         return response, nbytes
+
+    async def _store(
+        self, columns: AddColumns, conn: _Connection, nbytes: int
+    ) -> tuple[Sequence[int], tuple[int, str] | None]:
+        """Hand ``columns`` to storage, holding ``nbytes`` in the connection's in-flight
+        count until the answer is sent: (statuses, None), or ((), (status, message)) when
+        storage failed as a whole."""
+        conn.inflight_bytes += nbytes
+        try:
+            return await self._storage.add_columns(columns), None
+        except asyncio.CancelledError:
+            conn.inflight_bytes -= nbytes
+            raise
+        except Exception as exc:
+            if not isinstance(exc, ScribaError):
+                log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
+            return (), error_status(exc)
 
     def _refusal(self, count: int) -> tuple[int, str] | None:
         """Why a whole message of ``count`` adds is refused (too big, not serving), if it is."""
@@ -458,18 +468,9 @@ class BookieService(pb_grpc.BookieServicer):
                 r.message = message
             self._metrics.count_adds(_TOO_MANY, len(targets))
             return response, 0
-        conn.inflight_bytes += nbytes
-        try:
-            statuses: Sequence[int] = await self._storage.add_columns(
-                AddColumns(lids, eids, keys, entries, recovery)
-            )
-        except asyncio.CancelledError:
-            conn.inflight_bytes -= nbytes
-            raise
-        except Exception as exc:
-            status, message = error_status(exc)
-            if not isinstance(exc, ScribaError):
-                log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
+        statuses, failure = await self._store(AddColumns(lids, eids, keys, entries, recovery), conn, nbytes)
+        if failure is not None:
+            status, message = failure
             for r in targets:
                 r.status = status
                 r.message = message
