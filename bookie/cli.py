@@ -10,6 +10,7 @@ from typing import Any
 
 from scriba.config import parse_host_port
 from scriba.errors import ConfigError
+from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
 
 
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     Same behaviour as ``scriba bookie ...``, without importing the other command modules
     (child processes started by tests and benchmarks use this).
     """
+    apply_grpc_defaults()  # before the bookie imports gRPC
     import sys
 
     from scriba.errors import ScribaError

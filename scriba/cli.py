@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from scriba import __version__
 from scriba.errors import ScribaError
+from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
 from scriba.log import configure
 
 # command modules, in the order ``scriba --help`` lists them
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    apply_grpc_defaults()  # before any command module imports gRPC
     parser = build_parser()
     args = parser.parse_args(argv)
     configure(json=args.log_json, level=args.log_level)

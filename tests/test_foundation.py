@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from scriba import entry as en
@@ -54,3 +58,28 @@ def test_hmac_digest_depends_on_the_password() -> None:
 def test_password_is_never_the_key_or_the_hash() -> None:
     assert en.master_key(b"pw") != en.password_hash(b"pw")
     assert b"pw" not in en.master_key(b"pw")
+
+
+def test_grpc_defaults_apply_unless_the_environment_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scriba.grpc_runtime import GRPC_EXPERIMENTS_DEFAULT, apply_defaults
+
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    apply_defaults()
+    assert os.environ["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS_DEFAULT
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "")
+    apply_defaults()
+    assert os.environ["GRPC_EXPERIMENTS"] == ""
+
+
+def test_the_scriba_command_starts_grpc_with_the_defaults() -> None:
+    code = (
+        "import os, sys\n"
+        "from scriba.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('GRPC_EXPERIMENTS'), 'grpc' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    from scriba.grpc_runtime import GRPC_EXPERIMENTS_DEFAULT
+
+    assert out.stdout.split()[-2:] == [GRPC_EXPERIMENTS_DEFAULT, "False"], out.stderr
