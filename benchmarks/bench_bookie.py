@@ -30,6 +30,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from scriba.grpc_runtime import apply_defaults
+
+apply_defaults()  # the load generator runs gRPC like the scriba client does (before grpc loads)
+
 
 def percentile(values: list[float], p: float) -> float:
     if not values:

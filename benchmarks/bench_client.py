@@ -25,8 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scriba.embedded.bookie import BookieProcess
-from scriba.embedded.etcd import EtcdCluster
+from scriba.grpc_runtime import apply_defaults
+
+apply_defaults()  # the etcd baseline's Python client and the bare transport run gRPC like scriba does
+
+from scriba.embedded.bookie import BookieProcess  # noqa: E402
+from scriba.embedded.etcd import EtcdCluster  # noqa: E402
 
 VALUE_BYTES = 1024
 
