@@ -335,8 +335,8 @@ class BookieService(pb_grpc.BookieServicer):
             self._metrics.count_adds(_BAD_REQUEST, rejected)
         if not entries:
             return response, 0
-        if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
-            message = f"in-flight bytes per connection exceed {self._inflight_max}"
+        message = self._over_inflight(conn, nbytes)
+        if message:
             _answer_columns(response, good, eids, None, _TOO_MANY, message)
             self._metrics.count_adds(_TOO_MANY, len(entries))
             return response, 0
@@ -381,6 +381,13 @@ class BookieService(pb_grpc.BookieServicer):
             if not isinstance(exc, ScribaError):
                 log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
             return (), error_status(exc)
+
+    def _over_inflight(self, conn: _Connection, nbytes: int) -> str:
+        """Why ``nbytes`` more would break the connection's in-flight bound ('' if they fit;
+        one batch alone always fits)."""
+        if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
+            return f"in-flight bytes per connection exceed {self._inflight_max}"
+        return ""
 
     def _refusal(self, count: int) -> tuple[int, str] | None:
         """Why a whole message of ``count`` adds is refused (too big, not serving), if it is."""
@@ -461,8 +468,8 @@ class BookieService(pb_grpc.BookieServicer):
             self._metrics.count_adds(_BAD_REQUEST, rejected)
         if not entries:
             return response, 0
-        if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
-            message = f"in-flight bytes per connection exceed {self._inflight_max}"
+        message = self._over_inflight(conn, nbytes)
+        if message:
             for r in targets:
                 r.status = _TOO_MANY
                 r.message = message

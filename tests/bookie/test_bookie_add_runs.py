@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
-from test_bookie_service import KEY, entry, make_bookie  # noqa: F401  (the fixture)
+import grpc
+from test_bookie_service import DIGEST, KEY, SlowStorage, entry, make_bookie  # noqa: F401  (the fixture)
 
+from scriba.entry import pack_entry
 from scriba.errors import Status
 from scriba.proto import scriba_pb2 as pb
 
@@ -107,3 +110,30 @@ async def test_a_message_over_the_batch_limit_is_refused(make_bookie) -> None:  
     assert len(answers) == 10 and {st for st, _ in answers.values()} == {Status.BAD_REQUEST}
     ok = await send(bk.stub, [pb.AddBatch(runs=[run(8, range(8))])])
     assert {st for st, _ in ok.values()} == {Status.OK}
+
+
+async def test_runs_beyond_the_in_flight_bound_get_too_many_requests(make_bookie) -> None:  # noqa: F811
+    storage = SlowStorage()
+    bk = await make_bookie(storage=storage, inflight_bytes_per_connection_max=5 * 1024 * 1024,
+                           entry_size_max=1024 * 1024)
+    payload = b"z" * (1024 * 1024 - 100)
+    queue: asyncio.Queue[pb.AddBatch | None] = asyncio.Queue()
+
+    async def requests():  # type: ignore[no-untyped-def]
+        while (item := await queue.get()) is not None:
+            yield item
+
+    call = bk.stub.AddStream(requests())
+    for i in range(8):
+        queue.put_nowait(pb.AddBatch(runs=[run(13, [i], datas=[pack_entry(DIGEST, 13, i, -1, 0, payload)])]))
+    first = await asyncio.wait_for(call.read(), 10)
+    # refused runs are answered at once, the accepted ones wait for storage
+    assert first.runs[0].status == Status.TOO_MANY_REQUESTS and first.runs[0].message
+    storage.gate.set()
+    queue.put_nowait(None)
+    statuses = [a.status for a in first.runs for _ in a.entry_ids]
+    while (resp := await asyncio.wait_for(call.read(), 10)) is not grpc.aio.EOF:
+        statuses.extend(a.status for a in resp.runs for _ in a.entry_ids)
+    ok, refused = statuses.count(Status.OK), statuses.count(Status.TOO_MANY_REQUESTS)
+    assert ok + refused == 8 and 4 <= ok < 8 and refused >= 1
+    assert storage.batches == ok  # a refused run never reaches storage
