@@ -194,14 +194,7 @@ class LedgerWriter:
             if sent is not None:  # the hot path: packed and sent now
                 future: asyncio.Future[int] = self._new_future()
                 self._futures.append(future)
-                entry_id, packed, bookies = sent
-                add_entry = self._add_entry
-                if add_entry is not None:
-                    add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds)
-                else:
-                    add = self._add
-                    for bookie_id in bookies:
-                        add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add)
+                self._send(*sent)
                 return future
         core.check_appendable()
         future = self._loop.create_future()
@@ -225,15 +218,23 @@ class LedgerWriter:
         return EntryId(await self.append_async(payload))
 
     def _submit(self, payload: bytes, future: asyncio.Future[int]) -> None:
-        entry_id, packed, bookies = self._core.append_packed(payload)
+        sent = self._core.append_packed(payload)
         self._futures.append(future)
+        self._send(*sent)
+
+    def _send(
+        self, entry_id: int, packed: bytes, bookies: tuple[BookieId, ...], *, recovery: bool = False
+    ) -> None:
+        """One entry to its write set: one batched call when the transport offers it."""
         add_entry = self._add_entry
         if add_entry is not None:
-            add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds)
+            add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds,
+                      recovery=recovery)
             return
         add = self._add
         for bookie_id in bookies:
-            add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add)
+            add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add,
+                recovery=recovery)
 
     def _drain_waiting(self) -> None:
         core = self._core
@@ -263,28 +264,12 @@ class LedgerWriter:
         for effect in effects:
             kind = type(effect)
             if kind is SendAdd:
-                if self._add_entry is not None:
-                    self._add_entry(
-                        effect.bookies,  # type: ignore[union-attr]
-                        self._ledger_id,
-                        effect.entry_id,  # type: ignore[union-attr]
-                        self._master_key,
-                        effect.entry,  # type: ignore[union-attr]
-                        self._on_adds,
-                        recovery=effect.recovery,  # type: ignore[union-attr]
-                    )
-                    continue
-                add = self._transport.add
-                for bookie_id in effect.bookies:  # type: ignore[union-attr]
-                    add(
-                        bookie_id,
-                        self._ledger_id,
-                        effect.entry_id,  # type: ignore[union-attr]
-                        self._master_key,
-                        effect.entry,  # type: ignore[union-attr]
-                        self._on_add,
-                        recovery=effect.recovery,  # type: ignore[union-attr]
-                    )
+                self._send(
+                    effect.entry_id,  # type: ignore[union-attr]
+                    effect.entry,  # type: ignore[union-attr]
+                    effect.bookies,  # type: ignore[union-attr]
+                    recovery=effect.recovery,  # type: ignore[union-attr]
+                )
             elif kind is CompleteAppends:
                 self._complete(effect)  # type: ignore[arg-type]
             elif kind is FailAppends:
