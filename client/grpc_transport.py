@@ -300,37 +300,7 @@ class GrpcBookieTransport:
         Answers come batched: ``on_responses(bookie_id, ledger_id, entry_ids, status)``,
         each add of this call named exactly once over all the calls.
         """
-        flags = _RECOVERY_FLAG if recovery else 0
-        key = (on_responses, ledger_id, flags, master_key, False)  # what a run's adds share
-        size = len(entry)
-        conns = self._conns
-        hard_max = self.inflight_bytes_hard_max
-        entries_max = self.batch_entries_max
-        for bookie_id in bookies:
-            conn = conns.get(bookie_id)
-            if conn is None or conn.sender is None:
-                conn = self._open(bookie_id)
-                if conn is None:  # closed or unresolvable: answer soon, never inline
-                    self._answer_soon(on_responses, False, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
-                    continue
-            inflight = conn.inflight_bytes
-            if inflight + size > hard_max and inflight:
-                self._answer_soon(on_responses, False, bookie_id, ledger_id, entry_id, _TOO_MANY)
-                continue
-            conn.inflight_bytes = inflight + size
-            run = conn.open_run
-            if run is None or run.key != key:
-                run = self._new_run(conn, ledger_id, master_key, flags, on_responses, False)
-            ids = run.entry_ids
-            ids.append(entry_id)
-            run.entries.append(entry)
-            run.size += size
-            queued = conn.queued_entries + 1
-            conn.queued_entries = queued
-            if queued == 1 or queued == entries_max:
-                conn.wake.set()  # a full batch goes out even while the send window is used up
-            if len(ids) >= entries_max or run.size >= self.batch_bytes_max:
-                conn.open_run = None
+        self._enqueue(bookies, ledger_id, entry_id, master_key, entry, on_responses, recovery, False)
 
     def add(
         self,
@@ -344,29 +314,53 @@ class GrpcBookieTransport:
         recovery: bool = False,
     ) -> None:
         """Queue one add; ``on_response(bookie_id, ledger_id, entry_id, status)`` fires once."""
-        conn = self._conns.get(bookie_id)
-        if conn is None or conn.sender is None:
-            conn = self._open(bookie_id)
-            if conn is None:  # closed or unresolvable: answer soon, never inline
-                self._answer_soon(on_response, True, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
-                return
-        size = len(entry)
-        if conn.inflight_bytes + size > self.inflight_bytes_hard_max and conn.inflight_bytes:
-            self._answer_soon(on_response, True, bookie_id, ledger_id, entry_id, _TOO_MANY)
-            return
-        conn.inflight_bytes += size
+        self._enqueue((bookie_id,), ledger_id, entry_id, master_key, entry, on_response, recovery, True)
+
+    def _enqueue(
+        self,
+        bookies: Iterable[BookieId],
+        ledger_id: int,
+        entry_id: int,
+        master_key: bytes,
+        entry: bytes,
+        callback: Any,
+        recovery: bool,
+        per_entry: bool,
+    ) -> None:
+        """Append the add to each bookie's open run (a new run when the open one's adds
+        differ in ledger, key, flags or callback); ``per_entry``: ``callback`` is an
+        ``AddCallback`` answered add by add, else an ``AddRunCallback``."""
         flags = _RECOVERY_FLAG if recovery else 0
-        run = conn.open_run
-        if run is None or run.key != (on_response, ledger_id, flags, master_key, True):
-            run = self._new_run(conn, ledger_id, master_key, flags, on_response, True)
-        run.entry_ids.append(entry_id)
-        run.entries.append(entry)
-        run.size += size
-        conn.queued_entries += 1
-        if conn.queued_entries == 1 or conn.queued_entries == self.batch_entries_max:
-            conn.wake.set()
-        if len(run.entry_ids) >= self.batch_entries_max or run.size >= self.batch_bytes_max:
-            conn.open_run = None
+        key = (callback, ledger_id, flags, master_key, per_entry)  # what a run's adds share
+        size = len(entry)
+        conns = self._conns
+        hard_max = self.inflight_bytes_hard_max
+        entries_max = self.batch_entries_max
+        for bookie_id in bookies:
+            conn = conns.get(bookie_id)
+            if conn is None or conn.sender is None:
+                conn = self._open(bookie_id)
+                if conn is None:  # closed or unresolvable: answer soon, never inline
+                    self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
+                    continue
+            inflight = conn.inflight_bytes
+            if inflight + size > hard_max and inflight:
+                self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
+                continue
+            conn.inflight_bytes = inflight + size
+            run = conn.open_run
+            if run is None or run.key != key:
+                run = self._new_run(conn, ledger_id, master_key, flags, callback, per_entry)
+            ids = run.entry_ids
+            ids.append(entry_id)
+            run.entries.append(entry)
+            run.size += size
+            queued = conn.queued_entries + 1
+            conn.queued_entries = queued
+            if queued == 1 or queued == entries_max:
+                conn.wake.set()  # a full batch goes out even while the send window is used up
+            if len(ids) >= entries_max or run.size >= self.batch_bytes_max:
+                conn.open_run = None
 
     def _new_run(
         self, conn: _Connection, ledger_id: int, master_key: bytes, flags: int, callback: Any, per_entry: bool
