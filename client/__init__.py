@@ -10,7 +10,8 @@ Spark executors.
 """
 
 from scriba.client.client import Client, ClientConfig
-from scriba.client.ledger import LedgerReader, LedgerWriter
+from scriba.client.reader import LedgerReader
 from scriba.client.sync import SyncClient
+from scriba.client.writer import LedgerWriter
 
 __all__ = ["Client", "ClientConfig", "LedgerReader", "LedgerWriter", "SyncClient"]

@@ -20,18 +20,15 @@ from collections.abc import Awaitable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from scriba.client.ledger import (
-    DriverConfig,
-    LedgerReader,
-    LedgerWriter,
-    read_ledger_metadata,
-    recover_ledger,
-)
+from scriba.client.driver import DriverConfig, read_ledger_metadata
+from scriba.client.operation import recover_ledger
 from scriba.client.read_core import ReadConfig, ReadOrder
+from scriba.client.reader import LedgerReader
 from scriba.client.recovery_core import RecoveryConfig
 from scriba.client.registry import BookieRegistry
 from scriba.client.transport import BookieTransport
 from scriba.client.write_core import ChooseReplacement, WriteConfig, WriteCore
+from scriba.client.writer import LedgerWriter
 from scriba.clock import Clock, SystemClock
 from scriba.config import require
 from scriba.entry import make_digest, master_key, password_hash

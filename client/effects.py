@@ -2,7 +2,7 @@
 
 The cores (``write_core``, ``recovery_core``, ``read_core``) take events as method
 calls and return a sequence of these frozen values; they never do I/O. A driver
-(the asyncio one in ``ledger.py``, or the simulation in ``tests/sim``) carries each
+(the asyncio ones in ``writer.py`` and ``operation.py``, or the simulation in ``tests/sim``) carries each
 effect out and feeds the outcome back as another event.
 
 Effects are cheap on purpose: the write path returns one ``SendAdd`` per entry and

@@ -21,7 +21,8 @@ from concurrent.futures import Future
 from typing import Any, Final, TypeVar
 
 from scriba.client.client import Client
-from scriba.client.ledger import LedgerReader, LedgerWriter
+from scriba.client.reader import LedgerReader
+from scriba.client.writer import LedgerWriter
 from scriba.entry import Entry
 from scriba.errors import ConfigError
 from scriba.errors import TimeoutError as DeadlineError

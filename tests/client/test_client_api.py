@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scriba.client import Client, ClientConfig, SyncClient
-from scriba.client.ledger import DriverConfig
+from scriba.client.driver import DriverConfig
 from scriba.entry import make_digest, master_key, pack_entry
 from scriba.errors import (
     LedgerFencedError,

@@ -17,7 +17,7 @@ from sim_async import StorageTransport, register_bookies
 
 import scriba.meta
 from scriba.client import Client, ClientConfig, SyncClient
-from scriba.client.ledger import DriverConfig
+from scriba.client.driver import DriverConfig
 from scriba.client.registry import BookieRegistry
 from scriba.client.write_core import WriteConfig
 from scriba.errors import (

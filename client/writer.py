@@ -1,0 +1,337 @@
+"""The asyncio driver of a ledger's single writer: ``LedgerWriter`` carries out ``WriteCore``'s effects.
+
+It sends adds through a ``BookieTransport``, writes records through
+``update_metadata``, runs timers and resolves the callers' futures. Everything runs
+on one event loop: transport callbacks must arrive on it.
+
+The write hot path costs, per entry, one ``WriteCore.append_if_room`` (pack + digest),
+one ``transport.add_entry`` for the whole write set (``transport.add`` per bookie when
+the transport has no batched path), and one future; answers come back per run, one
+``WriteCore.on_add_responses`` call for many entries of one bookie.
+``append_async`` lets a caller keep thousands of entries in flight without a
+coroutine per entry; ``append`` awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from scriba.client.driver import DriverConfig, as_scriba_error, update_record
+from scriba.client.effects import (
+    CompleteAppends,
+    Effects,
+    FailAppends,
+    SendAdd,
+    StartTimer,
+    WriteMetadata,
+)
+from scriba.client.transport import BookieTransport
+from scriba.client.write_core import WriteCore, WriterState
+from scriba.errors import (
+    InternalError,
+    LedgerClosedError,
+    ScribaError,
+    Status,
+    TooManyRequestsError,
+)
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.log import get_logger
+from scriba.meta.records import LedgerMetadata
+from scriba.meta.store import MetadataStore
+
+log = get_logger(__name__)
+
+
+class LedgerWriter:
+    """The handle of a ledger's single writer (from ``Client.create_ledger``)."""
+
+    def __init__(
+        self,
+        core: WriteCore,
+        *,
+        store: MetadataStore,
+        transport: BookieTransport,
+        master_key: bytes,
+        config: DriverConfig | None = None,
+    ) -> None:
+        self._core = core
+        self._store = store
+        self._transport = transport
+        self._master_key = master_key
+        self._config = (config or DriverConfig()).validate()
+        self._ledger_id = LedgerId(core.ledger_id)
+        self._loop = asyncio.get_running_loop()
+        self._futures: deque[asyncio.Future[int]] = deque()  # entries lac+1 .. next-1
+        self._waiting: deque[tuple[bytes, asyncio.Future[int]]] = deque()
+        self._space = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._close_future: asyncio.Future[None] | None = None
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._explicit_lac = core.last_add_confirmed
+        self._log = log.bind(ledger_id=self._ledger_id)
+        self._on_add = self._on_add_response  # bound once, passed per add
+        self._on_adds = self._on_add_responses
+        self._add = transport.add
+        # the batched path (one call per write set, answers per run), when offered
+        self._add_entry: Callable[..., None] | None = getattr(transport, "add_entry", None)
+        self._new_future = functools.partial(asyncio.Future, loop=self._loop)  # create_future, one call less
+
+    # --- views -----------------------------------------------------------------------
+    @property
+    def ledger_id(self) -> LedgerId:
+        return self._ledger_id
+
+    @property
+    def last_add_confirmed(self) -> EntryId:
+        return EntryId(self._core.last_add_confirmed)
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._core.metadata
+
+    @property
+    def length(self) -> int:
+        return self._core.length
+
+    @property
+    def pending(self) -> int:
+        """Appends accepted but not yet confirmed or failed."""
+        return len(self._futures) + len(self._waiting)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._core.state is WriterState.CLOSED
+
+    # --- appends ---------------------------------------------------------------------
+    def append_async(self, payload: bytes) -> asyncio.Future[int]:
+        """Append without waiting; the future resolves to the entry id once confirmed.
+
+        Raises at once if the ledger is closed or the writer failed, and
+        ``TooManyRequestsError`` if ``appends_waiting_max`` appends already wait for
+        room in flight (use ``append`` to wait instead).
+        """
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
+        core = self._core
+        if not self._waiting:
+            sent = core.append_if_room(payload)
+            if sent is not None:  # the hot path: packed and sent now
+                future: asyncio.Future[int] = self._new_future()
+                self._futures.append(future)
+                self._send(*sent)
+                return future
+        core.check_appendable()
+        future = self._loop.create_future()
+        if self._waiting or not core.has_capacity(len(payload)):
+            if len(self._waiting) >= self._config.appends_waiting_max:
+                raise TooManyRequestsError(
+                    f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
+                    "(appends_waiting_max)"
+                )
+            self._waiting.append((payload, future))
+            self._space.clear()
+            return future
+        self._submit(payload, future)
+        return future
+
+    async def append(self, payload: bytes) -> EntryId:
+        """Append ``payload``; returns its entry id once confirmed (ack quorum, in order)."""
+        while len(self._waiting) >= self._config.appends_waiting_max:
+            self._space.clear()
+            await self._space.wait()
+        return EntryId(await self.append_async(payload))
+
+    def _submit(self, payload: bytes, future: asyncio.Future[int]) -> None:
+        sent = self._core.append_packed(payload)
+        self._futures.append(future)
+        self._send(*sent)
+
+    def _send(
+        self, entry_id: int, packed: bytes, bookies: tuple[BookieId, ...], *, recovery: bool = False
+    ) -> None:
+        """One entry to its write set: one batched call when the transport offers it."""
+        add_entry = self._add_entry
+        if add_entry is not None:
+            add_entry(bookies, self._ledger_id, entry_id, self._master_key, packed, self._on_adds,
+                      recovery=recovery)
+            return
+        add = self._add
+        for bookie_id in bookies:
+            add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add,
+                recovery=recovery)
+
+    def _drain_waiting(self) -> None:
+        core = self._core
+        waiting = self._waiting
+        while waiting and core.state is WriterState.OPEN and core.has_capacity(len(waiting[0][0])):
+            payload, future = waiting.popleft()
+            self._submit(payload, future)
+        if len(waiting) < self._config.appends_waiting_max:
+            self._space.set()
+
+    def _on_add_response(
+        self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, status: Status
+    ) -> None:
+        effects = self._core.on_add_response(bookie_id, entry_id, status)
+        if effects:
+            self._execute(effects)
+
+    def _on_add_responses(
+        self, bookie_id: BookieId, ledger_id: int, entry_ids: list[int], status: Status
+    ) -> None:
+        effects = self._core.on_add_responses(bookie_id, entry_ids, status)
+        if effects:
+            self._execute(effects)
+
+    # --- effects ---------------------------------------------------------------------
+    def _execute(self, effects: Effects) -> None:
+        for effect in effects:
+            kind = type(effect)
+            if kind is SendAdd:
+                self._send(
+                    effect.entry_id,  # type: ignore[union-attr]
+                    effect.entry,  # type: ignore[union-attr]
+                    effect.bookies,  # type: ignore[union-attr]
+                    recovery=effect.recovery,  # type: ignore[union-attr]
+                )
+            elif kind is CompleteAppends:
+                self._complete(effect)  # type: ignore[arg-type]
+            elif kind is FailAppends:
+                self._fail(effect)  # type: ignore[arg-type]
+            elif kind is WriteMetadata:
+                self._spawn(self._write_metadata(effect))  # type: ignore[arg-type]
+            elif kind is StartTimer:
+                key = effect.key  # type: ignore[union-attr]
+                self._timers = [t for t in self._timers if not t.cancelled()]
+                self._timers.append(
+                    self._loop.call_later(effect.delay_s, self._timer_due, key)  # type: ignore[union-attr]
+                )
+            else:
+                raise InternalError(f"writer: unexpected effect {effect!r}")
+
+    def _timer_due(self, key: object) -> None:
+        self._execute(self._core.on_timer(key))
+        self._settle_close()
+
+    def _complete(self, effect: CompleteAppends) -> None:
+        futures = self._futures
+        for entry_id in range(effect.first, effect.last + 1):
+            future = futures.popleft()
+            if not future.done():
+                future.set_result(entry_id)
+        if self._waiting:
+            self._drain_waiting()
+        if not futures and self._config.explicit_lac_delay_s and self._lac_timer is None:
+            self._lac_timer = self._loop.call_later(
+                self._config.explicit_lac_delay_s, self._explicit_lac_due
+            )
+
+    def _fail(self, effect: FailAppends) -> None:
+        error = effect.error
+        self._log.warning("appends_failed", first=effect.first, last=effect.last, error=str(error))
+        futures = self._futures
+        for _ in range(effect.first, effect.last + 1):
+            future = futures.popleft()
+            if not future.done():
+                future.set_exception(error)
+        while self._waiting:
+            _, future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+        self._space.set()
+        if self._close_future is not None and not self._close_future.done():
+            try:
+                self._execute(self._core.close())
+            except ScribaError as exc:
+                self._close_future.set_exception(exc)
+
+    async def _write_metadata(self, effect: WriteMetadata) -> None:
+        try:
+            record = await update_record(
+                self._store, self._ledger_id, effect, self._config.metadata_timeout_s
+            )
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            error = as_scriba_error(exc)
+            self._log.warning("metadata_write_failed", purpose=effect.purpose, error=str(error))
+            effects = self._core.on_metadata_failed(error)
+        else:
+            if effect.purpose == "ensemble_change":
+                self._log.info("ensemble_changed", ensembles=[list(e) for _, e in record.ensembles][-1])
+            effects = self._core.on_metadata_written(record)
+        self._execute(effects)
+        self._settle_close()
+
+    def _settle_close(self) -> None:
+        future = self._close_future
+        if future is None or future.done():
+            return
+        if self._core.state is WriterState.CLOSED:
+            future.set_result(None)
+        elif self._core.state is WriterState.FAILED and self._core.error is not None:
+            future.set_exception(self._core.error)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _explicit_lac_due(self) -> None:
+        self._lac_timer = None
+        core = self._core
+        lac = core.last_add_confirmed
+        if core.pending or lac <= self._explicit_lac or core.state is not WriterState.OPEN:
+            return
+        self._explicit_lac = lac
+        for bookie_id in core.ensemble:
+            self._spawn(self._write_lac(bookie_id, lac))
+
+    async def _write_lac(self, bookie_id: BookieId, lac: int) -> None:
+        try:
+            async with asyncio.timeout(self._config.read_timeout_s):
+                await self._transport.write_lac(bookie_id, self._ledger_id, EntryId(lac), self._master_key)
+        except (ScribaError, builtins.TimeoutError) as exc:
+            self._log.debug("explicit_lac_failed", bookie_id=bookie_id, lac=lac, error=str(exc))
+
+    # --- close -----------------------------------------------------------------------
+    async def close(self) -> None:
+        """Wait for every append, then close the ledger at the last confirmed entry.
+
+        A recovery that closed it at the same point counts as success; otherwise
+        ``LedgerFencedError`` (another client recovered it).
+        """
+        if self._core.state is WriterState.CLOSED:
+            return
+        if self._close_future is None:
+            self._closing = True
+            self._close_future = self._loop.create_future()
+            while self._waiting and self._core.state is WriterState.OPEN:
+                self._space.clear()
+                await self._space.wait()
+            if self._lac_timer is not None:
+                self._lac_timer.cancel()
+                self._lac_timer = None
+            try:
+                self._execute(self._core.close())
+            except ScribaError as exc:
+                self._close_future.set_exception(exc)
+            self._settle_close()
+        await asyncio.shield(self._close_future)
+        self._log.info("ledger_closed", lac=self._core.last_add_confirmed)
+
+    async def abort(self) -> None:
+        """Stop without closing (tests, shutdown): pending appends fail, tasks end."""
+        for task in list(self._tasks):
+            task.cancel()
+        for timer in self._timers:
+            timer.cancel()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
