@@ -11,7 +11,30 @@ The rules live in I/O-free modules (``position``, ``record_set``, ``settings``,
 ``segments``); ``namespace``, ``writer`` and ``reader`` are the asyncio shells.
 """
 
+from scriba.stream.ledgers import Record
+from scriba.stream.namespace import (
+    Namespace,
+    StreamInfo,
+    delete_namespace,
+    list_namespaces,
+    open_namespace,
+)
 from scriba.stream.position import Position
+from scriba.stream.reader import ReaderOptions, StreamReader
 from scriba.stream.settings import StreamSettings
+from scriba.stream.writer import StreamWriter, WriterOptions
 
-__all__ = ["Position", "StreamSettings"]
+__all__ = [
+    "Namespace",
+    "Position",
+    "ReaderOptions",
+    "Record",
+    "StreamInfo",
+    "StreamReader",
+    "StreamSettings",
+    "StreamWriter",
+    "WriterOptions",
+    "delete_namespace",
+    "list_namespaces",
+    "open_namespace",
+]
