@@ -14,6 +14,7 @@ stream's own overrides when it creates it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ from scriba.errors import (
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
     NoSuchKeyError,
+    NoSuchLedgerError,
     PositionOutOfRangeError,
     PositionTruncatedError,
     StreamExistsError,
@@ -36,7 +38,7 @@ from scriba.log import get_logger
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import delete_ledgers, read_entry
+from scriba.stream.ledgers import delete_ledgers, read_entry, recover_segment
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
 from scriba.stream.segments import (
@@ -52,6 +54,7 @@ from scriba.stream.segments import (
     finish_deletes,
     namespace_from_token,
     namespace_key,
+    open_segments,
     retention_point,
     stream_key,
     streams_prefix,
@@ -333,12 +336,16 @@ class Namespace:
         return point
 
     async def delete_stream(self, stream: str) -> None:
-        """Fence every writer (state DELETING), delete the segments' ledgers, cursors, the record."""
+        """Mark it DELETING (readers and writers' CAS stop), fence a live writer by recovering
+        its open segment, delete the segments' ledgers, the cursors, then the record."""
         check_name(stream)
         record = await self.catalog.update_stream(
             stream, lambda r: r.state is not StreamState.DELETING,
             lambda r: replace(r, state=StreamState.DELETING),
         )
+        for segment in open_segments(record):  # fence a live writer: its next append fails
+            with contextlib.suppress(NoSuchLedgerError):
+                await recover_segment(self.client, segment, self._password)
         await delete_ledgers(self.client, (*record.deleting, *(s.ledger_id for s in record.segments)))
         for cursor in await self.catalog.cursors(stream):
             await self.delete_cursor(stream, cursor)

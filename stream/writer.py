@@ -47,6 +47,7 @@ from scriba.errors import (
     NoSuchKeyError,
     RecordTooLargeError,
     ScribaError,
+    StreamNotFoundError,
     StreamWriterClosedError,
     TooManyRequestsError,
     WriterFencedError,
@@ -129,6 +130,7 @@ class StreamWriter:
         self._waiting: deque[tuple[bytes, Mapping[str, bytes], int, asyncio.Future[Position]]] = deque()
         self._flush_scheduled = False
         self._error: ScribaError | None = None
+        self._fails_inflight = True
         self._closing = False
         self._closed = False
         self._switching = False  # a roll waits for the old segment's sets: do not send
@@ -275,7 +277,7 @@ class StreamWriter:
             self._fail(self._as_stream_error(done.exception()))  # type: ignore[arg-type]
         elif self._leadership.lost.is_set():
             self._fail(WriterFencedError(f"stream {self.name}: writer lock lost ({self._leadership.reason})"))
-        if self._error is not None:
+        if self._error is not None and (self._fails_inflight or done.exception() is not None or done.cancelled()):
             self._fail_futures(futures)
         else:
             entry_id = done.result()
@@ -301,10 +303,16 @@ class StreamWriter:
             return exc
         return StreamWriterClosedError(f"stream {self.name}: {type(exc).__name__}: {exc}")
 
-    def _fail(self, error: ScribaError) -> None:
+    def _fail(self, error: ScribaError, *, inflight: bool = True) -> None:
+        """Fail the waiting records and all later ones; with ``inflight`` also the sets sent.
+
+        A roll that failed leaves the sets already sent to finish as the bookies say
+        (they precede everything failed); a fenced or lock-less writer confirms nothing more.
+        """
         if self._error is not None:
             return
         self._error = error
+        self._fails_inflight = inflight
         self._log.warning("stream_writer_failed", error=str(error))
         while self._waiting:
             *_, future = self._waiting.popleft()
@@ -321,10 +329,10 @@ class StreamWriter:
             async with self._roll_lock:
                 await self._roll_locked(reason)
         except ScribaError as exc:
-            self._fail(exc)
+            self._fail(exc, inflight=isinstance(exc, WriterFencedError))
         except Exception as exc:  # a bug or a closed client: fail loudly, through the writer
             self._log.exception("stream_roll_failed")
-            self._fail(StreamWriterClosedError(f"stream {self.name}: roll failed: {exc!r}"))
+            self._fail(StreamWriterClosedError(f"stream {self.name}: roll failed: {exc!r}"), inflight=False)
         finally:
             self._rolls_running -= 1
             self._progress.set()
@@ -341,10 +349,8 @@ class StreamWriter:
                 lambda r: all(s.ledger_id != new_ledger.ledger_id for s in r.segments),
                 lambda r: add_segment(r, token, new_ledger.ledger_id, self._catalog.now_ms()),
             )
-        except BaseException:
-            await new_ledger.abort()
-            with contextlib.suppress(ScribaError):
-                await delete_ledgers(self._client, (new_ledger.ledger_id,))
+        except BaseException as exc:
+            await _discard(self._client, new_ledger, exc)
             raise
         new_seq = next(s.seq for s in record.segments if s.ledger_id == new_ledger.ledger_id)
         while old.inflight and self._error is None:
@@ -478,10 +484,8 @@ async def open_stream_writer(
                 lambda r: all(s.ledger_id != ledger.ledger_id for s in r.segments),
                 lambda r: add_segment(r, token, ledger.ledger_id, catalog.now_ms()),
             )
-        except BaseException:
-            await ledger.abort()
-            with contextlib.suppress(ScribaError):
-                await delete_ledgers(client, (ledger.ledger_id,))
+        except BaseException as exc:
+            await _discard(client, ledger, exc)
             raise
         seq = next(s.seq for s in record.segments if s.ledger_id == ledger.ledger_id)
     except BaseException:
@@ -491,6 +495,18 @@ async def open_stream_writer(
     log.info("stream_writer_opened", stream=f"{catalog.namespace}/{name}", token=token, segment=seq)
     return StreamWriter(client, catalog, name, settings, password, election, leadership, ledger, seq,
                         last_publish_ms(record), options)
+
+
+async def _discard(client: Client, ledger: LedgerWriter, error: BaseException) -> None:
+    """A new segment's ledger whose CAS failed: delete it only if the CAS surely did not land.
+
+    After a timeout the record may hold it; deleting it then would cut the stream,
+    while keeping an unused ledger only leaks it.
+    """
+    await ledger.abort()
+    if isinstance(error, WriterFencedError | StreamNotFoundError):
+        with contextlib.suppress(ScribaError):
+            await delete_ledgers(client, (ledger.ledger_id,))
 
 
 async def _recover_open_segments(

@@ -271,8 +271,8 @@ async def test_writers_racing_to_open_exactly_one_holds_tokens_increase(env: Env
 
 
 # --- crash at each step of a roll and of a truncation ---------------------------------------
-class Crash(BaseException):
-    """The process dies here."""
+class Crash(Exception):
+    """The process dies here (what follows in that process never happens)."""
 
 
 ROLL_STEPS = ["after_create_ledger", "after_add_segment", "after_switch", "after_old_ledger_close"]
@@ -282,12 +282,15 @@ ROLL_STEPS = ["after_create_ledger", "after_add_segment", "after_switch", "after
 async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
     env: Env, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
+    from scriba.stream.catalog import Catalog
+    from scriba.stream.segments import open_segments
+
     ns_a = await _ns(env)
     a = await ns_a.open_writer("crashy", create=True, segment_records_max=4)
     real_create = writer_module.create_segment_ledger
-    real_update_close = writer_module.close_segment
-    real_add = writer_module.add_segment
-    rolls = {"n": 0}
+    real_update = Catalog.update_stream
+    real_close_segment = writer_module.StreamWriter._close_segment
+    real_close = writer_module.close_segment
 
     async def create(*args: Any, **kwargs: Any) -> Any:
         ledger = await real_create(*args, **kwargs)
@@ -295,29 +298,26 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
             raise Crash()
         return ledger
 
-    def add(*args: Any, **kwargs: Any) -> Any:
-        result = real_add(*args, **kwargs)
-        if step == "after_add_segment":
-            raise Crash()
-        return result
-
-    def close_seg(*args: Any, **kwargs: Any) -> Any:
-        if step == "after_old_ledger_close":
-            raise Crash()
-        return real_update_close(*args, **kwargs)
-
-    real_close_segment = writer_module.StreamWriter._close_segment
+    async def update(self: Any, *args: Any) -> Any:
+        record = await real_update(self, *args)
+        if step == "after_add_segment" and len(open_segments(record)) == 2:
+            raise Crash()  # the CAS landed; nothing after it happens
+        return record
 
     async def close_segment_method(self: Any, segment: Any) -> None:
-        rolls["n"] += 1
         if step == "after_switch":
             raise Crash()
         await real_close_segment(self, segment)
 
+    def close_seg(*args: Any, **kwargs: Any) -> Any:
+        if step == "after_old_ledger_close":
+            raise Crash()
+        return real_close(*args, **kwargs)
+
     monkeypatch.setattr(writer_module, "create_segment_ledger", create)
-    monkeypatch.setattr(writer_module, "add_segment", add)
-    monkeypatch.setattr(writer_module, "close_segment", close_seg)
+    monkeypatch.setattr(Catalog, "update_stream", update)
     monkeypatch.setattr(writer_module.StreamWriter, "_close_segment", close_segment_method)
+    monkeypatch.setattr(writer_module, "close_segment", close_seg)
 
     confirmed: dict[Position, bytes] = {}
     attempted = [b"c%d" % i for i in range(8)]
@@ -326,9 +326,10 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
         if isinstance(r, Position):
             confirmed[r] = p
     # let the roll reach the crash point
-    async with asyncio.timeout(5.0):
-        while not ((a._rolls_running == 0 and a._roll_task is None) or a.error is not None):
+    async with asyncio.timeout(5.0):  # the roll reaches the crash point
+        while a._rolls_running:
             await asyncio.sleep(0.01)
+    assert a.error is not None and "Crash" in str(a.error)
     await a._segment.ledger.abort()
     await env.crash(ns_a.client)
     monkeypatch.undo()
@@ -336,7 +337,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
     b = await ns_b.open_writer("crashy", options=WriterOptions(lock_timeout_s=2.0))
     after = await b.append(b"after")
     await b.close()
-    assert len(confirmed) >= 4
+    assert len(confirmed) >= 4, results
     got = await read_all(ns_b, "crashy")
     again = await read_all(ns_b, "crashy")
     result = check_stream({"r1": pairs(got), "r2": pairs(again)}, {**confirmed, after: b"after"},
