@@ -50,7 +50,8 @@ def cookie_key(bookie_id: str) -> str:
     return f"{COOKIES_PREFIX}{bookie_id}"
 
 
-def _load(data: bytes, kind: str) -> dict[str, Any]:
+def load_record(data: bytes, kind: str) -> dict[str, Any]:
+    """The JSON body of a record of ``kind`` (``BadRequestError`` if it is not one, or is newer)."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -62,7 +63,8 @@ def _load(data: bytes, kind: str) -> dict[str, Any]:
     return doc
 
 
-def _dump(kind: str, body: dict[str, Any]) -> bytes:
+def dump_record(kind: str, body: dict[str, Any]) -> bytes:
+    """A record of ``kind``: ``body`` as JSON with its kind and format version."""
     return json.dumps({"kind": kind, "format": FORMAT_VERSION, **body}, sort_keys=True).encode()
 
 
@@ -143,7 +145,7 @@ class LedgerMetadata:
 
     # --- codec ---------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "ledger_id": self.ledger_id,
@@ -165,7 +167,7 @@ class LedgerMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LedgerMetadata:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 ledger_id=LedgerId(d["ledger_id"]),
@@ -230,7 +232,7 @@ class BookieRegistration:
         return self.mode is BookieMode.READ_WRITE
 
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "bookie_id": self.bookie_id,
@@ -248,7 +250,7 @@ class BookieRegistration:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BookieRegistration:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 bookie_id=BookieId(d["bookie_id"]),
@@ -278,7 +280,7 @@ class Cookie:
     ledger_dirs: tuple[str, ...]
 
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "bookie_id": self.bookie_id,
@@ -290,7 +292,7 @@ class Cookie:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Cookie:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 bookie_id=BookieId(d["bookie_id"]),
@@ -302,7 +304,7 @@ class Cookie:
             raise BadRequestError(f"cookie: malformed ({exc!r})") from None
 
 
-class _Codec:
+class RecordCodec:
     """Adapts a record class with to_bytes/from_bytes to ``update_metadata``'s Codec."""
 
     def __init__(self, cls: Any) -> None:
@@ -316,6 +318,6 @@ class _Codec:
         return self._cls.from_bytes(data)
 
 
-LEDGER_CODEC = _Codec(LedgerMetadata)
-BOOKIE_CODEC = _Codec(BookieRegistration)
-COOKIE_CODEC = _Codec(Cookie)
+LEDGER_CODEC = RecordCodec(LedgerMetadata)
+BOOKIE_CODEC = RecordCodec(BookieRegistration)
+COOKIE_CODEC = RecordCodec(Cookie)
