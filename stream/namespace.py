@@ -41,6 +41,7 @@ from scriba.stream.catalog import Catalog
 from scriba.stream.ledgers import delete_ledgers, read_entry, recover_segment
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
+from scriba.stream.retention import apply_retention, truncate_stream
 from scriba.stream.segments import (
     NAMESPACE_CODEC,
     STREAMS_PREFIX,
@@ -51,14 +52,11 @@ from scriba.stream.segments import (
     advance_cursor,
     check_active,
     cursor_key,
-    finish_deletes,
     namespace_from_token,
     namespace_key,
     open_segments,
-    retention_point,
     stream_key,
     streams_prefix,
-    truncate,
 )
 from scriba.stream.settings import (
     StreamSettings,
@@ -165,12 +163,8 @@ class Namespace:
         return await self._settings_of(record)
 
     async def _settings_of(self, record: StreamRecord) -> StreamSettings:
-        try:
-            ns = await self.catalog.call(read_record(self.client.store, namespace_key(self.name), NAMESPACE_CODEC))
-        except NoSuchKeyError:
-            raise NamespaceNotFoundError(f"namespace {self.name} was deleted") from None
-        self.record = ns.value
-        return effective_settings(ns.value.settings, record.settings)
+        self.record = await self.catalog.read_namespace()
+        return effective_settings(self.record.settings, record.settings)
 
     async def info(self, name: str) -> StreamInfo:
         record = (await self.catalog.read_stream(check_name(name))).value
@@ -306,34 +300,11 @@ class Namespace:
 
         Returns the ledgers deleted (with any a crashed earlier truncation left).
         """
-        check_name(stream)
-        point = Position.parse(before)
-        record = await self.catalog.update_stream(
-            stream, lambda r: truncate(r, point)[0] != r, lambda r: truncate(r, point)[0]
-        )
-        return await self._finish_deletes(stream, record)
-
-    async def _finish_deletes(self, stream: str, record: StreamRecord) -> tuple[int, ...]:
-        if not record.deleting:
-            return ()
-        done = await delete_ledgers(self.client, record.deleting)
-        await self.catalog.update_stream(stream, lambda r: bool(set(r.deleting) & set(done)),
-                                         lambda r: finish_deletes(r, done))
-        log.info("stream_truncated", stream=f"{self.name}/{stream}", truncated_before=str(record.truncated_before),
-                 ledgers=len(done))
-        return tuple(done)
+        return await truncate_stream(self.client, self.catalog, check_name(stream), Position.parse(before))
 
     async def apply_retention(self, stream: str) -> Position | None:
         """Truncate as the retention settings say now; returns the new truncation point, if any."""
-        record = (await self.catalog.read_stream(check_name(stream))).value
-        settings = await self._settings_of(record)
-        cursors = list((await self.catalog.cursors(stream)).values()) if settings.retain_unconsumed else []
-        point = retention_point(record, settings, self.catalog.now_ms(), cursors)
-        if point is None:
-            await self._finish_deletes(stream, record)
-            return None
-        await self.truncate(stream, point)
-        return point
+        return await apply_retention(self.client, self.catalog, check_name(stream))
 
     async def delete_stream(self, stream: str) -> None:
         """Mark it DELETING (readers and writers' CAS stop), fence a live writer by recovering

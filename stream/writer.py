@@ -21,6 +21,10 @@ record (CAS, fenced by the token); once the old ledger's sets are all confirmed 
 writer switches to the new segment and sends what waited, and the old ledger is
 closed and its segment marked CLOSED in the background.
 
+Retention: with ``retention_interval_s`` set, the writer applies the stream's retention
+settings that often (``stream.retention``) until it closes; a failed pass is logged
+and the next one tries again.
+
 Failure: a failed set fails its records and every later one; the writer is then
 unusable (``StreamWriterClosedError`` naming the cause) and releases its lock. A
 fenced ledger or a lost lock is ``WriterFencedError``: after it, nothing more is
@@ -52,6 +56,7 @@ from scriba.meta.election import Election, Leadership
 from scriba.stream.catalog import Catalog
 from scriba.stream.ledgers import create_segment_ledger, delete_ledgers, recover_segment
 from scriba.stream.position import Position
+from scriba.stream.retention import apply_retention
 from scriba.stream.segments import close_segment, last_publish_ms, lock_name, segment_closed
 from scriba.stream.settings import StreamSettings
 from scriba.stream.writer_core import (
@@ -126,6 +131,10 @@ class StreamWriter:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._log = log.bind(stream=f"{catalog.namespace}/{name}", token=leadership.token)
         self._spawn(self._watch_lock())
+        self.retention_passes = 0  # retention passes this writer ran
+        self._retention: asyncio.Task[None] | None = None
+        if settings.retention_interval_s is not None:
+            self._retention = self._spawn(self._retain(client, settings.retention_interval_s))
 
     # --- views ---------------------------------------------------------------------
     @property
@@ -322,6 +331,7 @@ class StreamWriter:
             self._log.info("stream_writer_closed", segment=effect.segment_seq)
         finally:
             self._closed = True
+            await self._stop_retention()
             await self._release()
 
     async def abort(self) -> None:
@@ -338,6 +348,25 @@ class StreamWriter:
     async def _release(self) -> None:
         with contextlib.suppress(ScribaError, NoSuchKeyError):
             await self._election.resign()
+
+    async def _retain(self, client: Client, interval_s: float) -> None:
+        """Apply retention every ``interval_s`` while the writer writes."""
+        while not self._closing and self._core.error is None:
+            await asyncio.sleep(interval_s)  # the period, not a wait for a condition
+            try:
+                point = await apply_retention(client, self._catalog, self.name)
+            except ScribaError as exc:
+                self._log.warning("stream_retention_failed", error=str(exc))
+                continue
+            self.retention_passes += 1
+            if point is not None:
+                self._log.info("stream_retention_applied", truncated_before=str(point))
+
+    async def _stop_retention(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
 
     async def __aenter__(self) -> StreamWriter:
         return self

@@ -355,7 +355,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
 
 @pytest.mark.parametrize("step", ["after_cas", "after_deletes"])
 async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
-    from scriba.stream import namespace as namespace_module
+    from scriba.stream import retention as retention_module
 
     ns = await _ns(env)
     w = await ns.open_writer("trunc", create=True, segment_records_max=2)
@@ -364,8 +364,8 @@ async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pyte
         positions.append(await w.append(b"t%d" % i))
     await w.close()
     before = (await ns.info("trunc")).record
-    real_delete = namespace_module.delete_ledgers
-    real_finish = namespace_module.finish_deletes
+    real_delete = retention_module.delete_ledgers
+    real_finish = retention_module.finish_deletes
 
     async def delete(client: Any, ids: Any) -> Any:
         if step == "after_cas":
@@ -377,8 +377,8 @@ async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pyte
             raise Crash()
         return real_finish(*args)
 
-    monkeypatch.setattr(namespace_module, "delete_ledgers", delete)
-    monkeypatch.setattr(namespace_module, "finish_deletes", finish)
+    monkeypatch.setattr(retention_module, "delete_ledgers", delete)
+    monkeypatch.setattr(retention_module, "finish_deletes", finish)
     cut = positions[6]
     with pytest.raises(Crash):
         await ns.truncate("trunc", before=cut)
@@ -504,6 +504,40 @@ async def test_cursors_truncate_and_retention(env: Env) -> None:
     remaining = (await ns.info("ret")).record.segments
     assert len(remaining) <= 2
     assert (await read_all(ns, "ret"))[-1].payload == b"r9"
+
+
+async def test_writer_applies_retention_every_interval_in_its_own_process(env: Env) -> None:
+    ns = await _ns(env)
+    with pytest.raises(ConfigError, match="retention_interval_s"):
+        await ns.open_writer("bad-interval", create=True, retention_interval_s=0)
+    periodic = await ns.open_writer("periodic", create=True, segment_records_max=2, retention_bytes_max=1,
+                                    retention_interval_s=0.05)
+    manual = await ns.open_writer("manual", create=True, segment_records_max=2, retention_bytes_max=1)
+    for i in range(10):
+        await periodic.append(b"p%d" % i)
+        await manual.append(b"m%d" % i)
+    before = (await ns.info("periodic")).record
+    assert len(before.segments) >= 5
+    async with asyncio.timeout(10.0):  # the writer's own retention drops every CLOSED segment
+        while True:
+            record = (await ns.info("periodic")).record
+            if [s.seq for s in record.segments] == [periodic.segment_seq] and not record.deleting:
+                break
+            await asyncio.sleep(0.02)
+    assert record.truncated_before == Position(periodic.segment_seq, 0, 0)
+    assert periodic.retention_passes >= 1
+    for segment in before.segments[:-1]:
+        with pytest.raises(NoSuchLedgerError):
+            await ns.client.ledger_metadata(segment.ledger_id)
+    # the same stream without an interval: nothing dropped until someone applies retention
+    assert manual.retention_passes == 0
+    assert len((await ns.info("manual")).record.segments) >= 5
+    assert (await periodic.append(b"after")).segment_seq == periodic.segment_seq
+    await periodic.close()
+    await manual.close()
+    got = [r.payload for r in await read_all(ns, "periodic")]  # what the current segment held
+    assert got[-1] == b"after" and got[:-1] == [b"p%d" % i for i in range(10)][10 - (len(got) - 1):]
+    assert len(got) <= 3
 
 
 async def test_delete_stream_and_namespace(env: Env) -> None:
