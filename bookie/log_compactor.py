@@ -219,6 +219,8 @@ class Reclaimer:
             result.entries_copied += step.entries_copied
             result.bytes_copied += step.bytes_copied
             copied += step.bytes_copied
+            if throttle is not None:  # after every step: a pass of many small logs is paced too
+                await asyncio.sleep(throttle.delay_s(step.bytes_scanned, step.entries_copied))
             if step.finished:
                 result.logs_compacted += 1
                 result.bytes_reclaimed += FILE_HEADER_SIZE + step.log_bytes - copied
@@ -229,8 +231,6 @@ class Reclaimer:
                           reason="unreadable record")
                 return True
             offset = step.offset
-            if throttle is not None:
-                await asyncio.sleep(throttle.delay_s(step.bytes_scanned, step.entries_copied))
 
     async def _step(self, log_id: int, offset: int, step_bytes: int) -> Step | None:
         """One step under the lock (None: storage stopped, or the log is current or gone)."""
