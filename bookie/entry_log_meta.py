@@ -70,29 +70,27 @@ class LogMetaTable:
         self._lock = threading.Lock()
         self._totals: dict[int, int] = dict(totals)
         self._live: dict[int, dict[int, int]] = {}
+        self._live_sum: dict[int, int] = {}  # sum of each log's _live values
         self._by_ledger: dict[int, set[int]] = {}
         for log_id, per in live.items():
             for lid, n in per.items():
                 if n > 0:
-                    self._live.setdefault(log_id, {})[lid] = n
-                    self._by_ledger.setdefault(lid, set()).add(log_id)
+                    self._set(log_id, lid, n)
             self._totals.setdefault(log_id, 0)
 
     # --- reads (any thread) -----------------------------------------------------------
 
     def usages(self) -> list[LogUsage]:
         with self._lock:
-            return [
-                LogUsage(log_id, total, sum(self._live.get(log_id, {}).values()))
-                for log_id, total in sorted(self._totals.items())
-            ]
+            live = self._live_sum
+            return [LogUsage(log_id, total, live.get(log_id, 0)) for log_id, total in sorted(self._totals.items())]
 
     def usage(self, log_id: int) -> LogUsage | None:
         with self._lock:
             total = self._totals.get(log_id)
             if total is None:
                 return None
-            return LogUsage(log_id, total, sum(self._live.get(log_id, {}).values()))
+            return LogUsage(log_id, total, self._live_sum.get(log_id, 0))
 
     def ledgers_in(self, log_id: int) -> dict[int, int]:
         """Live bytes per ledger in one log (a copy)."""
@@ -143,41 +141,42 @@ class LogMetaTable:
             for log_id, total in update.totals.items():
                 self._totals[log_id] = total
             for (log_id, lid), n in update.usage.items():
-                per = self._live.setdefault(log_id, {})
-                if n > 0:
-                    per[lid] = n
-                    self._by_ledger.setdefault(lid, set()).add(log_id)
-                    self._totals.setdefault(log_id, 0)
-                else:
-                    per.pop(lid, None)
-                    logs = self._by_ledger.get(lid)
-                    if logs is not None:
-                        logs.discard(log_id)
-                        if not logs:
-                            del self._by_ledger[lid]
-                if not per:
-                    del self._live[log_id]
+                self._set(log_id, lid, n)
+                self._totals.setdefault(log_id, 0)
             for log_id in update.removed_logs:
                 self._totals.pop(log_id, None)
-                for lid in self._live.pop(log_id, {}):
-                    logs = self._by_ledger.get(lid)
-                    if logs is not None:
-                        logs.discard(log_id)
-                        if not logs:
-                            del self._by_ledger[lid]
+                for lid in list(self._live.get(log_id, ())):
+                    self._set(log_id, lid, 0)
 
     def drop_ledgers(self, ledger_ids: Iterable[int]) -> int:
         """Forget deleted ledgers (the index dropped their rows); bytes made dead."""
         freed = 0
         with self._lock:
             for lid in ledger_ids:
-                for log_id in self._by_ledger.pop(lid, ()):
-                    per = self._live.get(log_id)
-                    if per is not None:
-                        freed += per.pop(lid, 0)
-                        if not per:
-                            del self._live[log_id]
+                for log_id in list(self._by_ledger.get(lid, ())):
+                    freed += self._live[log_id][lid]
+                    self._set(log_id, lid, 0)
         return freed
+
+    def _set(self, log_id: int, lid: int, n: int) -> None:
+        """One row's new value (0: none), keeping the sums and the ledger map (lock held)."""
+        per = self._live.setdefault(log_id, {})
+        old = per.get(lid, 0)
+        if n > 0:
+            per[lid] = n
+            self._by_ledger.setdefault(lid, set()).add(log_id)
+        else:
+            per.pop(lid, None)
+            logs = self._by_ledger.get(lid)
+            if logs is not None:
+                logs.discard(log_id)
+                if not logs:
+                    del self._by_ledger[lid]
+        if per:
+            self._live_sum[log_id] = self._live_sum.get(log_id, 0) + n - old
+        else:
+            del self._live[log_id]
+            self._live_sum.pop(log_id, None)
 
     def reconcile(self, file_bytes: Mapping[int, int]) -> LogMetaUpdate:
         """At open: the rows to store so the table matches the log files on disk.
@@ -191,7 +190,7 @@ class LogMetaTable:
                 log_id: n for log_id, n in file_bytes.items() if self._totals.get(log_id, -1) < n
             }
             gone = tuple(sorted(set(self._totals) - set(file_bytes)))
-            lost = {log_id: sum(self._live.get(log_id, {}).values()) for log_id in gone}
+            lost = {log_id: self._live_sum.get(log_id, 0) for log_id in gone}
         for log_id, n in lost.items():
             if n:
                 log.error("entry_log_missing", log_id=log_id, live_bytes=n)

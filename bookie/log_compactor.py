@@ -60,13 +60,11 @@ class LogCompactor:
 
     def step(self, log_id: int, offset: int, bytes_max: int) -> Step:
         records, next_offset, state = self._logs.scan_chunk(log_id, offset, bytes_max)
-        live_ledgers = self._meta.ledgers_in(log_id)
-        candidates = [r for r in records if r[0] in live_ledgers]
         moved: list[Record] = []
         split: set[bytes] = set()
-        for rec, got in zip(
-            candidates, self._index.locate_many((r[0], r[1]) for r in candidates), strict=True
-        ):
+        # every record is looked up (not only those of ledgers the accounting says are live
+        # here): what is moved never depends on the accounting being right
+        for rec, got in zip(records, self._index.locate_many((r[0], r[1]) for r in records), strict=True):
             if got is None or isinstance(got, Exception):
                 continue  # deleted, or its record is corrupt: nothing to move
             (at_log, at_offset, _), run_key = got

@@ -72,6 +72,8 @@ def accounting_errors(s: DiskLedgerStorage) -> list[str]:
             errors.append(f"log {u.log_id}: total {u.total_bytes} < file {on_disk[u.log_id]}")
         if u.live_bytes > u.total_bytes:
             errors.append(f"log {u.log_id}: live {u.live_bytes} > total {u.total_bytes}")
+        if u.live_bytes != sum(kept.get(u.log_id, {}).values()):
+            errors.append(f"log {u.log_id}: live sum {u.live_bytes} is not its ledgers' total")
     return errors
 
 
