@@ -84,6 +84,17 @@ def check_entries(s: DiskLedgerStorage, expected: dict[tuple[int, int], bytes]) 
         unpack_entry(DIGEST, got)  # digest checked
 
 
+async def check_after_restart(cfg: StorageConfig, expected: dict[tuple[int, int], bytes]) -> list[int]:
+    """Reopen, check every expected entry and the accounting; the ledgers stored."""
+    s = await open_storage(cfg)
+    try:
+        check_entries(s, expected)
+        assert accounting_errors(s) == []
+        return s.ledger_ids()
+    finally:
+        await s.close()
+
+
 async def test_accounting_checker_catches_a_tampered_table(tmp_path: Path) -> None:
     s = await open_storage(config(tmp_path))
     try:
@@ -181,11 +192,7 @@ async def test_current_log_mostly_dead_is_rolled_and_compacted(tmp_path: Path) -
         assert await s.add_batch([AddOp(5, 40, KEY, entry(5, 40))]) == [Status.OK]  # still writable
     finally:
         await s.close()
-    s = await open_storage(cfg)
-    try:
-        check_entries(s, live)
-    finally:
-        await s.close()
+    await check_after_restart(cfg, live)
 
 
 class SimulatedCrash(Exception):
@@ -237,12 +244,7 @@ async def test_crash_between_copy_and_index_update_loses_nothing(
         assert accounting_errors(s) == []
     finally:
         await s.close()
-    s = await open_storage(cfg)
-    try:
-        check_entries(s, live)
-        assert s.ledger_ids() == [4]
-    finally:
-        await s.close()
+    assert (await check_after_restart(cfg, live)) == [4]
 
 
 @pytest.mark.parametrize("how", ["compacted", "dead"])
@@ -278,11 +280,7 @@ async def test_crash_between_index_update_and_file_delete_loses_nothing(tmp_path
         assert accounting_errors(s) == []
     finally:
         await s.close()
-    s = await open_storage(cfg)
-    try:
-        check_entries(s, live)
-    finally:
-        await s.close()
+    await check_after_restart(cfg, live)
 
 
 async def test_an_index_without_accounting_is_rebuilt_from_its_records(tmp_path: Path) -> None:
