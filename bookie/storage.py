@@ -20,6 +20,12 @@ Failures: a failed journal write or fdatasync fails that group and every later a
 end) or disk usage over ``disk_usage_threshold`` switch to read-only until usage drops
 under ``disk_usage_lwm``. Reads keep working in read-only mode.
 
+Space: every flush and compaction step records, in the same index transaction, each
+entry log's total bytes and each ledger's live bytes in it (``entry_log_meta``).
+``delete_ledgers`` only makes bytes dead; ``compact`` (run by the bookie's GC,
+``gc.py``) removes logs with nothing live and copies the live entries of sparse logs to
+the current log (``log_compactor``), under the flush lock a step at a time.
+
 Invariant: an add is OK only after its journal record's fdatasync returned.
 
 On disk: ``<journal_dir>/<id:016x>.jnl`` (journal.py), ``<ledger_dir>/entrylogs/<id:08x>.elog``
