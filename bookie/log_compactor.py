@@ -104,6 +104,11 @@ class LogCompactor:
         return Step(next_offset, state, finished, next_offset - offset, len(moved), copied, total)
 
 
+def _retrieved(task: asyncio.Task[Step | None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("compaction_step_failed", error=repr(task.exception()))
+
+
 def _segments(records: Sequence[Record]) -> list[tuple[int, Sequence[int], list[bytes]]]:
     """Records as (ledger, entry ids, entries): consecutive ids of one ledger as a ``range``
     (indexed as one run record), a lone entry as a one-item list (a single record)."""
@@ -210,7 +215,9 @@ class Reclaimer:
         copied = 0
         while True:
             # shielded: a step runs to its end (file removal included) if the pass is cancelled
-            step = await asyncio.shield(self._loop.create_task(self._step(log_id, offset, step_bytes)))
+            task = self._loop.create_task(self._step(log_id, offset, step_bytes))
+            task.add_done_callback(_retrieved)  # its error is seen even with no one awaiting it
+            step = await asyncio.shield(task)
             if step is None:
                 return not self._stopped()
             self.progress.scanned_bytes += step.bytes_scanned

@@ -367,3 +367,41 @@ async def test_throttled_compaction_lets_writers_and_checkpoints_through(tmp_pat
         assert accounting_errors(s) == []
     finally:
         await s.close()
+
+
+async def test_a_pass_cancelled_midway_loses_nothing_and_the_next_one_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GC stopping (bookie shutdown) cancels a pass between or during steps."""
+    monkeypatch.setattr(log_compactor, "STEP_BYTES_MAX", 64 * 1024)
+    cfg = config(tmp_path, entry_log_file_bytes_max=1 << 20)
+    s = await open_storage(cfg)
+    data = await fill(s, [1, 2], 300)
+    await s.close()
+    s = await open_storage(cfg)
+    live = {k: v for k, v in data.items() if k[0] == 2}
+    try:
+        await s.delete_ledgers([1])
+        throttle = RecordingThrottle()
+        task = asyncio.ensure_future(s.compact(0.9, throttle=throttle))
+
+        async def stepped() -> None:
+            while len(throttle.steps) < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(stepped(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        check_entries(s, live)
+    finally:
+        await s.close()
+    s = await open_storage(cfg)
+    try:
+        check_entries(s, live)
+        assert accounting_errors(s) == []
+        result = await s.compact(0.9)
+        assert result.logs_compacted == 1
+        check_entries(s, live)
+    finally:
+        await s.close()
