@@ -131,18 +131,7 @@ class Bookie:
             read_range_entries_max=cfg.read_range_entries_max,
             read_range_bytes_max=cfg.read_range_bytes_max,
         )
-        self._server = new_grpc_server(self.service, cfg.grpc_message_bytes_max)
-        address = _host_port(cfg.listen_host, cfg.listen_port)
-        try:
-            port = self._server.add_insecure_port(address)
-        except RuntimeError:  # taken since check_listen: gRPC says only "Failed to bind"
-            port = 0
-        if port == 0:
-            raise ConfigError(f"listen {address}: cannot bind (address in use?)")
-        self.port = port
-        host = cfg.advertised_address.rpartition(":")[0]
-        self.address = f"{host}:{port}"
-        await self._server.start()
+        await self._start_grpc(self.service)
         if cfg.http_host is not None:
             self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
                                       metrics=self.metrics.exposition)
@@ -174,6 +163,21 @@ class Bookie:
         self.gc.start()
         log.info("bookie_started", bookie_id=self.bookie_id, address=self.address,
                  http=self.http_address, region=cfg.region, zone=cfg.zone, rack=cfg.rack)
+
+    async def _start_grpc(self, service: BookieService) -> None:
+        cfg = self.config
+        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max)
+        address = _host_port(cfg.listen_host, cfg.listen_port)
+        try:
+            port = self._server.add_insecure_port(address)
+        except RuntimeError:  # taken since check_listen: gRPC says only "Failed to bind"
+            port = 0
+        if port == 0:
+            raise ConfigError(f"listen {address}: cannot bind (address in use?)")
+        self.port = port
+        host = cfg.advertised_address.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        await self._server.start()
 
     def _disk_usage(self) -> tuple[int, int]:
         try:
