@@ -21,6 +21,7 @@ from typing import Any
 
 from sim_world import Net, SimBookie, SimDriver, SimMeta, SimTransport, World
 
+from scriba.client.effects import SendAdd
 from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.write_core import WriteConfig, WriteCore, WriterState
@@ -170,12 +171,13 @@ class Run:
         w = self.writer
         while self.appended < self.n_entries and w.state is WriterState.OPEN:
             payload = b"seed%d-entry%d-" % (self.seed, self.appended) + b"x" * self.world.rng.randint(0, 40)
-            if not w.has_capacity(len(payload)):
+            sent = w.append(payload)  # the production append path (LedgerWriter's too)
+            if sent is None:  # no room in flight
                 break
-            entry_id, effects = w.append(payload)
+            entry_id, packed, bookies = sent
             self.payloads[entry_id] = payload
             self.appended += 1
-            self.writer_driver.execute(effects)
+            self.writer_driver.execute((SendAdd(EntryId(entry_id), packed, bookies),))
             if self.world.rng.random() < 0.3:
                 break  # pace the writer
         if self.appended < self.n_entries and w.state is WriterState.OPEN:
