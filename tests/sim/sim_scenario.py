@@ -12,59 +12,58 @@ Checks (violations are sentences naming the seed's facts):
 Replay a seed: ``SCRIBA_SIM_SEED=123 .venv/bin/pytest tests/sim -k replay`` (add
 ``SCRIBA_SIM_RACE=1`` for a seed of the R3 race mode; the negative controls print
 ``SCRIBA_SIM_FENCING=0`` / ``SCRIBA_SIM_ACK_EARLY=1``).
+
+The world (bookies, network, metadata, driver, seeds) is the shared kit
+``scriba.testing.sim``; this module is the ledger's scenario and its checks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sim_world import Net, SimBookie, SimDriver, SimMeta, SimTransport, World
-
-from scriba.client.effects import SendAdd
 from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.write_core import WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
-from scriba.errors import NotEnoughBookiesError, ScribaError
+from scriba.errors import ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata, LedgerState
 from scriba.testing.checkers import LogRead, check_acked_set, check_log
+from scriba.testing.sim import (
+    Net,
+    SeedReport,
+    SimBookie,
+    SimDriver,
+    SimMeta,
+    SimTransport,
+    World,
+    any_spare,
+)
 
-REPLAY = "SCRIBA_SIM_SEED={seed}{flags} .venv/bin/pytest tests/sim -k replay"
 LEDGER_ID = 1
 PASSWORD = b"sim"
 QUORUMS = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
 
 
 @dataclass
-class SimResult:
-    seed: int
-    violations: list[str] = field(default_factory=list)
+class SimResult(SeedReport):
     confirmed: int = -1
     closed_last: int | None = None
     events: int = 0
     ensemble_changes: int = 0
     writer_error: str = ""
-    description: str = ""
     race: bool = False
     fencing: bool = True
     ack_early: bool = False
 
-    def explain(self) -> str:
-        lines = [f"seed {self.seed}: {self.description}"]
-        lines += [f"  violation: {v}" for v in self.violations[:10]]
-        flags = "".join(
-            f" {name}={value}"
-            for name, value, on in (
-                ("SCRIBA_SIM_RACE", 1, self.race),
-                ("SCRIBA_SIM_FENCING", 0, not self.fencing),
-                ("SCRIBA_SIM_ACK_EARLY", 1, self.ack_early),
-            )
-            if on
+    def __post_init__(self) -> None:
+        flags = (
+            ("SCRIBA_SIM_RACE", "1", self.race),
+            ("SCRIBA_SIM_FENCING", "0", not self.fencing),
+            ("SCRIBA_SIM_ACK_EARLY", "1", self.ack_early),
         )
-        lines.append(f"  replay: {REPLAY.format(seed=self.seed, flags=flags)}")
-        return "\n".join(lines)
+        self.replay_env = {name: value for name, value, on in flags if on}
 
 
 class Run:
@@ -101,7 +100,7 @@ class Run:
         self.writer_closes = rng.random() < 0.2
         self.payloads: dict[int, bytes] = {}
         self.writer = WriteCore(
-            self.md, digest=self.digest, choose_replacement=self._choose,
+            self.md, digest=self.digest, choose_replacement=any_spare(world, self.bookie_ids),
             config=WriteConfig(
                 entries_inflight_max=rng.choice([1, 4, 16, 64]), ensemble_changes_max=16,
                 replacement_retry_s=0.01,
@@ -128,13 +127,6 @@ class Run:
             f"{', ACK BEFORE FSYNC' if ack_early else ''}"
         )
         self.result.description = self.description
-
-    # --- placement stand-in: any bookie not excluded, seeded ---------------------------
-    def _choose(self, ensemble: tuple[BookieId, ...], index: int, exclude: frozenset[BookieId]) -> BookieId:
-        candidates = [b for b in self.bookie_ids if b not in exclude]
-        if not candidates:
-            raise NotEnoughBookiesError("sim: no spare bookie")
-        return self.world.rng.choice(candidates)
 
     # --- checks ----------------------------------------------------------------------
     def violation(self, text: str) -> None:
@@ -174,10 +166,10 @@ class Run:
             sent = w.append(payload)  # the production append path (LedgerWriter's too)
             if sent is None:  # no room in flight
                 break
-            entry_id, packed, bookies = sent
-            self.payloads[entry_id] = payload
+            self.payloads[sent[0]] = payload
             self.appended += 1
-            self.writer_driver.execute((SendAdd(EntryId(entry_id), packed, bookies),))
+            self.writer_driver.send_add(*sent)
+            self._step()
             if self.world.rng.random() < 0.3:
                 break  # pace the writer
         if self.appended < self.n_entries and w.state is WriterState.OPEN:

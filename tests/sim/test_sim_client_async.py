@@ -1,8 +1,8 @@
 """The asyncio drivers and the public Client against in-process bookies and memory://.
 
 Fast stand-ins for real processes (those run in tests/client/test_client_api.py):
-``InMemoryLedgerStorage`` per bookie behind ``StorageTransport``; the metadata store
-is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitions) in seconds.
+``InMemoryLedgerStorage`` per bookie behind ``scriba.testing.sim.StorageTransport``;
+the metadata store is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitions) in seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from sim_async import StorageTransport, register_bookies
 
 import scriba.meta
 from scriba.client import Client, ClientConfig, SyncClient
@@ -33,6 +32,7 @@ from scriba.errors import (
 from scriba.ids import BookieId
 from scriba.meta.records import LedgerState
 from scriba.meta.store import MetadataStore
+from scriba.testing.sim import StorageTransport, register_bookies
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CONFIG = ClientConfig(
