@@ -3,11 +3,18 @@
 Checks (violations are sentences naming the seed's facts):
 - confirmations leave in order (each range starts right after the previous one);
 - the writer's LAC and every bookie's stored LAC never decrease;
+- no bookie's LAC ever exceeds the writer's confirmed LAC (a piggybacked LAC is one
+  the writer had confirmed when it packed the entry);
 - no confirmed entry is lost: the closed ledger ends at or after every confirmed entry,
   and readers get each confirmed entry with the bytes appended;
 - nothing unexpected: every entry readers get was appended by the writer;
 - a fenced writer gets no confirmation after fencing completed beyond the closed end;
-- all readers and recoverers agree on the closed ledger's last entry and bytes.
+- all readers and recoverers agree on the closed ledger's last entry and bytes;
+- the closed ledger's length is the sum of the payloads appended up to its last entry.
+
+Negative controls: ``fencing=False`` and ``ack_early=True`` (bookie faults), and
+``writer_fault`` (``"lac_ahead"``: entries piggyback LAC + 1; ``"length_reset"``: the
+running length is not accumulated), each of which the checks must catch.
 
 Replay a seed: ``SCRIBA_SIM_SEED=123 .venv/bin/pytest tests/sim -k replay`` (add
 ``SCRIBA_SIM_RACE=1`` for a seed of the R3 race mode; the negative controls print
@@ -24,7 +31,7 @@ from typing import Any
 
 from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
-from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
 from scriba.errors import ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
@@ -56,19 +63,46 @@ class SimResult(SeedReport):
     race: bool = False
     fencing: bool = True
     ack_early: bool = False
+    writer_fault: str = ""
 
     def __post_init__(self) -> None:
         flags = (
             ("SCRIBA_SIM_RACE", "1", self.race),
             ("SCRIBA_SIM_FENCING", "0", not self.fencing),
             ("SCRIBA_SIM_ACK_EARLY", "1", self.ack_early),
+            ("SCRIBA_SIM_WRITER_FAULT", self.writer_fault, bool(self.writer_fault)),
         )
         self.replay_env = {name: value for name, value, on in flags if on}
 
 
+class _LacAheadWriteCore(WriteCore):
+    """Negative control: every entry piggybacks LAC + 1 (one the writer never confirmed)."""
+
+    def append(self, payload: bytes) -> Append | None:
+        self._lac += 1
+        try:
+            return super().append(payload)
+        finally:
+            self._lac -= 1
+
+
+class _LengthResetWriteCore(WriteCore):
+    """Negative control: the ledger length is not accumulated (each entry: its own size)."""
+
+    def append(self, payload: bytes) -> Append | None:
+        self._length = 0
+        return super().append(payload)
+
+
+WRITER_FAULTS: dict[str, type[WriteCore]] = {
+    "": WriteCore, "lac_ahead": _LacAheadWriteCore, "length_reset": _LengthResetWriteCore,
+}
+
+
 class Run:
     def __init__(
-        self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+        self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
+        writer_fault: str = "",
     ) -> None:
         self.seed = seed
         self.race = race  # R3: no faults; recovery lands while appends are in flight
@@ -94,12 +128,14 @@ class Run:
         self.meta = SimMeta(world, self.md, delay_s=(0.0002, 0.003))
         self.digest = make_digest("crc32c", PASSWORD)
         self.key = master_key(PASSWORD)
-        self.result = SimResult(seed, race=race, fencing=fencing, ack_early=ack_early)
+        self.result = SimResult(
+            seed, race=race, fencing=fencing, ack_early=ack_early, writer_fault=writer_fault
+        )
         # writer
         self.n_entries = rng.randint(10, 60)
         self.writer_closes = rng.random() < 0.2
         self.payloads: dict[int, bytes] = {}
-        self.writer = WriteCore(
+        self.writer = WRITER_FAULTS[writer_fault](
             self.md, digest=self.digest, choose_replacement=any_spare(world, self.bookie_ids),
             config=WriteConfig(
                 entries_inflight_max=rng.choice([1, 4, 16, 64]), ensemble_changes_max=16,
@@ -125,6 +161,7 @@ class Run:
             f"E{e}/W{w}/A{a}, {n_bookies} bookies, {self.n_entries} appends, drop_p={self.drop_p}, "
             f"fencing={'on' if fencing else 'OFF'}{', R3 race' if race else ''}"
             f"{', ACK BEFORE FSYNC' if ack_early else ''}"
+            f"{f', WRITER FAULT {writer_fault}' if writer_fault else ''}"
         )
         self.result.description = self.description
 
@@ -156,6 +193,11 @@ class Run:
                 key = (bookie.bookie_id, ledger_id)
                 if state.lac < self.bookie_lacs.get(key, -1):
                     self.violation(f"bookie {bookie.bookie_id} LAC went back to {state.lac}")
+                if state.lac > self.confirmed_last and state.lac != self.bookie_lacs.get(key):
+                    self.violation(
+                        f"bookie {bookie.bookie_id} LAC {state.lac} is beyond the writer's "
+                        f"confirmed LAC {self.confirmed_last}"
+                    )
                 self.bookie_lacs[key] = state.lac
 
     # --- actors ----------------------------------------------------------------------
@@ -321,10 +363,19 @@ class Run:
             self.violation("readers disagree on the ledger's bytes")
         if last >= 0 and record.length != expected_length:
             self.violation(f"closed length {record.length} != last entry's length {expected_length}")
+        appended_length = sum(len(self.payloads[e]) for e in range(last + 1) if e in self.payloads)
+        if record.length != appended_length:
+            self.violation(
+                f"closed length {record.length} != {appended_length}, the sum of the payloads "
+                f"appended through entry {last}"
+            )
 
 
 def run_seed(
-    seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+    seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
+    writer_fault: str = "",
 ) -> SimResult:
-    return Run(seed, fencing=fencing, race=race, ack_early=ack_early).run()
+    return Run(
+        seed, fencing=fencing, race=race, ack_early=ack_early, writer_fault=writer_fault
+    ).run()
 

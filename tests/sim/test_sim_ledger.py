@@ -8,6 +8,7 @@ prints each failing seed and the command that replays it::
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -43,6 +44,7 @@ def test_sim_replay() -> None:
         race=env_flag("SCRIBA_SIM_RACE", default=False),
         fencing=env_flag("SCRIBA_SIM_FENCING", default=True),
         ack_early=env_flag("SCRIBA_SIM_ACK_EARLY", default=False),
+        writer_fault=os.environ.get("SCRIBA_SIM_WRITER_FAULT", ""),
     )
     print(result.explain())
     assert not result.violations, result.explain()
@@ -60,6 +62,23 @@ def test_sim_negative_control_ack_before_fsync_is_caught() -> None:
     caught = [r for r in (run_seed(seed, ack_early=True) for seed in range(200)) if r.violations]
     assert caught, "ack-before-fsync went unnoticed for 200 seeds: the checkers are too weak"
     assert any("lost" in v for r in caught for v in r.violations)
+
+
+def test_sim_negative_control_lac_ahead_of_the_writer_is_caught() -> None:
+    """A writer that piggybacks LAC + 1 must trip "no bookie's LAC exceeds the writer's"."""
+    results = [run_seed(seed, writer_fault="lac_ahead") for seed in range(20)]
+    caught = [r for r in results if any("beyond the writer's confirmed LAC" in v for v in r.violations)]
+    assert len(caught) >= 15, "a piggybacked LAC + 1 went unnoticed"
+    assert "SCRIBA_SIM_WRITER_FAULT=lac_ahead" in caught[0].explain()
+
+
+def test_sim_negative_control_length_not_accumulated_is_caught() -> None:
+    """A writer that does not accumulate the ledger length must trip the length check
+    (the closed length agrees with the last entry's header: only the payload sum shows it)."""
+    results = [run_seed(seed, writer_fault="length_reset") for seed in range(20)]
+    caught = [r for r in results if any("the sum of the payloads" in v for v in r.violations)]
+    assert len(caught) >= 15, "a length that is not accumulated went unnoticed"
+    assert not any("!= last entry's length" in v for r in results for v in r.violations)
 
 
 def test_sim_is_deterministic() -> None:
