@@ -125,11 +125,13 @@ def _run(args: argparse.Namespace) -> int:
 def _format(args: argparse.Namespace) -> int:
     from scriba.bookie.config import BookieConfig
     from scriba.bookie.cookie import format_bookie
+    from scriba.bookie.server import check_dirs
     from scriba.meta.connect import connect
 
     config = BookieConfig(
         metadata_uri=args.metadata, data_dir=args.data, journal_dir=args.journal, bookie_id=args.bookie_id
     ).validate()
+    check_dirs(config)
 
     async def main() -> int:
         store = await connect(config.metadata_uri)
