@@ -7,8 +7,8 @@ no lease keep-alive stream and one shared watch stream without resume.
 
 Mapping: key = ``PREFIX/`` + key; ``version`` = mod_revision, ``created`` =
 create_revision (both store-wide revisions, strictly increasing); create, CAS
-set and conditional delete are etcd transactions; ids come from a CAS'd counter
-at ``ids/<name>``.
+set and conditional delete are etcd transactions; ids come from ranges reserved
+by CAS on a counter at ``ids/<name>`` (``scriba.meta.id_ranges``).
 
 Session: one lease (TTL = the session timeout) kept alive by a background task
 over a LeaseKeepAlive stream every TTL/3. Ephemerals are put with that lease.
@@ -20,7 +20,7 @@ Watch: read the current state at revision R (paged, every page at R), deliver it
 SYNCED, then watch from R+1; after a broken stream resume from the last revision
 delivered + 1; if that revision was compacted, re-read and deliver the difference.
 
-Retries: reads and the id allocator retry UNAVAILABLE within the request
+Retries: reads retry UNAVAILABLE within the request
 deadline; other writes retry only errors that prove nothing was applied ("no
 leader"), otherwise raise ``MetadataUnavailableError`` (outcome unknown).
 """
@@ -31,7 +31,6 @@ import asyncio
 import builtins
 import ipaddress
 import math
-import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -53,6 +52,7 @@ from scriba.errors import (
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
     Check,
@@ -80,8 +80,6 @@ RETRY_DELAY_S_MAX: Final = 0.5
 LIST_PAGE_MAX: Final = 500
 LIST_LIMIT_MAX: Final = 10_000
 TXN_OPS_MAX: Final = 128
-ALLOCATE_ATTEMPTS_MAX: Final = 1000
-ID_MAX: Final = (1 << 63) - 1
 WATCH_OUTAGE_S_MAX: Final = 60.0
 CLOSE_REVOKE_TIMEOUT_S: Final = 1.0
 MESSAGE_BYTES_MAX: Final = 512 * 1024 * 1024
@@ -167,6 +165,7 @@ class EtcdStore:
         self._session_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._calls: set[grpc.aio.Call] = set()
+        self._ids = IdRanges(self)
         self._closed = False
 
     # --- opening, closing ---------------------------------------------------
@@ -449,26 +448,9 @@ class EtcdStore:
             raise BadVersionError("txn check failed: " + "; ".join(found or ["a checked key changed"]))
 
     async def allocate_id(self, name: str) -> int:
-        """CAS on ``ids/<name>``; safe to retry after an unknown outcome (an id may be skipped, never reused)."""
-        invariant("/" not in name and name != "", f"id sequence name {name!r} must be one path segment")
-        kb = self._k(check_key(f"ids/{name}"))
-        current, mod = 0, 0
-        for attempt in range(ALLOCATE_ATTEMPTS_MAX):
-            if current >= ID_MAX:
-                raise BadRequestError(f"id sequence {name!r} is exhausted")
-            request = rpc.TxnRequest(
-                compare=[self._cmp(kb, rpc.Compare.MOD, rpc.Compare.EQUAL, mod_revision=mod)],
-                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=kb, value=str(current + 1).encode()))],
-                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=kb))],
-            )
-            resp = await self._rpc(f"allocate_id {name}", self._kv.Txn, request, idempotent=True)
-            if resp.succeeded:
-                return current + 1
-            kvs = resp.responses[0].response_range.kvs
-            current, mod = (int(kvs[0].value), kvs[0].mod_revision) if kvs else (0, 0)
-            if attempt:
-                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-        raise BadVersionError(f"allocate_id {name}: gave up after {ALLOCATE_ATTEMPTS_MAX} conflicts")
+        """From a range this client reserved (``scriba.meta.id_ranges``)."""
+        self._check_open()
+        return await self._ids.allocate(name)
 
     # --- watch ----------------------------------------------------------------
 

@@ -21,9 +21,9 @@ fired (re-arming the watch in the same read), compares with what it has delivere
 re-reads everything it covers and diffs, so no change is missed; intermediate
 versions may be coalesced, but per key the order and the last value are right.
 
-Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ``allocate_id``
-uses the version a znode ``ids/<name>/<epoch>`` gets from an unconditional write
-(atomic, one round trip), combined with the epoch into 63 bits; never 0.
+Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
+CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
+where the older per-id epoch znodes ``ids/<name>/<epoch>`` exist starts above them.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from scriba.errors import (
     BadVersionError,
     InternalError,
     KeyExistsError,
-    MetadataError,
     MetadataUnavailableError,
     NoSuchKeyError,
     SessionExpiredError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
     Check,
@@ -80,9 +80,6 @@ WATCHES_MAX: Final = 4096
 TXN_OPS_MAX: Final = 128
 TXN_ATTEMPTS_MAX: Final = 16
 WRITE_ATTEMPTS_MAX: Final = 8
-ID_EPOCH_IDS_MAX: Final = (1 << 31) - (1 << 16)  # below the int32 wrap of stat.version, with room
-ID_EPOCHS_MAX: Final = 1 << 32
-ID_SEQUENCES_CACHED_MAX: Final = 1024
 CONTAINER_CACHE_MAX: Final = 10_000
 RETRY_DELAY_S_MAX: Final = 0.5
 CLOSE_TIMEOUT_S: Final = 10.0
@@ -221,7 +218,7 @@ class ZooKeeperStore:
         self._session: BasicSession | None = None
         self._watches: set[_Watch] = set()
         self._containers: set[str] = set()  # container znodes known to exist
-        self._id_epochs: dict[str, int] = {}  # id sequence -> its current epoch
+        self._ids = IdRanges(self, floor=self._legacy_id_floor)
         self._closed = False
 
     # --- opening and the session ------------------------------------------------------
@@ -804,51 +801,24 @@ class ZooKeeperStore:
             owners.append(check)
 
     async def allocate_id(self, name: str) -> int:
-        """``(epoch << 31) | version`` of ``ids/<name>/<epoch>`` after an unconditional write.
-
-        Each write gives the znode a new version (atomic, one round trip, no retries under
-        contention). A version is 32-bit, so once an epoch's znode passes
-        ``ID_EPOCH_IDS_MAX`` writes the next epoch's znode takes over: 2**32 epochs of
-        2**31 ids fill the 63-bit space; ids never repeat while ``ids/`` is kept.
-        """
+        """From a range this client reserved (``scriba.meta.id_ranges``)."""
         self._check_open()
-        invariant("/" not in name, f"id sequence name {name!r} must be one path segment")
-        base = self._path(check_key(f"ids/{name}"))
-        client = self._client
-        for _ in range(WRITE_ATTEMPTS_MAX):
-            epoch = self._id_epochs.get(name)
-            if epoch is None:
-                epoch = await self._latest_id_epoch(base)
-            path = f"{base}/{epoch:010d}"
-            try:
-                stat = await self._kz(f"allocate_id {name}", client.set_async, path, b"", -1)
-            except kz.NoNodeError:
-                await self._ensure_path(path)
-                self._id_epochs.pop(name, None)
-                continue
-            if len(self._id_epochs) >= ID_SEQUENCES_CACHED_MAX:
-                self._id_epochs.clear()
-            if 0 < stat.version < ID_EPOCH_IDS_MAX:
-                self._id_epochs[name] = epoch
-                return (epoch << 31) | int(stat.version)
-            if epoch + 1 >= ID_EPOCHS_MAX:
-                raise MetadataError(f"id sequence {name!r} is exhausted (2**63 ids)")
-            try:  # this epoch is used up: open the next one
-                await self._kz(
-                    f"allocate_id {name}", client.create_async, f"{base}/{epoch + 1:010d}", b""
-                )
-            except kz.NodeExistsError:
-                pass
-            self._id_epochs[name] = epoch + 1
-        raise MetadataUnavailableError(f"allocate_id {name}: {base} keeps changing")
+        return await self._ids.allocate(name)
 
-    async def _latest_id_epoch(self, base: str) -> int:
+    async def _legacy_id_floor(self, name: str) -> int:
+        """Where a sequence's counter starts: above every id the epoch scheme handed out.
+
+        Before id ranges, ids were ``(epoch << 31) | version`` of the znodes
+        ``ids/<name>/<epoch>``; a new counter starts past the newest epoch, so none of
+        those ids is handed out again.
+        """
+        base = self._path(f"ids/{name}")
         try:
-            names = await self._read(f"allocate_id {base}", self._client.get_children_async, base)
+            names = await self._read(f"allocate_id {name}", self._client.get_children_async, base)
         except kz.NoNodeError:
             return 0
         epochs = [int(n) for n in names if n.isdigit()]
-        return max(epochs, default=0)
+        return (max(epochs) + 1) << 31 if epochs else 0
 
     # --- session tools and closing -------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""Benchmark: ledger create+close per second with 1 and with 64 concurrent creators.
+
+For each metadata store (a real 1-member etcd, a real standalone ZooKeeper): start it
+and 3 bookie processes with the launcher (``scriba.testing.cluster.LocalCluster``),
+connect one client, then run two phases of ``--seconds`` each: 1 creator, then
+``--creators`` (64) concurrent creators, each looping ``create_ledger(3, 3, 2)`` +
+``close()``. Empty ledgers, so only the metadata path is measured: id allocation,
+the ledger record's create, and the close's compare-and-set.
+
+Printed per store: create+close/s, p50/p99 latency, time-outs and other errors, the
+1-creator figure beside the many-creator one and their ratio; every id is checked to
+be unique. The baseline is the 1-creator phase of the same run: concurrency should
+multiply the rate, not divide it.
+
+Run: ``.venv/bin/python benchmarks/bench_create.py [--seconds 10] [--creators 64]
+[--stores etcd,zk] [--json OUT]``.
+Not a timed test: the machine has 2 cores shared by every process, so figures vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scriba.client.client import Client
+from scriba.errors import ScribaError
+from scriba.errors import TimeoutError as DeadlineError
+from scriba.log import configure
+from scriba.testing.cluster import LocalCluster
+
+BOOKIES = 3
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) -> dict[str, Any]:
+    """``creators`` tasks creating and closing ledgers for ``seconds`` on one client."""
+    async with Client.connect(uri) as client:
+        for _ in range(warmup):  # connections, registry and the first id range
+            await (await client.create_ledger(3, 3, 2)).close()
+        latencies_ms: list[float] = []
+        ids: list[int] = []
+        timeouts = errors = 0
+        stop_at = time.monotonic() + seconds
+
+        async def creator() -> None:
+            nonlocal timeouts, errors
+            while time.monotonic() < stop_at:
+                t0 = time.perf_counter()
+                try:
+                    writer = await client.create_ledger(3, 3, 2)
+                    await writer.close()
+                except DeadlineError:
+                    timeouts += 1
+                    continue
+                except ScribaError:
+                    errors += 1
+                    continue
+                latencies_ms.append((time.perf_counter() - t0) * 1000)
+                ids.append(writer.ledger_id)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(creator() for _ in range(creators)))
+        elapsed_s = time.monotonic() - t0
+    return {
+        "creators": creators,
+        "ledgers": len(latencies_ms),
+        "seconds": round(elapsed_s, 3),
+        "per_s": round(len(latencies_ms) / elapsed_s, 1),
+        "latency_ms_p50": round(_pct(latencies_ms, 0.50), 2),
+        "latency_ms_p99": round(_pct(latencies_ms, 0.99), 2),
+        "timeouts": timeouts,
+        "errors": errors,
+        "ids_unique": len(set(ids)) == len(ids),
+    }
+
+
+def run_store(kind: str, base: Path, *, seconds: float, creators: int, warmup: int) -> dict[str, Any]:
+    with LocalCluster(base / kind, metadata=kind, prefix="bench") as cluster:
+        cluster.bookies.start_bookies(BOOKIES)
+        one = asyncio.run(create_close(cluster.uri, creators=1, seconds=seconds, warmup=warmup))
+        many = asyncio.run(create_close(cluster.uri, creators=creators, seconds=seconds, warmup=warmup))
+    return {"one": one, "many": many, "ratio": round(many["per_s"] / one["per_s"], 2) if one["per_s"] else None}
+
+
+def _line(kind: str, r: dict[str, Any]) -> str:
+    return (
+        f"{kind:5} {r['creators']:3} creators: {r['per_s']:8,.0f} create+close/s  p50 {r['latency_ms_p50']:7.2f} ms"
+        f"  p99 {r['latency_ms_p99']:8.2f} ms  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}"
+        f"  errors {r['errors']}  ids unique {r['ids_unique']}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument("--creators", type=int, default=64, help="concurrent creators of the second phase")
+    parser.add_argument("--stores", default="etcd,zk", help="metadata stores to run: etcd, zk or both")
+    parser.add_argument("--warmup", type=int, default=5, help="ledgers created before each phase")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    configure(level="warning")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="scriba-bench-create-") as tmp:
+        for kind in [k.strip() for k in args.stores.split(",") if k.strip()]:
+            results[kind] = run_store(kind, Path(tmp), seconds=args.seconds, creators=args.creators,
+                                      warmup=args.warmup)
+            r = results[kind]
+            print(_line(kind, r["one"]))
+            print(_line(kind, r["many"]))
+            print(f"{kind:5} {args.creators} creators / 1 creator: {r['ratio']}x")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    bad = [k for k, r in results.items() for p in ("one", "many") if not r[p]["ids_unique"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
