@@ -21,6 +21,12 @@ fired (re-arming the watch in the same read), compares with what it has delivere
 re-reads everything it covers and diffs, so no change is missed; intermediate
 versions may be coalesced, but per key the order and the last value are right.
 
+Retries: reads retry connection drops within ``op_timeout_s`` through ``scriba.retry``.
+The create / delete / parent and watch-arming loops stay hand-written: the store did
+answer, and each pass takes the step that answer calls for (create the parent, turn a
+container into a record, look again), so there is no error to back off from; they are
+bounded by ``WRITE_ATTEMPTS_MAX``.
+
 Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
 CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
 where the older per-id epoch znodes ``ids/<name>/<epoch>`` exist starts above them.
@@ -66,6 +72,7 @@ from scriba.meta.store import (
     check_value,
 )
 from scriba.meta.uri import MetadataUri, parse_uri
+from scriba.retry import RetryPolicy, retry_async
 
 log = get_logger(__name__)
 
@@ -82,6 +89,7 @@ TXN_ATTEMPTS_MAX: Final = 16
 WRITE_ATTEMPTS_MAX: Final = 8
 CONTAINER_CACHE_MAX: Final = 10_000
 RETRY_DELAY_S_MAX: Final = 0.5
+READ_RETRY: Final = RetryPolicy(attempts_max=64, delay_s_min=0.02, delay_s_max=RETRY_DELAY_S_MAX).validate()
 CLOSE_TIMEOUT_S: Final = 10.0
 EXPIRE_TIMEOUT_S: Final = 30.0
 
@@ -408,16 +416,15 @@ class ZooKeeperStore:
     async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A read, retried across connection drops until ``op_timeout_s`` has passed."""
         deadline = time.monotonic() + self.op_timeout_s
-        delay_s = 0.02
-        while True:
+
+        async def attempt() -> Any:
             remaining = deadline - time.monotonic()
-            try:
-                return await self._kz(what, fn, *args, timeout_s=max(0.05, remaining), **kwargs)
-            except MetadataUnavailableError:
-                if self._closed or time.monotonic() + delay_s >= deadline:
-                    raise
-            await asyncio.sleep(delay_s)  # back off while kazoo reconnects
-            delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
+            return await self._kz(what, fn, *args, timeout_s=max(0.05, remaining), **kwargs)
+
+        def worth_retrying(exc: BaseException) -> bool:  # back off while kazoo reconnects
+            return isinstance(exc, MetadataUnavailableError) and not self._closed
+
+        return await retry_async(attempt, policy=READ_RETRY, what=what, deadline=deadline, retry_if=worth_retrying)
 
     async def _get_node(self, path: str, *, watch: bool = False) -> _Node | None:
         client = self._client
@@ -446,6 +453,7 @@ class ZooKeeperStore:
         """Create ``path`` and its ancestors as containers where missing."""
         parts = path.strip("/").split("/")
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 for i in range(1, len(parts) + 1):
@@ -486,6 +494,7 @@ class ZooKeeperStore:
             raise SessionExpiredError(f"{key}: the session is lost; a new one is being opened")
         path = self._path(key)
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 _, stat = await self._kz(
@@ -538,6 +547,7 @@ class ZooKeeperStore:
         self._check_open()
         path = self._path(check_key(key))
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             node = await self._get_node(path)
             if node is None or node[0] == CONTAINER:
@@ -617,6 +627,7 @@ class ZooKeeperStore:
         synced = False
         delay_s = 0.02
         try:
+            # Hand-written: a watch lives as long as its reader, re-syncing after every outage.
             while not self._closed:
                 try:
                     if watch.resync:
@@ -650,6 +661,7 @@ class ZooKeeperStore:
     async def _watch_children(self, watch: _Watch) -> _Keys:
         """Keys under the watched prefix now, with a child watch (or an exists watch) armed."""
         client, parent, watcher = self._client, watch.path, self._on_zk_event
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 names = await self._read(
@@ -667,6 +679,7 @@ class ZooKeeperStore:
     async def _watch_key_node(self, watch: _Watch) -> _Node | None:
         """The watched key's znode, with a data watch (or an exists watch if absent) armed."""
         client, path, watcher = self._client, watch.path, self._on_zk_event
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             node = await self._get_node(path, watch=True)
             if node is not None:
@@ -725,6 +738,7 @@ class ZooKeeperStore:
                 final[check_key(write.key)] = None
         for check in checks:
             check_key(check.key)
+        # Hand-written: a failed guard means read again and rebuild the multi at once.
         for _ in range(TXN_ATTEMPTS_MAX):
             if await self._txn_attempt(checks, final):
                 return
