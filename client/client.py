@@ -277,7 +277,7 @@ class Client:
             placement_options=dict(policy.options),
         )
         try:
-            await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
+            version = await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
         except KeyExistsError:
             raise ScribaError(f"ledger id {ledger_id} allocated twice (metadata store bug)") from None
         core = WriteCore(
@@ -288,7 +288,7 @@ class Client:
         )
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
-            master_key=master_key(password), config=self._config.driver,
+            master_key=master_key(password), config=self._config.driver, record_version=version,
         )
         log.info("ledger_created", ledger_id=ledger_id, ensemble=list(ensemble))
         return writer
