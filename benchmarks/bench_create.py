@@ -7,10 +7,11 @@ connect one client, then run two phases of ``--seconds`` each: 1 creator, then
 ``close()``. Empty ledgers, so only the metadata path is measured: id allocation,
 the ledger record's create, and the close's compare-and-set.
 
-Printed per store: create+close/s, p50/p99 latency, time-outs and other errors, the
-1-creator figure beside the many-creator one and their ratio; every id is checked to
-be unique. The baseline is the 1-creator phase of the same run: concurrency should
-multiply the rate, not divide it.
+Printed per store: create+close/s, p50/p99 latency, time-outs and other errors, and a
+summary with the 1-creator figure beside the many-creator one and their ratio; the ids
+of both phases (two clients) are checked to be unique (exit status 1 if not). The
+baseline is the 1-creator phase of the same run: concurrency should multiply the rate,
+not divide it.
 
 Run: ``.venv/bin/python benchmarks/bench_create.py [--seconds 10] [--creators 64]
 [--stores etcd,zk] [--json OUT]``.
@@ -79,7 +80,7 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
         "latency_ms_p99": round(_pct(latencies_ms, 0.99), 2),
         "timeouts": timeouts,
         "errors": errors,
-        "ids_unique": len(set(ids)) == len(ids),
+        "ids": ids,
     }
 
 
@@ -88,14 +89,28 @@ def run_store(kind: str, base: Path, *, seconds: float, creators: int, warmup: i
         cluster.bookies.start_bookies(BOOKIES)
         one = asyncio.run(create_close(cluster.uri, creators=1, seconds=seconds, warmup=warmup))
         many = asyncio.run(create_close(cluster.uri, creators=creators, seconds=seconds, warmup=warmup))
-    return {"one": one, "many": many, "ratio": round(many["per_s"] / one["per_s"], 2) if one["per_s"] else None}
+    ids = one.pop("ids") + many.pop("ids")  # two clients, one after the other
+    return {
+        "one": one,
+        "many": many,
+        "ratio": round(many["per_s"] / one["per_s"], 2) if one["per_s"] else None,
+        "ids_unique": len(set(ids)) == len(ids),
+    }
 
 
 def _line(kind: str, r: dict[str, Any]) -> str:
     return (
         f"{kind:5} {r['creators']:3} creators: {r['per_s']:8,.0f} create+close/s  p50 {r['latency_ms_p50']:7.2f} ms"
-        f"  p99 {r['latency_ms_p99']:8.2f} ms  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}"
-        f"  errors {r['errors']}  ids unique {r['ids_unique']}"
+        f"  p99 {r['latency_ms_p99']:8.2f} ms  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}  errors {r['errors']}"
+    )
+
+
+def _summary(kind: str, r: dict[str, Any]) -> str:
+    one, many = r["one"], r["many"]
+    return (
+        f"{kind:5} create+close/s: 1 creator {one['per_s']:,.0f} | {many['creators']} creators "
+        f"{many['per_s']:,.0f} ({r['ratio']}x); p99 {one['latency_ms_p99']} ms | {many['latency_ms_p99']} ms; "
+        f"time-outs {one['timeouts']} | {many['timeouts']}; ids unique across both clients: {r['ids_unique']}"
     )
 
 
@@ -113,14 +128,13 @@ def main() -> int:
         for kind in [k.strip() for k in args.stores.split(",") if k.strip()]:
             results[kind] = run_store(kind, Path(tmp), seconds=args.seconds, creators=args.creators,
                                       warmup=args.warmup)
-            r = results[kind]
-            print(_line(kind, r["one"]))
-            print(_line(kind, r["many"]))
-            print(f"{kind:5} {args.creators} creators / 1 creator: {r['ratio']}x")
+            print(_line(kind, results[kind]["one"]))
+            print(_line(kind, results[kind]["many"]))
+    for kind, r in results.items():
+        print(_summary(kind, r))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    bad = [k for k, r in results.items() for p in ("one", "many") if not r[p]["ids_unique"]]
-    return 1 if bad else 0
+    return 0 if all(r["ids_unique"] for r in results.values()) else 1
 
 
 if __name__ == "__main__":
