@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scriba.client.bench import percentile
 from scriba.client.client import Client
 from scriba.errors import ScribaError
 from scriba.errors import TimeoutError as DeadlineError
@@ -35,11 +36,6 @@ from scriba.log import configure
 from scriba.testing.cluster import LocalCluster
 
 BOOKIES = 3
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) -> dict[str, Any]:
@@ -71,13 +67,14 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
         t0 = time.monotonic()
         await asyncio.gather(*(creator() for _ in range(creators)))
         elapsed_s = time.monotonic() - t0
+    latencies_ms.sort()
     return {
         "creators": creators,
         "ledgers": len(latencies_ms),
         "seconds": round(elapsed_s, 3),
         "per_s": round(len(latencies_ms) / elapsed_s, 1),
-        "latency_ms_p50": round(_pct(latencies_ms, 0.50), 2),
-        "latency_ms_p99": round(_pct(latencies_ms, 0.99), 2),
+        "latency_ms_p50": round(percentile(latencies_ms, 0.50), 2),
+        "latency_ms_p99": round(percentile(latencies_ms, 0.99), 2),
         "timeouts": timeouts,
         "errors": errors,
         "ids": ids,

@@ -17,6 +17,7 @@ import itertools
 import random
 import sys
 import time
+from asyncio.subprocess import Process
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -397,23 +398,33 @@ asyncio.run(main())
 """
 
 
+async def _client_process(script: str, *args: str, ready: Callable[[bytes], bool]) -> tuple[Process, bytes]:
+    """Run ``script`` as a client in its own process; return it once it printed a ``ready`` line."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert child.stdout is not None
+        async with asyncio.timeout(30.0):  # unconfigured structlog may print log lines first
+            while (line := await child.stdout.readline()) and not ready(line):
+                pass
+    except BaseException:
+        child.kill()
+        await asyncio.wait_for(child.wait(), 10.0)
+        raise
+    return child, line
+
+
 async def _ids_of_a_killed_client(backend: Backend, make_store: StoreFactory, count: int) -> list[int]:
     """Ids a client handed out before it died without closing (SIGKILL; memory: abandoned)."""
     if backend.cluster is None:
         store = await make_store()
         return [await store.allocate_id("ledger") for _ in range(count)]
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _ALLOCATOR, backend.uri, str(count),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    child, line = await _client_process(
+        _ALLOCATOR, backend.uri, str(count), ready=lambda line: line.startswith(b"ids ")
     )
-    try:
-        assert child.stdout is not None
-        async with asyncio.timeout(30.0):  # unconfigured structlog may print log lines first
-            while (line := await child.stdout.readline()) and not line.startswith(b"ids "):
-                pass
-    finally:
-        child.kill()
-        await asyncio.wait_for(child.wait(), 10.0)
+    child.kill()
+    await asyncio.wait_for(child.wait(), 10.0)
     return [int(word) for word in line.split()[1:]]
 
 
@@ -503,15 +514,10 @@ async def test_ephemeral_of_a_killed_client_vanishes_within_the_session_timeout(
 ) -> None:
     if backend.cluster is None:
         pytest.skip("memory:// lives in one process: nothing to kill")
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, backend.uri, str(SESSION_TIMEOUT_S),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    holder, line = await _client_process(
+        _HOLDER, backend.uri, str(SESSION_TIMEOUT_S), ready=lambda line: line.strip() == b"ready"
     )
     try:
-        assert holder.stdout is not None
-        async with asyncio.timeout(30.0):  # unconfigured structlog may print log lines first
-            while (line := await holder.stdout.readline()) and line.strip() != b"ready":
-                pass
         assert line.strip() == b"ready"
         await read_settles(backend, lambda: value_of(store, "crash/node"), b"held")
     finally:
