@@ -186,3 +186,11 @@ def test_is_retriable_follows_the_error_tree() -> None:
 def test_validate_names_the_bad_field(policy: RetryPolicy, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         policy.validate()
+
+
+async def test_an_error_that_is_not_retriable_ends_the_retries_after_a_retriable_one() -> None:
+    """Attempt 1 fails retriably, attempt 2 with a fenced/bad-version kind of error: stop there."""
+    h = Harness([MetadataUnavailableError("down"), BadVersionError("lost the race"), UnavailableError("x")])
+    with pytest.raises(BadVersionError):
+        await h.run()
+    assert len(h.started_at) == 2 and len(h.slept) == 1
