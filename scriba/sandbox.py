@@ -48,7 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from scriba.embedded.process import python_module_argv
+from scriba.embedded.process import ServerStartError, python_module_argv
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
 from scriba.shell import SANDBOX_DIR_DEFAULT, SANDBOX_FILE
@@ -237,7 +237,13 @@ class Sandbox:
 
             print(f"starting etcd in {self.data_dir / 'etcd'} ...", file=out, flush=True)
             self.etcd = EtcdCluster(self.data_dir / "etcd", 1)
-            self.etcd.start(timeout_s=START_TIMEOUT_S)
+            try:
+                self.etcd.start(timeout_s=START_TIMEOUT_S)
+            except ServerStartError as exc:
+                if not kept:
+                    raise
+                raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
+                                       f"program holds one now, stop it or start with --fresh)") from None
             self.metadata_uri = self.etcd.uri("scriba")
         n, zones = self.options.bookies, self.options.zones
         print(f"starting {n} bookies over {min(n, zones)} zones ...", file=out, flush=True)

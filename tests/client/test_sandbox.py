@@ -275,6 +275,34 @@ def test_sandbox_keeps_data_across_a_restart_and_fresh_wipes_it(tmp_path: Path) 
         stop(third)
 
 
+@pytest.mark.slow
+def test_sandbox_kept_etcd_whose_port_is_taken_says_so_and_fresh_starts(tmp_path: Path) -> None:
+    import socket
+
+    data = tmp_path / "sb"
+    args = [*SCRIBA, "sandbox", "--data", str(data), "--bookies", "3"]
+    first = subprocess.run([*args, "--detach"], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    doc = _read_json(data / "sandbox.json")
+    assert doc is not None
+    port = int(doc["metadata_uri"].split("//")[1].split("/")[0].rsplit(":", 1)[1])
+    stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True, text=True,
+                             timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    _wait_for(lambda: not any(_alive(p) for p in [*_pids(doc), doc["pid"]]), 20, "the first sandbox exiting")
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        refused = subprocess.run([*args, "--simple-test"], capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "ServerStartError" in refused.stderr and "--fresh" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        fresh = subprocess.run([*args, "--fresh", "--simple-test"], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr  # a fresh etcd takes free ports
+    assert "simple-test PASSED" in fresh.stdout and "keeping the data" not in fresh.stdout
+
+
 def test_sandbox_help_says_data_is_kept_and_fresh_wipes() -> None:
     done = subprocess.run([*SCRIBA, "sandbox", "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
