@@ -1,7 +1,9 @@
 """The driver of one-shot cores (recovery, range reads, LAC reads) and ``recover_ledger``.
 
 An ``Operation`` runs one core whose inputs arrive from tasks, transport callbacks and
-timers through one queue, so the core sees one event at a time.
+timers through one queue, so the core sees one event at a time. Consecutive ids asked of
+one bookie are one range read; with a transport that reads runs, each answer chunk
+reaches the core as one event (``on_run``), not one per entry.
 """
 
 from __future__ import annotations

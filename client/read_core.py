@@ -5,7 +5,10 @@ entry: WAITING (asked one or more replicas) -> DONE (a replica returned it with 
 valid digest) | FAILED (every replica tried, none valid).
 
 Inputs: ``start()``, ``on_entry(bookie, entry, data, status)``,
-``on_entries(bookie, answers)`` (one replica's answers for many entries), ``on_timer(key)``.
+``on_entries(bookie, answers)`` (one replica's answers for many entries),
+``on_run(bookie, run)`` (one replica's consecutive entries in one bytes object: the
+packed range read; CRC32C entries are checked in place, with no object per entry but
+the ``Entry`` delivered), ``on_timer(key)``.
 Outputs: ``ReadEntries`` (ids grouped per bookie; consecutive ids let the driver
 use one range read), ``StartTimer`` (speculative read), ``DeliverEntries``
 (verified, consecutive, in order), ``OperationDone`` / ``OperationFailed``.
@@ -16,8 +19,9 @@ Rules:
   too (speculative read); an error or a bad digest moves on to the next at once;
   the entries one replica failed together are asked of the next one together (one
   ``ReadEntries`` per bookie, consecutive ids: the driver keeps using range reads);
-- every entry's digest is checked; ``DigestMismatchError`` only when *every* replica
-  returned a bad copy; ``NoSuchEntryError`` only when every replica lacks it;
+- every entry's digest is checked, and its header must name the entry asked for (a
+  valid copy of another entry is a bad copy); ``DigestMismatchError`` only when *every*
+  replica returned a bad copy; ``NoSuchEntryError`` only when every replica lacks it;
 - at most ``entries_window`` entries are outstanding, and about ``window_bytes_max``
   bytes once the size of the entries read so far is known (the first batch is sized by
   ``batch_entries_max`` alone): bounded memory.
