@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 from test_bookie_service import InProcBookie, make_bookie  # noqa: F401  (the fixture)
+from test_storage_range_reads import config, flip_in_entry_log
 
 from scriba.bookie import entry_log as el
 from scriba.bookie.storage import open_storage
-from scriba.bookie.storage_api import AddOp, StorageConfig
+from scriba.bookie.storage_api import AddOp
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.entry import Crc32cDigest, master_key, pack_entry
 from scriba.errors import CorruptEntryError, NoSuchEntryError, Status
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.proto import scriba_pb2 as pb
-from scriba.testing.diskfaults import flip_bit
 
 DIGEST = Crc32cDigest()
 KEY = master_key(b"pw")
@@ -112,16 +112,11 @@ async def test_a_corrupt_entry_ends_a_packed_range_and_is_answered_corrupt(
 ) -> None:
     """Disk storage: the good entries before a corrupt record are served, then CORRUPT."""
     root = tmp_path / "disk"
-    cfg = StorageConfig(root / "journal", root / "ledgers", checkpoint_interval_s=3600)
-    s = await open_storage(cfg)
+    s = await open_storage(config(root))
     await s.add_batch([AddOp(6, e, KEY, entry(6, e)) for e in range(100)])
-    await s.checkpoint()
-    loc = s._index.get(6, 40)
     await s.close()
-    assert loc is not None
-    log = sorted((root / "ledgers" / "entrylogs").glob("*" + el.SUFFIX))[0]
-    flip_bit(log, loc[1] + el.REC_HEADER_SIZE + 20, 1)  # inside entry 40's header
-    bk = await make_bookie(storage=await open_storage(cfg))
+    await flip_in_entry_log(root, 6, 40, el.REC_HEADER_SIZE + 20, 1)  # inside entry 40's header
+    bk = await make_bookie(storage=await open_storage(config(root)))
     got = await chunks(bk, ledger_id=6, first_entry_id=0, last_entry_id=99, packed=True)
     assert [c.status for c in got] == [Status.OK, Status.CORRUPT]
     assert unpack(got[0]) == [entry(6, e) for e in range(40)] and got[1].first_entry_id == 40

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scriba.bookie import entry_log as el
+from scriba.bookie.entry_log import Location
 from scriba.bookie.storage import open_storage
 from scriba.bookie.storage_api import AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry
@@ -28,6 +29,21 @@ def op(ledger_id: int, entry_id: int, size: int | None = None) -> AddOp:
 
 def config(root: Path) -> StorageConfig:
     return StorageConfig(root / "journal", root / "ledgers", checkpoint_interval_s=3600)
+
+
+async def flip_in_entry_log(root: Path, ledger_id: int, entry_id: int, at: int, bit: int = 0) -> tuple[Path, Location]:
+    """Flip one bit of a stored entry's record in its entry log (``at``: from the record's
+    start; the storage under ``root`` must be closed). The log's path and the location."""
+    s = await open_storage(config(root))
+    try:
+        loc = s._index.get(ledger_id, entry_id)
+    finally:
+        await s.close()
+    assert loc is not None, f"entry {entry_id} was expected in an entry log"
+    log = root / "ledgers" / "entrylogs" / f"{loc[0]:08x}{el.SUFFIX}"
+    if at >= 0:
+        flip_bit(log, loc[1] + at, bit)
+    return log, loc
 
 
 async def test_a_range_crosses_entry_logs_singles_and_the_write_cache(tmp_path: Path) -> None:
@@ -83,14 +99,7 @@ async def flushed(tmp_path: Path) -> Path:
 
 
 async def test_a_corrupt_record_ends_the_range_before_it(flushed: Path) -> None:
-    s = await open_storage(config(flushed))
-    try:
-        loc = s._index.get(1, 57)
-    finally:
-        await s.close()
-    assert loc is not None
-    log = sorted((flushed / "ledgers" / "entrylogs").glob("*" + el.SUFFIX))[0]
-    flip_bit(log, loc[1] + el.REC_HEADER_SIZE + 40, 3)  # in entry 57's payload
+    await flip_in_entry_log(flushed, 1, 57, el.REC_HEADER_SIZE + 40, 3)  # in entry 57's payload
     want = [op(1, i, size=180).entry for i in range(200)]
     s = await open_storage(config(flushed))
     try:
