@@ -52,7 +52,6 @@ from scriba.client.effects import (
     ReadLac,
     StartTimer,
 )
-from scriba.client.recovery_core import can_still_cover, covers_every_write_set
 from scriba.client.transport import EntryRun, LacResult
 from scriba.config import require
 from scriba.entry import HEADER, HEADER_SIZE, Crc32cDigest, Digest, Entry, unpack_entry
@@ -352,9 +351,8 @@ class ReadCore:
             if md.write_quorum_size == size:
                 write_sets = [tuple(ensemble)]
             else:
-                write_sets = [
-                    tuple(ensemble[(r + i) % size] for i in range(md.write_quorum_size)) for r in range(size)
-                ]
+                quorum = md.quorum
+                write_sets = [tuple(ensemble[slot] for slot in quorum.write_set(r)) for r in range(size)]
             orders = []
             for write_set in write_sets:
                 order = list(self._read_order(write_set))
@@ -565,11 +563,11 @@ class LacReadCore:
         else:
             self._failed.add(index)
             self._errors.append(f"{bookie_id}: {Status(status).name}")
-        sizes = (md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
-        if covers_every_write_set(self._ok, *sizes):
+        quorum = md.quorum
+        if quorum.covers_every_write_set(self._ok):
             self._finished = True
             return (OperationDone(max(self._lac, int(md.last_entry_id))),)
-        if not can_still_cover(self._failed, *sizes):
+        if not quorum.can_still_cover(self._failed):
             self._finished = True
             return (
                 OperationFailed(
