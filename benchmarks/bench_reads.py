@@ -4,20 +4,23 @@
 2. Per payload size (default 100 B and 1 KiB): one client appends ``--entries``
    entries to a new E3/W3/A2 ledger (``--inflight`` in flight) and closes it -- the
    append rate is the baseline; then it opens the ledger and reads it from entry 0 to
-   the end with one reader (``LedgerReader.read``), once while the entries are still in
-   the bookies' write caches ("hot"), and, with ``--cold``, once more after every bookie
-   was restarted (a graceful stop checkpoints the cache: the entries come from the entry
-   logs, through the page cache).
+   the end with one reader (``LedgerReader.read``), once right after the appends ("hot":
+   the newest entries from the bookies' write caches, the rest from entry logs once the
+   cache was flushed), and, with ``--cold``, once more after every bookie was restarted
+   (a graceful stop checkpoints the cache: every entry comes from the entry logs,
+   through the page cache).
 3. Each read is taken with the packed range answers (``ReadRangeRequest.packed``, the
-   default) and, with ``--modes packed,entries``, with the per-entry answers an old
-   client asks for, in the same run.
+   default) and, with ``--modes packed,entries,old``, in the same run with the per-entry
+   answers an old client asks for ("entries"), and with those and the read defaults
+   clients had before packed reads ("old": 512 entries outstanding, 128 per range read;
+   the bookie's storage reads a range a stretch at a time in every mode).
 
 Prints entries/s and MB/s of payload per phase, the ratio read/append, and the CPU time
 the reader and the bookies spent per entry read (steadier than rates when the machine is
 busy).
 
 Run: ``.venv/bin/python benchmarks/bench_reads.py [--entries 200000] [--sizes 100,1024]
-[--modes packed,entries] [--cold] [--json OUT]``.
+[--modes packed,entries,old] [--cold] [--json OUT]``.
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
 
@@ -42,17 +45,18 @@ from scriba.embedded.etcd import EtcdCluster  # noqa: E402
 from scriba.log import configure  # noqa: E402
 
 PASSWORD = b"scriba-bench-reads"
-MODES = ("packed", "entries")
+MODES = ("packed", "entries", "old")
 
 
 async def _client(uri: str, mode: str) -> tuple[Any, Any]:
-    from scriba.client import Client
+    from scriba.client import Client, ClientConfig
     from scriba.client.grpc_transport import GrpcBookieTransport
+    from scriba.client.read_core import ReadConfig
 
     holder: list[Any] = []
-    options: dict[str, Any] = {} if mode == "packed" else {"packed_reads": False}
-    transport = GrpcBookieTransport(lambda b: holder[0].registry.address(b), **options)
-    client = await Client.connect(uri, transport=transport)
+    transport = GrpcBookieTransport(lambda b: holder[0].registry.address(b), packed_reads=mode == "packed")
+    config = ClientConfig(read=ReadConfig(entries_window=512, batch_entries_max=128)) if mode == "old" else None
+    client = await Client.connect(uri, transport=transport, config=config)
     holder.append(client)
     return client, transport
 
