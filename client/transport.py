@@ -50,7 +50,8 @@ class LacResult:
 @dataclass(frozen=True, slots=True)
 class EntryRun:
     """Consecutive packed entries (unverified) from ``first_entry_id`` in one ``blob``:
-    entry ``first_entry_id + i`` is ``blob[ends[i - 1]:ends[i]]`` (``ends[-1]`` taken as 0)."""
+    entry ``first_entry_id + i`` is ``blob[ends[i - 1]:ends[i]]``, the first one
+    ``blob[0:ends[0]]``."""
 
     first_entry_id: EntryId
     ends: Sequence[int]
