@@ -2,8 +2,8 @@
 
 The stream writer's core (``scriba.stream.writer_core``: packing, rolls, ordered
 confirms, the opening and roll steps) runs in writer processes of a simulated world
-(the simulation kit in tests/sim: bookies that journal and fsync, a network that
-delays, reorders and drops, per-ledger metadata with a CAS loop). The ledgers under
+(the simulation kit, ``scriba.testing.sim``: bookies that journal and fsync, a network
+that delays, reorders and drops, per-ledger metadata with a CAS loop). The ledgers under
 the segments are the client's own cores (``WriteCore``, ``RecoveryCore``,
 ``ReadCore``). Added here:
 
@@ -37,10 +37,9 @@ Replay a seed: ``SCRIBA_SIM_SEED=N .venv/bin/pytest tests/stream/test_stream_sim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sim_world import Net, SimBookie, SimDriver, SimMeta, SimTransport, World
 from stream_checks import check_stream
 
 from scriba.client.read_core import ReadConfig, ReadCore
@@ -48,7 +47,7 @@ from scriba.client.recovery_core import RecoveryCore
 from scriba.client.transport import LacResult
 from scriba.client.write_core import WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
-from scriba.errors import NotEnoughBookiesError, ScribaError, Status, WriterFencedError
+from scriba.errors import ScribaError, Status, WriterFencedError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata
 from scriba.stream import record_set
@@ -84,6 +83,16 @@ from scriba.stream.writer_core import (
     as_stream_error,
     open_steps,
 )
+from scriba.testing.sim import (
+    Net,
+    SeedReport,
+    SimBookie,
+    SimDriver,
+    SimMeta,
+    SimTransport,
+    World,
+    any_spare,
+)
 
 REPLAY_TARGET = "tests/stream/test_stream_sim.py -k replay"
 RECOVER_FLAG = "SCRIBA_SIM_STREAM_RECOVER"
@@ -96,45 +105,16 @@ RETRIES_MAX = 60
 QUORUMS = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3)]
 
 
-class WorldClock:
-    """``scriba.clock.Clock`` on the world's simulated time."""
-
-    def __init__(self, world: World) -> None:
-        self._world = world
-
-    def monotonic(self) -> float:
-        return self._world.now
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self._world.now
-
-
 @dataclass
-class StreamSimResult:
-    seed: int
+class StreamSimResult(SeedReport):
     recover_open: bool = True
-    description: str = ""
-    violations: list[str] = field(default_factory=list)
     writers: int = 0
     segments: int = 0
     confirmed: int = 0
     fenced_writers: int = 0  # writers that met WriterFencedError
     recovered_records: int = 0  # records found in OPEN segments by recovery
     events: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def replay_command(self) -> str:
-        flag = "" if self.recover_open else f" {RECOVER_FLAG}=0"
-        return f"SCRIBA_SIM_SEED={self.seed}{flag} .venv/bin/pytest {REPLAY_TARGET}"
-
-    def explain(self) -> str:
-        lines = [f"seed {self.seed}: {self.description}"]
-        lines += [f"  violation: {v}" for v in self.violations[:12]]
-        lines.append(f"  replay: {self.replay_command()}")
-        return "\n".join(lines)
+    replay_target: str = REPLAY_TARGET
 
 
 # --- the metadata store: stream record, writer lock, ledger ids ------------------------
@@ -235,7 +215,7 @@ class SegmentLedger:
         self.process = process
         self.ledger_id = int(meta.record.ledger_id)
         self.core = WriteCore(
-            meta.record, digest=run.digest, choose_replacement=run.choose,
+            meta.record, digest=run.digest, choose_replacement=any_spare(run.world, run.bookie_ids),
             config=WriteConfig(entries_inflight_max=64, ensemble_changes_max=16, replacement_retry_s=0.01),
         )
         guarded = Guarded(self.core, process)
@@ -248,9 +228,11 @@ class SegmentLedger:
         self._on_closed: Callable[[ScribaError | None], None] | None = None
 
     def append(self, set_id: int, data: bytes) -> None:
-        entry_id, effects = self.core.append(data)  # raises when the ledger cannot take it
+        sent = self.core.append(data)  # raises when the ledger cannot take it
+        assert sent is not None, "the ledger's in-flight bounds are above the stream writer's"
+        entry_id, packed, bookies = sent
         self.sets[entry_id] = set_id
-        self.driver.execute(effects)
+        self.driver.send_add(entry_id, packed, bookies)
 
     def close(self, then: Callable[[ScribaError | None], None]) -> None:
         try:
@@ -563,7 +545,7 @@ class StreamRun:
         self.recover_open = recover_open
         world = self.world = World(seed)
         rng = world.rng
-        self.clock = WorldClock(world)
+        self.clock = world.clock
         self.quorum = rng.choice(QUORUMS)
         self.bookie_ids = [BookieId(f"b{i}") for i in range(self.quorum[0] + 2)]
         self.bookies = {b: SimBookie(world, b) for b in self.bookie_ids}
@@ -591,7 +573,8 @@ class StreamRun:
         self.failed = 0
         self.recovered_records = 0
         self.mid_read: list[tuple[Position, bytes]] | None = None
-        self.result = StreamSimResult(seed, recover_open=recover_open)
+        self.result = StreamSimResult(seed, recover_open=recover_open,
+                                      replay_env={} if recover_open else {RECOVER_FLAG: "0"})
         self._epoch_seen = 0
         self._version_seen = 0
         self.result.description = (
@@ -617,12 +600,6 @@ class StreamRun:
         if newer is not None and self.appended_at[payload] > newer[1]:
             self.violation(f"writer {writer.pid} (token {writer.token}) got {payload[:12]!r} confirmed, appended "
                            f"after the writer with token {newer[0]} opened at t={newer[1] * 1000:.3f}ms")
-
-    def choose(self, ensemble: tuple[BookieId, ...], index: int, exclude: frozenset[BookieId]) -> BookieId:
-        candidates = [b for b in self.bookie_ids if b not in exclude]
-        if not candidates:
-            raise NotEnoughBookiesError("sim: no spare bookie")
-        return self.world.rng.choice(candidates)
 
     def _check_record(self) -> None:
         """After every event: the stream record's token never goes back; at most two OPEN segments."""

@@ -14,6 +14,8 @@ import os
 import pytest
 from sim_stream import RECOVER_FLAG, StreamRun, StreamSimResult
 
+from scriba.testing.sim import check_seeds, env_flag, random_seed, replay_seed
+
 SEEDS_CI = 1000
 SEEDS_SOAK = 10_000
 CHUNK = 100
@@ -25,28 +27,24 @@ def run_seed(seed: int, *, recover_open: bool = True) -> StreamSimResult:
     return StreamRun(seed, recover_open=recover_open).run()
 
 
-def _check(results: list[StreamSimResult]) -> None:
-    failures = [r.explain() for r in results if not r.ok]
-    assert not failures, "stream simulation violations:\n" + "\n".join(failures)
-
-
 @pytest.mark.parametrize("first", range(0, SEEDS_TOTAL, CHUNK))
 def test_stream_sim_seeds(first: int) -> None:
-    _check([run_seed(seed) for seed in range(first, min(first + CHUNK, SEEDS_TOTAL))])
+    check_seeds(run_seed, range(first, min(first + CHUNK, SEEDS_TOTAL)), what="stream simulation")
 
 
 def test_stream_sim_random_seed_printed() -> None:
-    seed = int.from_bytes(os.urandom(4), "big")
+    seed = random_seed()
     print(f"random stream simulation seed {seed}")  # shown with -rA / on failure
-    _check([run_seed(seed)])
+    check_seeds(run_seed, [seed], what="stream simulation")
 
 
-@pytest.mark.skipif("SCRIBA_SIM_SEED" not in os.environ, reason="set SCRIBA_SIM_SEED to replay")
+@pytest.mark.skipif(replay_seed() is None, reason="set SCRIBA_SIM_SEED to replay")
 def test_stream_sim_replay() -> None:
-    result = run_seed(int(os.environ["SCRIBA_SIM_SEED"]),
-                      recover_open=os.environ.get(RECOVER_FLAG, "1") != "0")
+    seed = replay_seed()
+    assert seed is not None
+    result = run_seed(seed, recover_open=env_flag(RECOVER_FLAG, default=True))
     print(result.explain())
-    _check([result])
+    assert result.ok, result.explain()
 
 
 def test_stream_sim_negative_control_skipping_recovery_of_the_open_segment_is_caught() -> None:
@@ -64,8 +62,7 @@ def test_stream_sim_is_deterministic() -> None:
 
 
 def test_stream_sim_exercises_crashes_fencing_rolls_and_recovery() -> None:
-    results = [run_seed(seed) for seed in range(1000, 1060)]
-    _check(results)
+    results = check_seeds(run_seed, range(1000, 1060), what="stream simulation")
     assert sum(r.fenced_writers > 0 for r in results) >= 5, "no writer was ever fenced"
     assert sum(r.recovered_records > 0 for r in results) >= 10, "recovery never found records"
     assert sum(r.segments >= 10 for r in results) >= 20, "too few rolls"
