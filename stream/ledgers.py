@@ -65,6 +65,18 @@ async def recover_segment(client: Client, segment: Segment, password: bytes) -> 
     raise NoSuchLedgerError(f"ledger {segment.ledger_id}: last entry {last} not readable")
 
 
+async def peek_segment(client: Client, segment: Segment, password: bytes) -> SegmentSummary:
+    """An OPEN segment's summary so far (to its last add confirmed), without fencing its writer."""
+    reader = await client.open_ledger(segment.ledger_id, password, recovery=False)
+    try:
+        lac = int(await reader.read_last_add_confirmed())
+        if lac < 0:
+            return SegmentSummary()
+        return summary_of_last_entry(await read_entry(reader, lac))
+    finally:
+        await reader.close()
+
+
 def records_of(segment_seq: int, entry: Entry, first_slot: int = 0) -> list[Record]:
     """The records of one entry (a record set), from ``first_slot`` on."""
     header, items = record_set.decode(entry.payload)

@@ -38,7 +38,7 @@ from scriba.log import get_logger
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import delete_ledgers, read_entry, recover_segment
+from scriba.stream.ledgers import delete_ledgers, peek_segment, read_entry, recover_segment
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
 from scriba.stream.retention import apply_retention, truncate_stream
@@ -47,6 +47,8 @@ from scriba.stream.segments import (
     STREAMS_PREFIX,
     CursorRecord,
     NamespaceRecord,
+    Segment,
+    SegmentSummary,
     StreamRecord,
     StreamState,
     advance_cursor,
@@ -222,6 +224,25 @@ class Namespace:
         if position > end:
             raise PositionOutOfRangeError(f"stream {record.name}: position {position} is beyond the end {end}")
         return position
+
+    async def end_position(self, name: str) -> Position:
+        """The position right after the last confirmed record (where ``"latest"`` starts)."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        return await self._end(record)
+
+    async def last_position(self, name: str) -> Position | None:
+        """The position of the last confirmed record (None: the stream holds none)."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        for segment in reversed(record.segments):
+            summary = (await peek_segment(self.client, segment, self._password)) if segment.is_open \
+                else segment.summary
+            if summary.record_count:
+                return Position(segment.seq, summary.last_entry_id, summary.last_slot)
+        return None
+
+    async def segment_summary(self, segment: Segment) -> SegmentSummary:
+        """A segment's summary: the recorded one, or an OPEN segment's so far (not fencing it)."""
+        return await peek_segment(self.client, segment, self._password) if segment.is_open else segment.summary
 
     async def _end(self, record: StreamRecord) -> Position:
         """The position right after the last confirmed record."""
