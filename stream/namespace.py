@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -38,7 +38,7 @@ from scriba.log import get_logger
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import delete_ledgers, peek_segment, read_entry, recover_segment
+from scriba.stream.ledgers import Record, delete_ledgers, peek_segment, read_entry, recover_segment
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
 from scriba.stream.retention import apply_retention, truncate_stream
@@ -204,6 +204,27 @@ class Namespace:
         position = await self._resolve_start(record, start)
         return StreamReader(self.client, self.catalog, name, record, position, self._password,
                             options or ReaderOptions())
+
+    async def read_range(
+        self, name: str, start: Start = "earliest", *, until: Position | None = None, count: int | None = None,
+        options: ReaderOptions | None = None,
+    ) -> AsyncIterator[Record]:
+        """The records from ``start`` up to ``until`` (inclusive; default: the last record
+        confirmed now), at most ``count`` of them; it ends there instead of tailing."""
+        last = until if until is not None else await self.last_position(name)
+        record = (await self.catalog.read_stream(check_name(name))).value
+        check_active(record)
+        position = await self._resolve_start(record, start)
+        if last is None or position > last or (count is not None and count <= 0):
+            return
+        seen = 0
+        async with StreamReader(self.client, self.catalog, name, record, position, self._password,
+                                options or ReaderOptions()) as reader:
+            async for found in reader:
+                yield found
+                seen += 1
+                if found.position >= last or (count is not None and seen >= count):
+                    return
 
     async def _resolve_start(self, record: StreamRecord, start: Start) -> Position:
         if isinstance(start, datetime.datetime):

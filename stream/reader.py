@@ -68,6 +68,7 @@ class StreamReader:
         self._position = start  # where the producer continues
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, options.read_ahead_entries))
         self._chunk: deque[Record] = deque()
+        self._held: Any = None  # an error (or the end) taken from the queue by read_batch, not yet raised
         self._changed = asyncio.Event()
         self._done = False
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
@@ -86,7 +87,7 @@ class StreamReader:
         while not self._chunk:
             if self._done:
                 raise StopAsyncIteration
-            item = await self._queue.get()
+            item, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
             if isinstance(item, BaseException):
                 self._done = True
                 raise item
@@ -103,6 +104,27 @@ class StreamReader:
                 return await self.__anext__()
         except TimeoutError:
             return None
+
+    async def read_batch(self, records_max: int, timeout_s: float | None = None) -> list[Record]:
+        """Up to ``records_max`` records: waits (at most ``timeout_s``) for the first, then
+        takes only what is already read ahead. An error comes with the next call, after
+        the records before it."""
+        first = await self.read_next(timeout_s)
+        if first is None:
+            return []
+        batch = [first]
+        chunk = self._chunk
+        while len(batch) < records_max:
+            if not chunk:
+                if self._held is not None or self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+                if isinstance(item, BaseException) or item is _END:
+                    self._held = item
+                    break
+                chunk.extend(item)
+            batch.append(chunk.popleft())
+        return batch
 
     async def close(self) -> None:
         for task in (self._task, self._watch_task):

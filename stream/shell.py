@@ -175,18 +175,18 @@ async def cmd_stream_append(args: argparse.Namespace, uri: str) -> int:
 
 
 async def tail(ns: Any, stream: str, start: Any, *, count: int | None, follow: bool) -> AsyncIterator[Any]:
-    """Records from ``start``: ``count`` of them at most; without ``follow``, up to the last
-    record confirmed when the tail began."""
-    last = None if follow else await ns.last_position(stream)
-    if not follow and (last is None or start == "latest" or (not isinstance(start, str) and start > last)):
-        await (await ns.open_reader(stream, start)).close()  # a bad start fails as it would with records
+    """Records from ``start``, ``count`` of them at most; without ``follow``, up to the
+    last record confirmed when the tail began."""
+    if not follow:
+        async for record in ns.read_range(stream, start, count=count):
+            yield record
         return
     seen = 0
     async with await ns.open_reader(stream, start) as reader:
         async for record in reader:
             yield record
             seen += 1
-            if (count is not None and seen >= count) or (last is not None and record.position >= last):
+            if count is not None and seen >= count:
                 return
 
 

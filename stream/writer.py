@@ -461,17 +461,25 @@ async def _take_lock(election: Election, candidate: str, timeout_s: float) -> Le
         async with asyncio.timeout(timeout_s):
             return await election.campaign(candidate)
     except TimeoutError:
-        # A create that landed just before the deadline would hold the lock for nobody.
-        with contextlib.suppress(ScribaError):
-            leader = await election.leader()
-            if leader is not None and leader[0] == candidate:
-                record = await election.store.get(election.key)
-                await election.store.delete(election.key, expected_version=record.version)
+        await _drop_claim(election, candidate)
         holder = await election.leader()
         raise WriterLockedError(
             f"writer lock {election.name} held by {holder[0] if holder else 'someone'}; "
             f"not free within {timeout_s} s"
         ) from None
+    except asyncio.CancelledError:
+        await _drop_claim(election, candidate)
+        raise
+
+
+async def _drop_claim(election: Election, candidate: str) -> None:
+    """A campaign given up on: a claim whose create landed just before would hold the
+    lock for nobody until the session ends, so delete it if it is ours."""
+    with contextlib.suppress(ScribaError, NoSuchKeyError):
+        leader = await election.leader()
+        if leader is not None and leader[0] == candidate:
+            record = await election.store.get(election.key)
+            await election.store.delete(election.key, expected_version=record.version)
 
 
 async def open_stream_writer(

@@ -275,6 +275,35 @@ async def test_writers_racing_to_open_exactly_one_holds_tokens_increase(env: Env
     assert tokens == sorted(tokens) and len(set(tokens)) == 50
 
 
+async def test_an_open_cancelled_after_its_lock_claim_landed_leaves_the_lock_free(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller gives up (a deadline, a cancelled task) just after the claim was created:
+    the claim must not hold the stream for nobody until the session ends."""
+    from scriba.meta.election import Election
+
+    ns = await _ns(env)
+    await ns.create_stream("claimed")
+    landed = asyncio.Event()
+    real_campaign = Election.campaign
+
+    async def campaign_then_stall(self: Election, candidate: str, value: bytes = b"") -> Any:
+        await real_campaign(self, candidate, value)  # the claim is in the store now
+        landed.set()
+        await asyncio.Event().wait()  # the answer never reaches the caller
+
+    monkeypatch.setattr(Election, "campaign", campaign_then_stall)
+    opening = asyncio.ensure_future(ns.open_writer("claimed"))
+    await landed.wait()
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    monkeypatch.undo()
+    other = await (await _ns(env)).open_writer("claimed", options=FAST_LOCK)  # free at once
+    await other.append(b"x")
+    await other.close()
+
+
 # --- crash at each step of a roll and of a truncation ---------------------------------------
 class Crash(Exception):
     """The process dies here (what follows in that process never happens)."""
@@ -649,3 +678,11 @@ async def test_reader_of_corrupt_record_set_gets_typed_error(env: Env) -> None:
     with pytest.raises(RecordSetCorruptError):
         await reader.read_next(2.0)
     await reader.close()
+    batched: StreamReader = await ns.open_reader("raw")
+    async with asyncio.timeout(5.0):  # both chunks read ahead: the good record, then the error
+        while batched._queue.qsize() < 2:
+            await asyncio.sleep(0.01)
+    assert [r.payload for r in await batched.read_batch(10, 2.0)] == [b"good"]  # the error waits
+    with pytest.raises(RecordSetCorruptError):
+        await batched.read_batch(10, 2.0)
+    await batched.close()
