@@ -127,11 +127,7 @@ class StreamReader:
         return batch
 
     async def close(self) -> None:
-        for task in (self._task, self._watch_task):
-            task.cancel()
-        for task in (self._task, self._watch_task):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _stop(self._task, self._watch_task)
         self._done = True
 
     async def __aenter__(self) -> StreamReader:
@@ -241,11 +237,7 @@ class StreamReader:
             try:
                 done, _ = await asyncio.wait({tailer, closed}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (tailer, closed):
-                    task.cancel()
-                for task in (tailer, closed):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await _stop(tailer, closed)
             if tailer in done and tailer.exception() is None and reader.is_closed:
                 return  # the ledger is closed and everything in it was read
             if tailer in done and tailer.exception() is not None:
@@ -272,6 +264,21 @@ class StreamReader:
             if current is None or not current.is_open or record.state is not StreamState.ACTIVE:
                 return
             await self._wait_change()
+
+
+async def _stop(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait until they are done, without swallowing a cancellation of
+    the caller (awaiting each under ``suppress(CancelledError)`` would: a reader being
+    closed would then read on). Their errors are marked seen; the caller asks for them."""
+    for task in tasks:
+        task.cancel()
+        task.add_done_callback(_seen)
+    await asyncio.wait(tasks)
+
+
+def _seen(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _deleted(record: StreamRecord) -> StreamRecord:

@@ -365,8 +365,7 @@ class StreamWriter:
     async def _stop_retention(self) -> None:
         if self._retention is not None:
             self._retention.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retention
+            await asyncio.wait({self._retention})  # a cancellation of close() itself still propagates
 
     async def __aenter__(self) -> StreamWriter:
         return self

@@ -457,6 +457,34 @@ async def test_reader_tails_open_segment_and_latest_and_timestamp(env: Env) -> N
     await earliest.close()
 
 
+async def test_closing_a_reader_while_it_stops_its_tail_does_not_lose_the_close(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() lands while the reader is stopping its tail of a segment that just closed:
+    the reader must stop, not swallow the cancellation and wait for the next segment forever."""
+    ns = await _ns(env)
+    w = await ns.open_writer("closing", create=True)
+    first = await w.append(b"a")
+    stopping = asyncio.Event()
+
+    async def slow_to_stop(self: StreamReader, reader: Any, segment: Any) -> None:
+        try:
+            await asyncio.Event().wait()  # tails without delivering
+        except asyncio.CancelledError:
+            stopping.set()  # the segment closed: the reader is stopping this tail now
+            await asyncio.sleep(0.05)  # a tail that takes a moment to stop
+            raise
+
+    monkeypatch.setattr(StreamReader, "_tail_entries", slow_to_stop)
+    reader = await ns.open_reader("closing", first)
+    await w.close()  # closes the segment the reader tails
+    async with asyncio.timeout(5.0):
+        await stopping.wait()
+    closing = asyncio.ensure_future(reader.close())  # waited on from outside: a timeout here
+    done, _ = await asyncio.wait({closing}, timeout=5.0)  # must not be swallowed by close()
+    assert closing in done, "reader.close() hangs: the reader lost its cancellation and reads on"
+
+
 async def test_reader_after_failover_sees_exactly_what_recovery_kept(env: Env) -> None:
     ns_a = await _ns(env)
     a = await ns_a.open_writer("fo", create=True, segment_records_max=7)

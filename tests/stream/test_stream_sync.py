@@ -41,7 +41,7 @@ def client() -> Iterator[SyncClient]:
 
 
 def test_write_read_tail_cursors_truncate_and_delete(client: SyncClient) -> None:
-    ns = SyncNamespace.open(client, "spark/jobs", create=True, segment_records_max=4)
+    ns = SyncNamespace.open(client, "spark/jobs", create=True, segment_records_max=4, call_timeout_s=30)
     assert "spark/jobs" in sync_list_namespaces(client)
     with ns.open_writer("events", create=True) as writer:
         first = writer.append(b"e0", headers={"k": b"v"})
