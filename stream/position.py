@@ -30,6 +30,10 @@ class Position:
     slot: int = 0
 
     def __post_init__(self) -> None:
+        seq, entry, slot = self.segment_seq, self.entry_id, self.slot
+        if (type(seq) is int and type(entry) is int and type(slot) is int  # one test: a writer makes many
+                and 0 <= seq <= POSITION_PART_MAX and 0 <= entry <= POSITION_PART_MAX and 0 <= slot <= POSITION_PART_MAX):
+            return
         for name in ("segment_seq", "entry_id", "slot"):
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value <= POSITION_PART_MAX:

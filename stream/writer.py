@@ -91,6 +91,31 @@ class WriterOptions:
     records_waiting_max: int = 100_000
 
 
+class _Group:
+    """The records of one ``append_many``: one future for all their positions (records
+    are confirmed in order, so positions arrive in order)."""
+
+    __slots__ = ("count", "future", "positions")
+
+    def __init__(self, future: asyncio.Future[list[Position]], count: int) -> None:
+        self.future = future
+        self.count = count
+        self.positions: list[Position] = []
+
+    def confirm(self, positions: list[Position]) -> None:
+        self.positions += positions
+        if len(self.positions) >= self.count and not self.future.done():
+            self.future.set_result(self.positions)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+Handle = asyncio.Future[Position] | _Group
+"""What the core carries for each record: its ``append_async`` future, or its ``append_many`` group."""
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a future's exception as seen (its caller gave up on it)."""
     if not future.cancelled():
@@ -119,7 +144,7 @@ class StreamWriter:
         self._election = election
         self._leadership = leadership
         self._loop = asyncio.get_running_loop()
-        self._core: WriterCore[asyncio.Future[Position]] = WriterCore(
+        self._core: WriterCore[Handle] = WriterCore(
             name, settings, catalog.clock, segment_seq=seq, publish_ms=publish_ms,
             sets_inflight_max=options.sets_inflight_max, records_waiting_max=options.records_waiting_max,
         )
@@ -181,23 +206,23 @@ class StreamWriter:
         """
         core = self._core
         core.check_usable()
-        checked = [core.check_record(*r) if isinstance(r, tuple) else core.check_record(r, None) for r in records]
-        futures: list[asyncio.Future[Position]] = []
+        checked = core.check_records(records)
+        group = _Group(self._loop.create_future(), len(checked))
+        if not checked:
+            return []
         try:
-            for record in checked:
-                if core.room() <= 0:
-                    self._schedule_flush()
-                    await self._wait_room(1)
-                future: asyncio.Future[Position] = self._loop.create_future()
-                core.append(record, future)
-                futures.append(future)
-        except BaseException:
-            for future in futures:  # queued before the refusal: they go on, unobserved
-                future.add_done_callback(_retrieve)
+            queued = core.append_all(checked, group)
+            while queued < len(checked):  # more than may wait: queue the rest as room frees
+                self._schedule_flush()
+                await self._wait_room(1)
+                queued += core.append_all(checked[queued:], group)
+        except BaseException as exc:  # refused part-way: the records queued go on, unobserved
+            group.future.add_done_callback(_retrieve)
+            group.fail(exc if isinstance(exc, ScribaError) else StreamWriterClosedError(repr(exc)))
             raise
         finally:
             self._schedule_flush()
-        return list(await asyncio.gather(*futures))
+        return await group.future
 
     async def _wait_room(self, n: int) -> None:
         core = self._core
@@ -222,14 +247,14 @@ class StreamWriter:
             if kind is SendSet:
                 self._send(effect)  # type: ignore[arg-type]
             elif kind is ConfirmRecords:
-                seq, entry_id, handles = effect.segment_seq, effect.entry_id, effect.handles  # type: ignore[union-attr]
-                for slot, future in enumerate(handles):
-                    if not future.done():
-                        future.set_result(Position(seq, entry_id, slot))
+                self._confirm(effect)  # type: ignore[arg-type]
             elif kind is FailRecords:
-                for future in effect.handles:  # type: ignore[union-attr]
-                    if not future.done():
-                        future.set_exception(effect.error)  # type: ignore[union-attr]
+                error = effect.error  # type: ignore[union-attr]
+                for handle in effect.handles:  # type: ignore[union-attr]
+                    if type(handle) is _Group:
+                        handle.fail(error)
+                    elif not handle.done():
+                        handle.set_exception(error)
             elif kind is StartRoll:
                 self._spawn(self._roll(effect))  # type: ignore[arg-type]
             elif kind is CloseSegment:
@@ -245,6 +270,19 @@ class StreamWriter:
                     self._spawn(self._release())
             else:
                 invariant(False, f"unknown stream writer effect {effect!r}")
+
+    @staticmethod
+    def _confirm(effect: ConfirmRecords[Handle]) -> None:
+        seq, entry_id, handles = effect.segment_seq, effect.entry_id, effect.handles
+        first = handles[0]
+        if type(first) is _Group and first is handles[-1]:  # a set of one append_many's records
+            first.confirm([Position(seq, entry_id, slot) for slot in range(len(handles))])
+            return
+        for slot, handle in enumerate(handles):
+            if type(handle) is _Group:
+                handle.confirm([Position(seq, entry_id, slot)])
+            elif not handle.done():
+                handle.set_result(Position(seq, entry_id, slot))
 
     def _send(self, effect: SendSet) -> None:
         try:

@@ -47,7 +47,7 @@ OPEN segment, finish deletes a crashed truncation left, add a new segment.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -199,6 +199,7 @@ class WriterCore(Generic[H]):
         invariant(sets_inflight_max >= 1 and records_waiting_max >= 1, "writer bounds must be >= 1")
         self.name = name
         self.settings = settings
+        self._record_bytes_max = settings.record_bytes_max
         self._clock = clock
         self._sets_inflight_max = sets_inflight_max
         self._records_waiting_max = records_waiting_max
@@ -255,13 +256,43 @@ class WriterCore(Generic[H]):
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise ConfigError(f"record payload must be bytes, got {type(payload).__name__}")
             payload = bytes(payload)
-        checked = record_set.check_headers(headers) if headers else record_set.NO_HEADERS
-        size = record_set.encoded_size(payload, checked)
-        if size > self.settings.record_bytes_max:
+        if headers:
+            checked = record_set.check_headers(headers)
+            size = record_set.encoded_size(payload, checked)
+        else:
+            checked = record_set.NO_HEADERS
+            size = record_set.RECORD_OVERHEAD_BYTES + len(payload)
+        if size > self._record_bytes_max:
             raise RecordTooLargeError(
                 f"record of {size} bytes (with headers) exceeds record_bytes_max {self.settings.record_bytes_max}"
             )
         return payload, checked, size
+
+    def check_records(self, records: Iterable[bytes | tuple[bytes, Mapping[str, bytes] | None]]) -> list[CheckedRecord]:
+        """``check_record`` for each of ``records`` (payloads, or ``(payload, headers)``)."""
+        limit = self._record_bytes_max
+        overhead = record_set.RECORD_OVERHEAD_BYTES
+        no_headers = record_set.NO_HEADERS
+        checked: list[CheckedRecord] = []
+        for record in records:
+            if type(record) is bytes and len(record) + overhead <= limit:
+                checked.append((record, no_headers, len(record) + overhead))  # the common case, inline
+            elif isinstance(record, tuple):
+                checked.append(self.check_record(*record))
+            else:
+                checked.append(self.check_record(record, None))  # type: ignore[arg-type]
+        return checked
+
+    def append_all(self, records: Sequence[CheckedRecord], handle: H) -> int:
+        """Queue as many of ``records`` as may wait now, all with ``handle``; how many."""
+        if self._error is not None or self._closing:
+            self.check_usable()
+        room = self._records_waiting_max - len(self._waiting)
+        if room <= 0:
+            return 0
+        taken = records if len(records) <= room else records[:room]
+        self._waiting.extend([(payload, headers, size, handle) for payload, headers, size in taken])
+        return len(taken)
 
     def append(self, record: CheckedRecord, handle: H) -> None:
         """Queue a checked record; it goes out with the next ``flush``."""

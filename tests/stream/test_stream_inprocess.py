@@ -158,6 +158,19 @@ async def test_append_read_positions_headers_and_record_sets(env: Env) -> None:
     assert next(r.payload for r in await read_all(ns, "orders", start=str(many[2].successor()))) == b"x0"
 
 
+async def test_append_many_larger_than_the_waiting_bound_queues_as_room_frees(env: Env) -> None:
+    ns = await _ns(env)
+    w = await ns.open_writer("big", create=True, options=WriterOptions(records_waiting_max=10, sets_inflight_max=2),
+                             record_set_bytes_max=1024)
+    payloads = [b"b%03d" % i for i in range(100)]
+    positions = await w.append_many(payloads)
+    assert positions == sorted(positions) and len(set(positions)) == 100
+    single = await w.append(b"after")
+    assert single > positions[-1]
+    await w.close()
+    assert [r.payload for r in await read_all(ns, "big")] == [*payloads, b"after"]
+
+
 async def test_rolls_with_tiny_limits_reader_crosses_every_boundary(env: Env) -> None:
     ns = await _ns(env)
     w = await ns.open_writer("rolls", create=True, segment_records_max=3, record_set_bytes_max=1024)

@@ -262,3 +262,19 @@ def test_add_segment_steps_delete_the_ledger_only_when_the_cas_surely_failed() -
         })
         assert seen[-1] == DiscardLedger(21, delete=delete)
         assert isinstance(result, WriterFencedError | TimeoutError)
+
+
+def test_append_all_queues_what_room_allows_in_order_with_one_handle() -> None:
+    c = core(waiting=5, record_bytes_max=100)
+    records = c.check_records([b"a", (b"b", {"k": b"v"}), bytearray(b"c"), b"d", b"e", b"f", b"g"])
+    assert [r[0] for r in records] == [b"a", b"b", b"c", b"d", b"e", b"f", b"g"]
+    assert records[1][2] == record_set.encoded_size(b"b", {"k": b"v"}) and records[0][2] == 7
+    with pytest.raises(RecordTooLargeError):
+        c.check_records([b"ok", b"x" * 200])
+    assert c.append_all(records, "group") == 5 and c.room() == 0
+    assert c.append_all(records[5:], "group") == 0
+    (send,) = of(c.flush(), SendSet)
+    assert c.append_all(records[5:], "group") == 2
+    (confirmed,) = c.on_set_confirmed(send.set_id, 0)
+    assert confirmed == ConfirmRecords(0, 0, ["group"] * 5)
+    assert [p for p, _ in record_set.decode(send.data)[1]] == [b"a", b"b", b"c", b"d", b"e"]
