@@ -7,7 +7,7 @@ Uses only the public client API (``Client.create_ledger``, ``open_ledger``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from scriba.client import Client, LedgerReader, LedgerWriter
 from scriba.entry import Entry
@@ -21,9 +21,8 @@ from scriba.stream.settings import StreamSettings
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record as a reader sees it."""
+class Record(NamedTuple):
+    """One record as a reader sees it (a named tuple: a catching-up reader makes many)."""
 
     position: Position
     payload: bytes
@@ -82,8 +81,9 @@ def records_of(segment_seq: int, entry: Entry, first_slot: int = 0) -> list[Reco
     header, items = record_set.decode(entry.payload)
     entry_id = int(entry.entry_id)
     publish = header.publish_time_ms
+    new = tuple.__new__  # Record and Position without their constructors' checks: the parts are ours
     return [
-        Record(Position(segment_seq, entry_id, slot), payload, headers, publish)
+        new(Record, (new(Position, (segment_seq, entry_id, slot)), payload, headers, publish))
         for slot, (payload, headers) in enumerate(items)
         if slot >= first_slot
     ]

@@ -55,7 +55,7 @@ from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
 from scriba.stream.catalog import Catalog
 from scriba.stream.ledgers import create_segment_ledger, delete_ledgers, recover_segment
-from scriba.stream.position import Position
+from scriba.stream.position import Position, trusted
 from scriba.stream.retention import apply_retention
 from scriba.stream.segments import close_segment, last_publish_ms, lock_name, segment_closed
 from scriba.stream.settings import StreamSettings
@@ -276,13 +276,13 @@ class StreamWriter:
         seq, entry_id, handles = effect.segment_seq, effect.entry_id, effect.handles
         first = handles[0]
         if type(first) is _Group and first is handles[-1]:  # a set of one append_many's records
-            first.confirm([Position(seq, entry_id, slot) for slot in range(len(handles))])
+            first.confirm([trusted(seq, entry_id, slot) for slot in range(len(handles))])
             return
         for slot, handle in enumerate(handles):
             if type(handle) is _Group:
-                handle.confirm([Position(seq, entry_id, slot)])
+                handle.confirm([trusted(seq, entry_id, slot)])
             elif not handle.done():
-                handle.set_result(Position(seq, entry_id, slot))
+                handle.set_result(trusted(seq, entry_id, slot))
 
     def _send(self, effect: SendSet) -> None:
         try:
