@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,9 @@ async def child_appends(uri: str, namespace: str, size: int, seconds: float, inf
             "failed": state["failed"], "first_error": state["error"], "segments": segments}
 
 
-async def child_tail_writer(uri: str, namespace: str, seconds: float) -> dict[str, Any]:
-    client, ns = await _namespace(uri, namespace)
-    writer = await ns.open_writer(STREAM)
+async def paced_appends(append: Callable[[bytes], Awaitable[Any]], seconds: float) -> int:
+    """``TAIL_RATE_PER_S`` 100-byte payloads a second, each starting with its send time;
+    the last one marked; returns how many once all are confirmed."""
     loop = asyncio.get_running_loop()
     count = int(seconds * TAIL_RATE_PER_S)
     futures = []
@@ -148,8 +149,15 @@ async def child_tail_writer(uri: str, namespace: str, seconds: float) -> dict[st
         if delay > 0:
             await asyncio.sleep(delay)  # the pace: one record a millisecond
         last = b"L" if i == count - 1 else b"-"
-        futures.append(writer.append_async(SENT.pack(time.monotonic_ns()) + last + b"." * 91))
+        futures.append(append(SENT.pack(time.monotonic_ns()) + last + b"." * 91))
     await asyncio.gather(*futures)
+    return count
+
+
+async def child_tail_writer(uri: str, namespace: str, seconds: float) -> dict[str, Any]:
+    client, ns = await _namespace(uri, namespace)
+    writer = await ns.open_writer(STREAM)
+    count = await paced_appends(writer.append_async, seconds)
     await writer.close()
     await client.close()
     return {"records": count}
@@ -180,17 +188,7 @@ async def child_ledger_tail_writer(uri: str, seconds: float) -> dict[str, Any]:
         writer = await client.create_ledger(3, 3, 2)
         print(f"ledger {writer.ledger_id}", flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # "go": the reader tails it now
-        loop = asyncio.get_running_loop()
-        count = int(seconds * TAIL_RATE_PER_S)
-        futures = []
-        start = loop.time() + 0.05
-        for i in range(count):
-            delay = start + i / TAIL_RATE_PER_S - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            last = b"L" if i == count - 1 else b"-"
-            futures.append(writer.append_async(SENT.pack(time.monotonic_ns()) + last + b"." * 91))
-        await asyncio.gather(*futures)
+        count = await paced_appends(writer.append_async, seconds)
         await writer.close()
     return {"records": count}
 
