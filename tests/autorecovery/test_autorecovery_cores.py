@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -113,10 +114,10 @@ def test_merge_keeps_one_mark_per_fragment_and_bookie() -> None:
 
 
 @pytest.mark.parametrize("cls", [UnderReplicated, Claim, Decommission, AuditorStatus])
-def test_malformed_records_get_a_typed_error(cls: type) -> None:
+def test_malformed_records_get_a_typed_error(cls: Any) -> None:
     for data in (b"not json", b'{"kind": "ledger"}', b'{"kind": "%s", "format": 1}' % cls.KIND.encode()):
         with pytest.raises(BadRequestError):
-            cls.from_bytes(data)  # type: ignore[attr-defined]
+            cls.from_bytes(data)
 
 
 # --- plans ---------------------------------------------------------------------------------
