@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -117,7 +118,7 @@ async def assert_healthy(world: World, lost: set[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(*coros: Callable[[asyncio.Event], Awaitable[None]]) -> AsyncIterator[asyncio.Event]:
+async def running(*coros: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> AsyncIterator[asyncio.Event]:
     stop = asyncio.Event()
     tasks = [asyncio.create_task(c(stop)) for c in coros]
     try:
@@ -252,3 +253,63 @@ async def test_a_deposed_auditor_cannot_mark(world: World) -> None:
         with pytest.raises(NotLeaderError):
             await auditor._mark(leadership, LedgerId(1), [Mark(EntryId(0), BookieId("bk0"), Reason.RECOVER)])
     assert await world.records() == []
+
+
+async def test_an_open_ledger_whose_writer_is_gone_is_recovered_after_the_grace(world: World) -> None:
+    w = await world.client.create_ledger(3, 3, 2, password=PASSWORD)
+    for i in range(25):
+        await w.append(b"z%d" % i)
+    victim = w.metadata.current_ensemble[0]  # the writer is abandoned here, never closed
+    await world.lose(victim)
+    cfg = AutorecoveryConfig(lost_bookie_recovery_delay_s=0, audit_tick_s=0.05, worker_poll_s=0.05,
+                             worker_retry_s=0.05, check_interval_s=3600, passwords=(PASSWORD,),
+                             open_ledger_grace_s=0.3)
+    auditor = Auditor(world.client, cfg, candidate="a1")
+    worker = ReplicationWorker(world.client, cfg)
+    async with running(auditor.run, worker.run):
+        async def closed_and_repaired() -> bool:
+            md = await world.client.ledger_metadata(w.ledger_id)
+            return md.is_closed and not references(md, BookieId(victim)) and not await world.records()
+        await wait_async(closed_and_repaired, "recovered, closed and repaired")
+    md = await world.client.ledger_metadata(w.ledger_id)
+    assert md.last_entry_id == 24  # recovery kept every confirmed entry
+    assert any(o.state == "deferred" for o in worker.outcomes)  # it waited for the writer first
+    await assert_healthy(world, {victim})
+
+
+async def test_verbs_list_status_and_recover_bookie(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from scriba.autorecovery import commands
+    from scriba.autorecovery.shell import cmd_list, cmd_status
+
+    await write_ledgers(world.client, 3, 10)
+    capsys.readouterr()
+    mds = await world.ledgers()
+    target = BookieId(max(BOOKIES, key=lambda b: sum(references(md, BookieId(b)) for md in mds)))
+    using = await commands.ledgers_using(world.store, target)
+    marked = await commands.mark_bookie(world.store, target, Reason.RECOVER)
+    assert marked == len(using) > 0
+    assert await cmd_list(argparse.Namespace(json=True), world.store.uri) == 0
+    rows = _json_doc(capsys.readouterr().out)
+    assert {r["ledger_id"] for r in rows} == set(using) and all(r["bookies"] == [target] for r in rows)
+    seq = await commands.request_audit(world.store, full=True)
+    assert await commands.request_audit(world.store) == seq + 1
+    seen: list[tuple[int, int]] = []
+    total = await commands.drain(world.client, target, FAST, Reason.RECOVER,
+                                 progress=lambda left, n: seen.append((left, n)), poll_s=0.01)
+    assert total == len(using) and seen[0] == (total, total) and seen[-1] == (0, total)
+    assert await commands.ledgers_using(world.store, target) == [] and await world.records() == []
+    assert await cmd_status(argparse.Namespace(json=True), world.store.uri) == 0
+    doc = _json_doc(capsys.readouterr().out)
+    assert doc["underreplicated_ledgers"] == 0 and doc["auditor_leader"] is None
+
+
+def _json_doc(out: str) -> Any:
+    """The indented JSON document a verb printed (log lines around it are skipped)."""
+    import json
+
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line in ("[", "{", "[]"))
+    end = max(i for i, line in enumerate(lines) if line in ("]", "}", "[]"))
+    return json.loads("\n".join(lines[start:end + 1]))

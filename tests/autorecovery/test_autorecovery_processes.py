@@ -255,3 +255,78 @@ async def test_the_auditor_killed_is_re_elected_and_still_repairs(ar_cluster: Ar
 
 async def _repaired(client: Client, victim: str) -> bool:
     return await no_records(client) and not await ledgers_using(client.store, BookieId(victim))
+
+
+async def test_an_open_ledger_is_repaired_while_its_writer_still_appends(ar_cluster: ArCluster) -> None:
+    """The writer pauses (its segment holds the lost bookie), a worker repairs up to the
+    LAC and splits the segment, the writer resumes (and replaces the bookie itself)."""
+    ar_cluster.start_autorecovery("ar1", "--open-ledger-grace-s", "60")
+    bookies = [b.bookie_id for b in ar_cluster.cluster.bookies.bookies]
+    async with Client.connect(ar_cluster.uri, placement="zone-aware",
+                              config=ClientConfig(add_timeout_s=3.0)) as client:
+        w = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        acked: set[tuple[int, int, bytes]] = set()
+
+        async def append(payload: bytes) -> None:
+            acked.add((w.ledger_id, await w.append(payload), payload))
+
+        for i in range(200):
+            await append(b"a%d" % i)
+        original = w.metadata.current_ensemble
+        victim = original[1]
+        ar_cluster.cluster.bookies.kill(bookies.index(victim))
+
+        async def split() -> bool:
+            md = await client.ledger_metadata(w.ledger_id)
+            return not md.is_closed and len(md.ensembles) >= 2 and victim not in md.ensembles[0][1]
+        await until(split, "the open ledger repaired up to its LAC", REPAIR_BOUND_S)
+        md = await client.ledger_metadata(w.ledger_id)
+        # repaired up to the LAC the worker read; the writer's tail stays on its ensemble
+        assert [e for _f, e in md.ensembles][1:] == [original] and 190 <= md.ensembles[1][0] <= 200
+        for i in range(200):
+            await append(b"b%d" % i)  # the writer goes on: its own ensemble change
+        await w.close()
+        await until(lambda: _repaired(client, victim), "the tail repaired once closed", REPAIR_BOUND_S)
+        await full_check_and_settle(client, REPAIR_BOUND_S)
+        assert await healthy(client, {victim}) == []
+        result = check_acked_set(acked, acked, await read_all(client))
+        assert result.ok and len(acked) == 400, result.explain()
+
+
+async def test_r22_restarts_within_the_delay_re_replicate_nothing(ar_cluster: ArCluster) -> None:
+    """Every bookie restarted in turn, each down for less than the delay, under writes:
+    nothing lost, no ledger ever marked, nothing copied (checked on /metrics)."""
+    from scriba.embedded.process import free_port
+
+    port = free_port()
+    ar_cluster.start_autorecovery("ar1", "--delay-s", "30", "--http", f"127.0.0.1:{port}")
+    cluster = ar_cluster.cluster.bookies
+    async with Client.connect(ar_cluster.uri, placement="zone-aware",
+                              config=ClientConfig(add_timeout_s=3.0)) as client:
+        stop = asyncio.Event()
+        acked: set[tuple[int, int, bytes]] = set()
+        attempted: set[tuple[int, int, bytes]] = set()
+        load = [asyncio.create_task(write_load(client, stop, acked, attempted)) for _ in range(2)]
+        ever_marked = False
+        for index in range(len(cluster)):
+            await asyncio.to_thread(cluster.restart, index)
+            ever_marked = ever_marked or not await no_records(client)
+        stop.set()
+        await asyncio.gather(*load)
+        await asyncio.sleep(1.5)  # several auditor ticks after the last restart
+        ever_marked = ever_marked or not await no_records(client)
+        assert not ever_marked
+        result = check_acked_set(attempted, acked, await read_all(client))
+        assert result.ok, result.explain()
+        metrics = await asyncio.to_thread(_scrape, port)
+        assert "scriba_autorecovery_auditor_leader 1.0" in metrics
+        assert "scriba_autorecovery_entries_replicated_total 0.0" in metrics
+        published = (await status(client.store))["auditor"]
+        assert published["marks_written"] == 0 and published["lost_bookies"] == []
+
+
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
