@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sim_async import StorageTransport, register_bookies
 
 import scriba.meta
 from scriba.client import Client
 from scriba.meta.records import LEDGER_CODEC, LEDGERS_PREFIX, LedgerState, ledger_key
 from scriba.meta.store import MetadataStore, Versioned
 from scriba.meta.update import update_metadata
+from scriba.testing.sim import StorageTransport, register_bookies
 
 BOOKIES = ["bk0", "bk1", "bk2"]
 

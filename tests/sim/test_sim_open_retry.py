@@ -1,6 +1,6 @@
 """``open_ledger(recovery=True)`` retries a recovery that failed retriably, and counts its attempts.
 
-In-process bookies and ``memory://`` (``sim_async``); the recovery driver is wrapped so a
+In-process bookies and ``memory://`` (``scriba.testing.sim``); the recovery driver is wrapped so a
 test decides how each attempt ends, and every attempt is counted: a test passes only if
 the number of attempts is the one the retry policy promises.
 """
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sim_async import StorageTransport, register_bookies
 
 import scriba.meta
 from scriba.client import Client, ClientConfig
@@ -21,6 +20,7 @@ from scriba.client import client as client_module
 from scriba.client.driver import DriverConfig
 from scriba.errors import ScribaError, UnauthorizedError, UnavailableError
 from scriba.meta.records import LedgerState
+from scriba.testing.sim import StorageTransport, register_bookies
 
 BOOKIES = [f"bk{i}" for i in range(3)]
 CONFIG = ClientConfig(
