@@ -1,16 +1,11 @@
-"""``scriba autorecovery``: run the auditor and a worker, and the operator verbs.
+"""``scriba autorecovery run``: the auditor and a replication worker in one process.
 
-    scriba autorecovery run --metadata URI [--password P ...] [--delay-s 60] [--http HOST:PORT]
-    scriba autorecovery list-underreplicated [--json]
-    scriba autorecovery audit-now [--full]
-    scriba autorecovery recover-bookie BOOKIE [--mark-only]
-    scriba autorecovery decommission BOOKIE [--mark-only]
-    scriba autorecovery status [--json]
+    scriba autorecovery --metadata URI run [--password P ...] [--delay-s 60] [--http HOST:PORT]
 
 ``run`` campaigns for auditor (unless ``--no-auditor``) and runs one replication
 worker (unless ``--no-worker``) until SIGTERM / SIGINT; its claims live in a metadata
-session of ``--claim-ttl-s``. The same verbs are registered for ``scriba shell`` in
-``scriba.autorecovery.shell``. Workers run here, not inside bookies: a worker is a
+session of ``--claim-ttl-s``. The operator verbs are ``scriba shell`` verbs
+(``scriba.autorecovery.shell``). Workers run here, not inside bookies: a worker is a
 ledger client, and ``bookie`` never imports ``client``.
 """
 
@@ -54,9 +49,8 @@ def config_from(args: argparse.Namespace, **extra: Any) -> AutorecoveryConfig:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("autorecovery", help="auditor + re-replication workers, and their verbs")
+    p = subparsers.add_parser("autorecovery", help="run the auditor and re-replication workers")
     p.add_argument("--metadata", default=None, help="metadata URI (default $SCRIBA_METADATA or ./sandbox-data)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="autorecovery_command", metavar="COMMAND", required=True)
     run = sub.add_parser("run", help="run the auditor (elected) and a replication worker")
     add_config_arguments(run)
@@ -71,28 +65,10 @@ def register(subparsers: Any) -> None:
     run.add_argument("--tick-s", type=float, default=1.0)
     run.add_argument("--http", default=None, help="HOST:PORT for /metrics")
     run.set_defaults(func=cmd_run)
-    from scriba.autorecovery.shell import VERBS
-
-    for verb in VERBS:
-        sp = sub.add_parser(verb.name, help=verb.help)
-        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-        sp.add_argument("--metadata", default=argparse.SUPPRESS)
-        verb.arguments(sp)
-        sp.set_defaults(func=_verb_runner(verb.run))
-
-
-def _verb_runner(run: Any) -> Any:
-    def call(args: argparse.Namespace) -> int:
-        from scriba.client.shell import resolve_metadata
-
-        code: int = asyncio.run(run(args, resolve_metadata(args.metadata)))
-        return code
-
-    return call
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from scriba.client.shell import resolve_metadata
+    from scriba.shell import resolve_metadata
 
     uri = resolve_metadata(args.metadata)
     if args.no_auditor and args.no_worker:

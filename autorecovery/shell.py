@@ -1,5 +1,4 @@
-"""Autorecovery's operator verbs: ``SHELL_VERBS`` for ``scriba shell``, also under
-``scriba autorecovery``.
+"""Autorecovery's verbs for ``scriba shell`` (``SHELL_VERBS``, found by ``scriba.shell``).
 
     list-underreplicated [--json]     every record: ledger, fragments, bookies, claim
     audit-now [--full]                ask the elected auditor for a checking pass now
@@ -15,41 +14,11 @@ stderr until no ledger references it; ``--mark-only`` leaves the copying to work
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from scriba.ids import BookieId
-
-Run = Callable[[argparse.Namespace, str], Awaitable[int]]
-
-
-def _none(parser: argparse.ArgumentParser) -> None:
-    """No arguments of its own."""
-
-
-try:  # the shell registry (scriba.shell.ShellVerb) where it has landed
-    from scriba.shell import ShellVerb as _ShellVerb  # type: ignore[import-not-found]
-except ModuleNotFoundError:
-    _ShellVerb = None
-
-
-@dataclass(frozen=True, slots=True)
-class Verb:
-    name: str
-    help: str
-    run: Run
-    arguments: Callable[[argparse.ArgumentParser], None] = _none
-
-
-def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
-    if getattr(args, "json", False):
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
-    else:
-        print(text)
+from scriba.shell import ShellVerb, emit
 
 
 async def _with_store(uri: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -69,7 +38,7 @@ async def cmd_list(args: argparse.Namespace, uri: str) -> int:
     lines = [f"{r['ledger_id']:>20}  fragments {r['fragments']}  bookies {','.join(r['bookies'])}"
              f"{'  claimed by ' + r['claimed_by'] if r['claimed_by'] else ''}"
              f"{'  error: ' + r['last_error'] if r['last_error'] else ''}" for r in rows]
-    _emit(args, rows, "\n".join(lines) or "(none)")
+    emit(args, rows, "\n".join(lines) or "(none)")
     return 0
 
 
@@ -77,7 +46,7 @@ async def cmd_audit_now(args: argparse.Namespace, uri: str) -> int:
     from scriba.autorecovery.commands import request_audit
 
     seq = await _with_store(uri, lambda s: request_audit(s, full=args.full))
-    _emit(args, {"sequence": seq, "full": args.full},
+    emit(args, {"sequence": seq, "full": args.full},
           f"audit requested (#{seq}{', full' if args.full else ''}); the elected auditor runs it")
     return 0
 
@@ -107,7 +76,7 @@ async def _drain(args: argparse.Namespace, uri: str, decommission: bool) -> int:
             await commands.start_decommission(client.store, bookie)
         if args.mark_only:
             n = await commands.mark_bookie(client.store, bookie, reason)
-            _emit(args, {"bookie_id": bookie, "ledgers_marked": n}, f"{bookie}: {n} ledgers marked")
+            emit(args, {"bookie_id": bookie, "ledgers_marked": n}, f"{bookie}: {n} ledgers marked")
             return 0
         total = await commands.drain(client, bookie, config_from(args), reason,
                                      progress=print_progress(bookie))
@@ -115,7 +84,7 @@ async def _drain(args: argparse.Namespace, uri: str, decommission: bool) -> int:
         if decommission:
             done = await commands.finish_decommission(client.store, bookie)
             doc["state"] = done.state.value
-        _emit(args, doc, f"{bookie}: {total} ledgers moved off"
+        emit(args, doc, f"{bookie}: {total} ledgers moved off"
               + ("; no ledger references it: it may be removed" if decommission else ""))
     return 0
 
@@ -142,21 +111,19 @@ async def cmd_status(args: argparse.Namespace, uri: str) -> int:
         f"claims: {len(doc['claims'])}",
         f"decommissions: {doc['decommissions'] or 'none'}",
     ]
-    _emit(args, doc, "\n".join(lines))
+    emit(args, doc, "\n".join(lines))
     return 0
 
 
-VERBS = (
-    Verb("list-underreplicated", "under-replicated ledgers, their fragments, bookies and claims", cmd_list),
-    Verb("audit-now", "ask the elected auditor to check every ledger now", cmd_audit_now, _audit_args),
-    Verb("recover-bookie", "re-replicate everything on BOOKIE now (progress shown)", cmd_recover_bookie,
-         _drain_args),
-    Verb("decommission", "drain a live BOOKIE, then mark it removable (progress shown)", cmd_decommission,
-         _drain_args),
-    Verb("autorecovery-status", "auditor leader and token, last checks, under-replication, claims",
-         cmd_status),
-)
-
-SHELL_VERBS = () if _ShellVerb is None else tuple(
-    _ShellVerb(v.name, v.help, v.run, v.arguments) for v in VERBS
+SHELL_VERBS = (
+    ShellVerb("list-underreplicated", "under-replicated ledgers, their fragments, bookies and claims",
+              cmd_list),
+    ShellVerb("audit-now", "ask the elected auditor to check every ledger now", cmd_audit_now,
+              _audit_args),
+    ShellVerb("recover-bookie", "re-replicate everything on BOOKIE now (progress shown)",
+              cmd_recover_bookie, _drain_args),
+    ShellVerb("decommission", "drain a live BOOKIE, then mark it removable (progress shown)",
+              cmd_decommission, _drain_args),
+    ShellVerb("autorecovery-status", "auditor leader and token, last checks, under-replication, claims",
+              cmd_status),
 )

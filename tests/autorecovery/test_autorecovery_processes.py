@@ -224,7 +224,7 @@ async def test_decommission_of_a_live_bookie_while_it_is_read(ar_cluster: ArClus
 def _scriba(*args: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "scriba.cli", "autorecovery", *args]
+    return [sys.executable, "-m", "scriba.cli", "shell", *args]
 
 
 async def test_the_auditor_killed_is_re_elected_and_still_repairs(ar_cluster: ArCluster) -> None:
