@@ -133,7 +133,7 @@ def test_entries_confirmed_while_waiting_for_a_spare_start_the_new_segment() -> 
     spares.names = []
     append(c, b"x")
     (timer,) = c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)
-    for e in range(1, 3):
+    for _ in range(1, 3):
         append(c, b"y")
     for e in range(3):
         c.on_add_response(BookieId("a"), e, OK)
