@@ -21,6 +21,7 @@ from scriba.log import configure
 # command modules, in the order ``scriba --help`` lists them
 COMMAND_MODULES = (
     "scriba.sandbox",          # scriba sandbox
+    "scriba.local_cluster",    # scriba local-cluster (terraform's local environment)
     "scriba.bookie.cli",       # scriba bookie run|format
     "scriba.client.shell",     # scriba shell <command>
     "scriba.client.bench",     # scriba bench
