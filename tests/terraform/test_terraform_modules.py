@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,57 @@ def test_local_environment_refuses_overlapping_ports(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "Port ranges overlap (metadata and bookie)" in " ".join(result.output.split()), result.output
     assert not (tmp_path / "data").exists()  # a refused plan starts nothing
+
+
+# --- the AWS first-boot scripts are valid shell ----------------------------------------
+
+_RENDER = """
+locals {
+  t = "%(templates)s"
+  prelude = { role = "bookie", cluster_name = "c", packages = "python3-venv", tls_enabled = false,
+              key_parameter = null, ca_cert_b64 = "", cert_b64 = "", key_b64 = "" }
+  tls_ssm = merge(local.prelude, { tls_enabled = true, key_parameter = "/c/key", ca_cert_b64 = "Q0E=", cert_b64 = "Q0U=" })
+  tls_pem = merge(local.prelude, { tls_enabled = true, ca_cert_b64 = "Q0E=", cert_b64 = "Q0U=", key_b64 = "S0VZ" })
+  member = { name = "etcd-1", ip = "10.0.0.10", region = "r", zone = "z", cluster_name = "c", volume_id = "vol-3",
+             client_port = 2379, peer_port = 2380, peer_scheme = "http", initial_cluster = "etcd-1=http://10.0.0.10:2380",
+             tls_args = "" }
+}
+output "scripts" {
+  value = {
+    bookie = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_ssm),
+      templatefile("${local.t}/bookie.sh.tftpl", { bookie_id = "z.r.1", region = "r", zone = "z", rack = "r",
+        journal_volume_id = "vol-1", ledger_volume_id = "vol-2", metadata_uri = "etcd://10.0.0.10:2379/s",
+        bookie_port = 3181, http_port = 8000, scriba_package = "scriba", pip_index_args = "",
+        topology_b64 = "e30=", extra_args = "" })])
+    etcd = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_pem),
+      templatefile("${local.t}/etcd.sh.tftpl", local.member)])
+    zookeeper = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.prelude),
+      templatefile("${local.t}/zookeeper.sh.tftpl", merge(local.member, { myid = 1, servers = "server.1=10.0.0.10:2888:3888" }))])
+  }
+}
+"""
+
+
+def test_aws_first_boot_scripts_are_valid_shell(tmp_path: Path) -> None:
+    tree = TerraformTree(tmp_path)
+    render = tree.path("render")
+    render.mkdir()
+    (render / "main.tf").write_text(_RENDER % {"templates": tree.path("modules/aws-cluster/templates")})
+    tree.init("render")
+    tree.run("render", "apply", "-auto-approve", "-no-color")
+    scripts = json.loads(tree.run("render", "output", "-json").stdout)["scripts"]["value"]
+    assert sorted(scripts) == ["bookie", "etcd", "zookeeper"]
+    for role, text in scripts.items():
+        script = tmp_path / f"{role}.sh"
+        script.write_text(text)
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, f"{role}: {check.stderr}"
+        assert text.startswith("#!/bin/bash\n") and "set -euo pipefail" in text
+    assert "--advertise $ip --id z.r.1 --region r --zone z --rack r" in scripts["bookie"]
+    assert "aws ssm get-parameter" in scripts["bookie"] and "S0VZ" not in scripts["bookie"]
+    assert "echo 'S0VZ' | base64 -d > /etc/scriba/tls/key.pem" in scripts["etcd"]
+    assert "/etc/scriba/tls" not in scripts["zookeeper"]
+    # negative control: bash -n does catch a broken script
+    broken = tmp_path / "broken.sh"
+    broken.write_text(scripts["bookie"].replace("done\n", "\n", 1))
+    assert subprocess.run(["bash", "-n", str(broken)], capture_output=True).returncode != 0
