@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ AWS_MIRROR_CANDIDATES = ("/opt/tf-plugins", "/usr/share/terraform/plugins", "/us
                          str(Path.home() / ".terraform.d" / "plugins"))
 _AWS_PROVIDER = "registry.terraform.io/hashicorp/aws"
 COMMAND_TIMEOUT_S = 240.0
+PORT_ATTEMPTS_MAX = 200
 
 requires_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed (not on PATH)")
 
@@ -42,6 +44,33 @@ def requires_aws_mirror() -> None:
     if aws_mirror() is None:
         pytest.skip(f"no filesystem mirror of hashicorp/aws (set SCRIBA_TF_AWS_MIRROR; looked in "
                     f"{', '.join(AWS_MIRROR_CANDIDATES)})")
+
+
+def port_free(port: int) -> bool:
+    """A server could listen on the port now (SO_REUSEADDR, as etcd and gRPC set it: closed
+    connections' TIME_WAIT does not count, a listener or an open connection does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(count: int, taken: set[int]) -> int:
+    """The first of ``count`` consecutive ports on 127.0.0.1 free now and not in ``taken``
+    (which it extends), for modules that compute their ports from a base."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        start = s.getsockname()[1]
+    for attempt in range(PORT_ATTEMPTS_MAX):
+        base = 20000 + (start + 97 * attempt) % 40000
+        ports = range(base, base + count)
+        if not taken.intersection(ports) and all(port_free(p) for p in ports):
+            taken.update(ports)
+            return base
+    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 @dataclass

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from terraform_kit import free_port_range
 
 from scriba.client import Client
 from scriba.errors import ConfigError
@@ -74,26 +74,6 @@ def test_a_process_that_ignores_sigterm_is_killed() -> None:
         proc.wait()
 
 
-def _free_base(count: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65535 and all(_bindable(p) for p in range(base, base + count)):
-            return base
-    raise AssertionError("no free port range")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 async def _write(uri: str, entries: int) -> int:
     async with Client.connect(uri) as client:
         writer = await client.create_ledger(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1,
@@ -112,7 +92,7 @@ async def _read(uri: str, ledger_id: int) -> list[bytes]:
 
 def test_start_stop_keep_data_restart_and_remove(tmp_path: Path) -> None:
     data = tmp_path / "cluster"
-    base = _free_base(4)
+    base = free_port_range(4, set())
     spec = BookieSpec("z1.r1.1", "", "reg", "z1", "r1", base + 2, base + 3)
     try:
         uri = start_metadata(data, members=1, port_base=base, prefix="t")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from terraform_kit import TerraformTree, requires_terraform
+from terraform_kit import TerraformTree, free_port_range, port_free, requires_terraform
 
 from scriba.client import Client
 from scriba.local_cluster import ProcessRecord
@@ -33,33 +32,6 @@ BOOKIES = 8
 METADATA_MEMBERS = 3
 SCRIBA = [sys.executable, "-m", "scriba.cli"]
 CLI_TIMEOUT_S = 120.0
-PORT_ATTEMPTS_MAX = 200
-
-
-def _port_free(port: int) -> bool:
-    """A server could listen on the port now (SO_REUSEADDR, as etcd and gRPC set it: closed
-    connections' TIME_WAIT does not count, a listener or an open connection does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_range(count: int, taken: set[int]) -> int:
-    """The first port of ``count`` consecutive ports free now (and not in ``taken``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        start = s.getsockname()[1]
-    for attempt in range(PORT_ATTEMPTS_MAX):
-        base = 20000 + (start + 97 * attempt) % 40000
-        ports = range(base, base + count)
-        if not taken.intersection(ports) and all(_port_free(p) for p in ports):
-            taken.update(ports)
-            return base
-    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 def _scriba(*args: str) -> subprocess.CompletedProcess[str]:
@@ -97,9 +69,9 @@ def test_apply_use_reapply_destroy(tmp_path: Path) -> None:
     tree.init(ENV, backend=True)
     taken: set[int] = set()
     ports = {
-        "metadata_port_base": _free_range(2 * METADATA_MEMBERS, taken),
-        "bookie_port_base": _free_range(BOOKIES, taken),
-        "http_port_base": _free_range(BOOKIES, taken),
+        "metadata_port_base": free_port_range(2 * METADATA_MEMBERS, taken),
+        "bookie_port_base": free_port_range(BOOKIES, taken),
+        "http_port_base": free_port_range(BOOKIES, taken),
     }
     data_dir = tmp_path / "cluster-data"
     tree.path(f"{ENV}/test.auto.tfvars.json").write_text(json.dumps({
@@ -159,4 +131,4 @@ def test_apply_use_reapply_destroy(tmp_path: Path) -> None:
                     r.stop()
     assert [r.pid for r in records if r.alive] == []
     assert not data_dir.exists()
-    assert [p for p in all_ports if not _port_free(p)] == []
+    assert [p for p in all_ports if not port_free(p)] == []

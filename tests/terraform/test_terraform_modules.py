@@ -144,8 +144,7 @@ run "four_copies_over_three_zones" {
     cluster_name      = "demo"
     region_name       = "eu-west-1"
     zones             = { "eu-west-1a" = { r = 2 }, "eu-west-1b" = { r = 2 }, "eu-west-1c" = { r = 2 } }
-    ensemble_size     = 4
-    write_quorum_size = 4
+    placement         = { ensemble_size = 4, write_quorum_size = 4 }
   }
 }
 """)

@@ -13,10 +13,10 @@ module "topology" {
   source = "../../modules/topology"
 
   regions           = var.regions
-  placement_policy  = var.placement_policy
-  ensemble_size     = var.ensemble_size
-  write_quorum_size = var.write_quorum_size
-  ack_quorum_size   = var.ack_quorum_size
+  placement_policy  = var.placement.policy
+  ensemble_size     = var.placement.ensemble_size
+  write_quorum_size = var.placement.write_quorum_size
+  ack_quorum_size   = var.placement.ack_quorum_size
   metadata_store    = "etcd"
   metadata_members  = var.metadata_members
 }

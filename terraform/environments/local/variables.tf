@@ -13,32 +13,16 @@ variable "regions" {
   nullable = false
 }
 
-variable "placement_policy" {
-  description = "Placement policy the shape is checked against (random, rack-aware, zone-aware, region-aware)."
-  type        = string
-  default     = "zone-aware"
-  nullable    = false
-}
-
-variable "ensemble_size" {
-  description = "Ensemble size clients will use; the cluster must hold at least this many bookies."
-  type        = number
-  default     = 3
-  nullable    = false
-}
-
-variable "write_quorum_size" {
-  description = "Write quorum clients will use (zone-aware placement needs this many zones)."
-  type        = number
-  default     = 3
-  nullable    = false
-}
-
-variable "ack_quorum_size" {
-  description = "Ack quorum clients will use."
-  type        = number
-  default     = 2
-  nullable    = false
+variable "placement" {
+  description = "What clients will use — placement policy (random, rack-aware, zone-aware, region-aware) and quorums; modules/topology checks the shape against it."
+  type = object({
+    policy            = optional(string, "zone-aware")
+    ensemble_size     = optional(number, 3)
+    write_quorum_size = optional(number, 3)
+    ack_quorum_size   = optional(number, 2)
+  })
+  default  = {}
+  nullable = false
 }
 
 variable "metadata_members" {

@@ -20,10 +20,7 @@ module "scriba" {
     "${var.region}c" = { rack-1 = 1, rack-2 = 1 }
   }
 
-  placement_policy  = "zone-aware"
-  ensemble_size     = 3
-  write_quorum_size = 3
-  ack_quorum_size   = 2
+  placement = { policy = "zone-aware", ensemble_size = 3, write_quorum_size = 3, ack_quorum_size = 2 }
 
   metadata_store   = "etcd"
   metadata_members = 3

@@ -16,11 +16,8 @@ module "cluster" {
       zone-2c = { rack-1 = 1 }
     }
   }
-  placement_policy  = "zone-aware"
-  ensemble_size     = 3
-  write_quorum_size = 3
-  ack_quorum_size   = 2
-  metadata_members  = 3
+  placement        = { policy = "zone-aware", ensemble_size = 3, write_quorum_size = 3, ack_quorum_size = 2 }
+  metadata_members = 3
 
   data_dir       = var.data_dir
   scriba_command = var.scriba_command

@@ -5,22 +5,22 @@ output "metadata_uri" {
 
 output "bookie_addresses" {
   description = "Bookie id => private gRPC address (ip:port)."
-  value       = { for id, i in aws_instance.bookie : id => "${i.private_ip}:${var.bookie_port}" }
+  value       = { for id in keys(local.bookies) : id => "${aws_instance.node[id].private_ip}:${var.bookie_port}" }
 }
 
 output "bookies" {
   description = "Bookie id => {instance_id, private_ip, address, http_address, region, zone, rack, journal_volume_id, ledger_volume_id}."
   value = {
     for id, b in local.bookies : id => {
-      instance_id       = aws_instance.bookie[id].id
-      private_ip        = aws_instance.bookie[id].private_ip
-      address           = "${aws_instance.bookie[id].private_ip}:${var.bookie_port}"
-      http_address      = "${aws_instance.bookie[id].private_ip}:${var.http_port}"
+      instance_id       = aws_instance.node[id].id
+      private_ip        = aws_instance.node[id].private_ip
+      address           = "${aws_instance.node[id].private_ip}:${var.bookie_port}"
+      http_address      = "${aws_instance.node[id].private_ip}:${var.http_port}"
       region            = b.region
       zone              = b.zone
       rack              = b.rack
-      journal_volume_id = aws_ebs_volume.journal[id].id
-      ledger_volume_id  = aws_ebs_volume.ledger[id].id
+      journal_volume_id = aws_ebs_volume.node["${id}/journal"].id
+      ledger_volume_id  = aws_ebs_volume.node["${id}/ledger"].id
     }
   }
 }
@@ -29,7 +29,7 @@ output "metadata_members" {
   description = "Metadata member name => {instance_id, private_ip, zone}."
   value = {
     for name, m in local.metadata_members : name => {
-      instance_id = aws_instance.metadata[name].id
+      instance_id = aws_instance.node[name].id
       private_ip  = local.metadata_ips[name]
       zone        = m.zone
     }

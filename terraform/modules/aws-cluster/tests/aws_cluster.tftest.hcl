@@ -34,31 +34,31 @@ run "three_zones" {
     error_message = "subnets: ${jsonencode([for s in aws_subnet.this : s.cidr_block])}"
   }
   assert {
-    condition     = length(aws_instance.bookie) == 6 && length(aws_instance.metadata) == 3
-    error_message = "instances: ${length(aws_instance.bookie)} bookies, ${length(aws_instance.metadata)} metadata"
+    condition     = length([for i in aws_instance.node : i if i.tags["scriba:role"] == "bookie"]) == 6 && length([for i in aws_instance.node : i if i.tags["scriba:role"] == "metadata"]) == 3 && length(aws_instance.node) == 9
+    error_message = "instances: ${jsonencode(keys(aws_instance.node))}"
   }
   assert {
-    condition     = length(aws_ebs_volume.journal) == 6 && length(aws_ebs_volume.ledger) == 6 && length(aws_ebs_volume.metadata) == 3
-    error_message = "volumes: ${length(aws_ebs_volume.journal)} journal, ${length(aws_ebs_volume.ledger)} ledger, ${length(aws_ebs_volume.metadata)} metadata"
+    condition     = length([for k, v in aws_ebs_volume.node : v if endswith(k, "/journal")]) == 6 && length([for k, v in aws_ebs_volume.node : v if endswith(k, "/ledger")]) == 6 && length([for k, v in aws_ebs_volume.node : v if endswith(k, "/data")]) == 3 && length(aws_ebs_volume.node) == 15
+    error_message = "volumes: ${jsonencode(keys(aws_ebs_volume.node))}"
   }
   assert {
-    condition     = length(aws_volume_attachment.journal) == 6 && length(aws_volume_attachment.ledger) == 6 && length(aws_volume_attachment.metadata) == 3
-    error_message = "volume attachments"
+    condition     = alltrue([for k, a in aws_volume_attachment.node : a.volume_id == aws_ebs_volume.node[k].id && a.instance_id == aws_instance.node[split("/", k)[0]].id]) && length(aws_volume_attachment.node) == 15
+    error_message = "every volume is attached to its own node"
   }
   assert {
-    condition     = alltrue([for v in aws_ebs_volume.journal : v.type == "gp3" && v.size == 50 && v.iops == 3000 && v.throughput == 125 && v.encrypted])
+    condition     = alltrue([for v in [for k, v in aws_ebs_volume.node : v if endswith(k, "/journal")] : v.type == "gp3" && v.size == 50 && v.iops == 3000 && v.throughput == 125 && v.encrypted])
     error_message = "journal volumes: gp3, 50 GiB, 3000 IOPS, 125 MiB/s, encrypted"
   }
   assert {
-    condition     = alltrue([for id, v in aws_ebs_volume.ledger : v.size == 500 && v.availability_zone == aws_instance.bookie[id].availability_zone || v.availability_zone == split(".", id)[0]])
-    error_message = "each ledger volume is in its bookie's zone"
+    condition     = alltrue([for k, v in aws_ebs_volume.node : v.availability_zone == aws_instance.node[split("/", k)[0]].tags["scriba:zone"] && (endswith(k, "/ledger") ? v.size == 500 : true)])
+    error_message = "each volume is in its node's zone; ledger volumes have 500 GiB"
   }
   assert {
     condition     = length(aws_placement_group.rack) == 3 && alltrue([for pg in aws_placement_group.rack : pg.strategy == "spread" && pg.spread_level == "rack"])
     error_message = "one spread placement group per rack"
   }
   assert {
-    condition     = aws_instance.bookie["eu-west-1b.rack-1.2"].placement_group == aws_placement_group.rack["eu-west-1b.rack-1"].name
+    condition     = aws_instance.node["eu-west-1b.rack-1.2"].placement_group == aws_placement_group.rack["eu-west-1b.rack-1"].name
     error_message = "a bookie runs in its rack's placement group"
   }
   assert {
@@ -78,27 +78,27 @@ run "three_zones" {
     error_message = "metadata URI: ${output.metadata_uri}"
   }
   assert {
-    condition     = [for m in aws_instance.metadata : m.private_ip] == ["10.42.0.10", "10.42.1.11", "10.42.2.12"]
+    condition     = [for m in [for i in aws_instance.node : i if i.tags["scriba:role"] == "metadata"] : m.private_ip] == ["10.42.0.10", "10.42.1.11", "10.42.2.12"]
     error_message = "metadata members at fixed addresses, one per zone"
   }
   assert {
-    condition     = strcontains(aws_instance.bookie["eu-west-1c.rack-1.1"].user_data, "--id eu-west-1c.rack-1.1 --region eu-west-1 --zone eu-west-1c --rack rack-1")
+    condition     = strcontains(aws_instance.node["eu-west-1c.rack-1.1"].user_data, "--id eu-west-1c.rack-1.1 --region eu-west-1 --zone eu-west-1c --rack rack-1")
     error_message = "the bookie starts with its location from the topology"
   }
   assert {
-    condition     = strcontains(aws_instance.bookie["eu-west-1c.rack-1.1"].user_data, "--metadata etcd://10.42.0.10:2379,10.42.1.11:2379,10.42.2.12:2379/scriba")
+    condition     = strcontains(aws_instance.node["eu-west-1c.rack-1.1"].user_data, "--metadata etcd://10.42.0.10:2379,10.42.1.11:2379,10.42.2.12:2379/scriba")
     error_message = "the bookie starts with the metadata URI"
   }
   assert {
-    condition     = strcontains(aws_instance.bookie["eu-west-1a.rack-1.1"].user_data, "mount_volume ${aws_ebs_volume.journal["eu-west-1a.rack-1.1"].id} /dev/sdf /var/lib/scriba/journal") && strcontains(aws_instance.bookie["eu-west-1a.rack-1.1"].user_data, "mount_volume ${aws_ebs_volume.ledger["eu-west-1a.rack-1.1"].id} /dev/sdg /var/lib/scriba/ledgers")
+    condition     = strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "mount_volume ${aws_ebs_volume.node["eu-west-1a.rack-1.1/journal"].id} /dev/sdf /var/lib/scriba/journal") && strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "mount_volume ${aws_ebs_volume.node["eu-west-1a.rack-1.1/ledger"].id} /dev/sdg /var/lib/scriba/ledgers")
     error_message = "the bookie mounts its own journal and ledger volumes"
   }
   assert {
-    condition     = strcontains(aws_instance.metadata["etcd-2"].user_data, "--initial-cluster etcd-1=http://10.42.0.10:2380,etcd-2=http://10.42.1.11:2380,etcd-3=http://10.42.2.12:2380")
+    condition     = strcontains(aws_instance.node["etcd-2"].user_data, "--initial-cluster etcd-1=http://10.42.0.10:2380,etcd-2=http://10.42.1.11:2380,etcd-3=http://10.42.2.12:2380")
     error_message = "etcd members know each other"
   }
   assert {
-    condition     = !strcontains(aws_instance.bookie["eu-west-1a.rack-1.1"].user_data, "/etc/scriba/tls/ca.pem")
+    condition     = !strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "/etc/scriba/tls/ca.pem")
     error_message = "no TLS material without var.tls"
   }
   assert {
@@ -106,7 +106,7 @@ run "three_zones" {
     error_message = "topology file: ${output.topology_json}"
   }
   assert {
-    condition     = alltrue([for i in aws_instance.bookie : i.metadata_options[0].http_tokens == "required" && i.associate_public_ip_address])
+    condition     = alltrue([for i in aws_instance.node : i.metadata_options[0].http_tokens == "required" && i.associate_public_ip_address])
     error_message = "IMDSv2 only; public addresses in the created VPC"
   }
 }
@@ -138,11 +138,11 @@ run "five_zones_zookeeper" {
     error_message = "5 subnets, 6 placement groups"
   }
   assert {
-    condition     = length(aws_instance.bookie) == 6 && length(aws_instance.metadata) == 5 && length(aws_ebs_volume.journal) == 6 && length(aws_ebs_volume.ledger) == 6 && length(aws_ebs_volume.metadata) == 5
+    condition     = length([for i in aws_instance.node : i if i.tags["scriba:role"] == "bookie"]) == 6 && length([for i in aws_instance.node : i if i.tags["scriba:role"] == "metadata"]) == 5 && length([for k, v in aws_ebs_volume.node : v if endswith(k, "/journal")]) == 6 && length([for k, v in aws_ebs_volume.node : v if endswith(k, "/ledger")]) == 6 && length([for k, v in aws_ebs_volume.node : v if endswith(k, "/data")]) == 5
     error_message = "6 bookies with 12 volumes, 5 metadata members"
   }
   assert {
-    condition     = length(toset([for m in aws_instance.metadata : m.subnet_id])) == 5
+    condition     = length(toset([for m in [for i in aws_instance.node : i if i.tags["scriba:role"] == "metadata"] : m.subnet_id])) == 5
     error_message = "the 5 members are in 5 zones"
   }
   # grpc x2, http, zk client x2, zk peer 2888 + election 3888, ssh x2
@@ -155,11 +155,11 @@ run "five_zones_zookeeper" {
     error_message = "metadata URI: ${output.metadata_uri}"
   }
   assert {
-    condition     = strcontains(aws_instance.metadata["zookeeper-5"].user_data, "server.5=") && strcontains(aws_instance.metadata["zookeeper-5"].user_data, "echo 5 > /var/lib/scriba-zookeeper/myid")
+    condition     = strcontains(aws_instance.node["zookeeper-5"].user_data, "server.5=") && strcontains(aws_instance.node["zookeeper-5"].user_data, "echo 5 > /var/lib/scriba-zookeeper/myid")
     error_message = "ZooKeeper servers know each other and their ids"
   }
   assert {
-    condition     = strcontains(aws_instance.bookie["us-east-1b.rack-1.1"].user_data, "--name '/demo/tls/key'") && !strcontains(aws_instance.bookie["us-east-1b.rack-1.1"].user_data, "PRIVATE KEY")
+    condition     = strcontains(aws_instance.node["us-east-1b.rack-1.1"].user_data, "--name '/demo/tls/key'") && !strcontains(aws_instance.node["us-east-1b.rack-1.1"].user_data, "PRIVATE KEY")
     error_message = "the TLS key comes from SSM, not from user data"
   }
   assert {
@@ -198,7 +198,7 @@ run "existing_vpc_with_tls" {
     error_message = "no network created in an existing VPC"
   }
   assert {
-    condition     = aws_instance.bookie["eu-west-1b.rack-1.1"].subnet_id == "subnet-b" && !aws_instance.bookie["eu-west-1b.rack-1.1"].associate_public_ip_address
+    condition     = aws_instance.node["eu-west-1b.rack-1.1"].subnet_id == "subnet-b" && !aws_instance.node["eu-west-1b.rack-1.1"].associate_public_ip_address
     error_message = "bookies use the given subnets, without public addresses"
   }
   assert {
@@ -210,11 +210,11 @@ run "existing_vpc_with_tls" {
     error_message = "clients default to the existing VPC's CIDR"
   }
   assert {
-    condition     = strcontains(aws_instance.metadata["etcd-1"].user_data, "--peer-client-cert-auth") && strcontains(aws_instance.metadata["etcd-1"].user_data, "etcd-2=https://10.9.2.11:2380")
+    condition     = strcontains(aws_instance.node["etcd-1"].user_data, "--peer-client-cert-auth") && strcontains(aws_instance.node["etcd-1"].user_data, "etcd-2=https://10.9.2.11:2380")
     error_message = "etcd peers use TLS"
   }
   assert {
-    condition     = strcontains(aws_instance.bookie["eu-west-1a.rack-1.1"].user_data, base64encode("-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n"))
+    condition     = strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, base64encode("-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n"))
     error_message = "the key is written from the variable"
   }
   assert {
