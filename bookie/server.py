@@ -134,7 +134,7 @@ class Bookie:
         await self._start_grpc(self.service)
         if cfg.http_host is not None:
             self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
-                                      metrics=self.metrics.exposition)
+                                      metrics=self.metrics.exposition, gc=lambda: self.gc)
             await self._http.start()
         free, total = self._disk_usage()
         record = BookieRegistration(
@@ -158,7 +158,8 @@ class Bookie:
         await self.registration.start()
         self.state.started = True
         self.gc = GarbageCollector(
-            storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s
+            storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s,
+            policy=cfg.compaction_policy,
         )
         self.gc.start()
         log.info("bookie_started", bookie_id=self.bookie_id, address=self.address,
