@@ -11,6 +11,7 @@ that holds it). Nothing here reaches the network.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,7 @@ AWS_MIRROR_CANDIDATES = ("/opt/tf-plugins", "/usr/share/terraform/plugins", "/us
 _AWS_PROVIDER = "registry.terraform.io/hashicorp/aws"
 COMMAND_TIMEOUT_S = 240.0
 PORT_ATTEMPTS_MAX = 200
+PORT_RANGE = (10000, 32000)  # [low, high): below Linux's ephemeral ports (32768-60999)
 
 requires_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed (not on PATH)")
 
@@ -60,12 +62,14 @@ def port_free(port: int) -> bool:
 
 def free_port_range(count: int, taken: set[int]) -> int:
     """The first of ``count`` consecutive ports on 127.0.0.1 free now and not in ``taken``
-    (which it extends), for modules that compute their ports from a base."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        start = s.getsockname()[1]
+    (which it extends), for modules that compute their ports from a base.
+
+    The range lies below the kernel's ephemeral ports, so that no other process's
+    ``bind(0)`` or outgoing connection takes one between this check and its use."""
+    low, high = PORT_RANGE
+    first = random.Random().randrange(low, high - count)
     for attempt in range(PORT_ATTEMPTS_MAX):
-        base = 20000 + (start + 97 * attempt) % 40000
+        base = low + (first - low + 97 * attempt) % (high - count - low)
         ports = range(base, base + count)
         if not taken.intersection(ports) and all(port_free(p) for p in ports):
             taken.update(ports)
