@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "scriba.bookie.cli",       # scriba bookie run|format
     "scriba.shell",            # scriba shell <verb> (verbs registered by each layer)
     "scriba.client.bench",     # scriba bench
+    "scriba.autorecovery.cli",  # scriba autorecovery run|<verb>
     "scriba.demo",             # scriba demo (metadata API demo)
     "scriba.testing.faults_cli",  # scriba faults-proxy
 )
