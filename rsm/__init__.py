@@ -1,0 +1,1 @@
+"""Replicated state machines on log streams (filled in below)."""
