@@ -121,8 +121,10 @@ class ReplicatedStateMachine:
         self._started = False
         self._stopped: ScribaError | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
+        self._tail_task: asyncio.Task[None] | None = None
         self.proposals_total = 0
-        self.snapshot_info: Any = None
+        self.snapshot_info: Any = None  # the newest snapshot this replica stored or restored
+        self.restored_from: Any = None  # the last snapshot restored
         self._log = log.bind(rsm=f"{namespace}/{name}", replica=self.replica_id)
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -146,7 +148,8 @@ class ReplicatedStateMachine:
         except BaseException:
             await mb.deregister(self.client.store, self.group, self.replica_id)
             raise
-        for coro in (self._tail_loop(), self._campaign_loop(), self._watch_leader()):
+        self._tail_task = self._spawn(self._tail_loop())
+        for coro in (self._campaign_loop(), self._watch_leader()):
             self._spawn(coro)
         self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
         return self
@@ -166,6 +169,11 @@ class ReplicatedStateMachine:
         with contextlib.suppress(ScribaError):
             await self._election.resign()
         current = asyncio.current_task()
+        self._changed.set()
+        if self._tail_task is not None and self._tail_task is not current:
+            # let the tail close its reader itself (it polls; cancelling a reader mid-close can leave its
+            # producer running: see the report)
+            await asyncio.wait({self._tail_task}, timeout=5.0)
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
@@ -345,7 +353,8 @@ class ReplicatedStateMachine:
             self._fatal(exc)
             raise
         self.role.restored_to(info.position)
-        self.snapshot_info = info
+        self.schedule.restored(info.position)
+        self.snapshot_info = self.restored_from = info
         self._log.info("rsm_snapshot_restored", position=str(info.position), ledger_id=info.ledger_id)
         self._changed.set()
         return True

@@ -60,6 +60,13 @@ class SnapshotSchedule:
         self.records_since = 0
         self.bytes_since = 0
 
+    def restored(self, position: Position) -> None:
+        """A snapshot was restored: count from it (the records it covers need no new snapshot)."""
+        self.records_since = 0
+        self.bytes_since = 0
+        if self.last_position is None or position > self.last_position:
+            self.last_position = position
+
     def finished(self, position: Position | None) -> None:
         """``position``: the snapshot stored, or None if it failed (it becomes due again)."""
         invariant(self.running, "snapshot finished that was not started")

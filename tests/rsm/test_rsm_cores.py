@@ -325,6 +325,11 @@ def test_schedule_by_commands_bytes_and_demand() -> None:
     assert not s.due()
     s.on_demand()
     assert s.due()
+    s.started()
+    s.finished(P(10))
+    s.on_applied(100, 0)
+    s.restored(P(50))
+    assert not s.due() and s.last_position == P(50)  # counts from the snapshot restored
     never = SnapshotSchedule(None, None)
     never.on_applied(10**9, 10**12)
     assert not never.due()

@@ -278,7 +278,7 @@ async def test_snapshots_truncate_and_restart_restores_with_the_same_digest(env:
     assert await new.read(b"digest") == digest and await new.read(b"get") == b"120"
     for r in restarted:
         await until(lambda r=r: r.applied == new.applied)
-        assert r.snapshot_info is not None and r.snapshot_info.position == catalog.snapshots[-1].position
+        assert r.restored_from is not None and r.restored_from.position == catalog.snapshots[-1].position
         machine = r.state.machine
         assert isinstance(machine, Counter)
         assert len(machine.log) < 40  # replayed only the tail after the snapshot
@@ -302,7 +302,7 @@ async def test_corrupt_newest_snapshot_falls_back_to_the_previous(env: Env) -> N
     doc["snapshots"][-1]["digest"] = "0" * 64  # the newest no longer matches its bytes
     await store.set(key, json.dumps(doc).encode(), expected_version=raw.version)
     again = await env.replica("r1", config=SNAP)
-    assert again.snapshot_info is not None and again.snapshot_info.position == first
+    assert again.restored_from is not None and again.restored_from.position == first
     await until(lambda: again.is_leader)
     assert await again.read(b"get") == b"20"
 
