@@ -67,7 +67,7 @@ async def main(uri: str, replica_id: str, address: str, trace_path: str, machine
     configure(stream=sys.stderr)  # stdout carries READY only
     store = await connect(uri, session_timeout_s=2.0)
     client = await Client.connect(uri, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
-    with open(trace_path, "a") as trace:
+    with open(trace_path, "a") as trace:  # noqa: ASYNC230 - opened once at start, before serving
         rsm = ReplicatedStateMachine(client, namespace="apps", name=machine, state_machine=Traced(trace, machine == "register"),
                                      replica_id=replica_id, address=address, config=RsmConfig(**config))
         await rsm.start()

@@ -81,10 +81,11 @@ class Group:
         r.incarnation += 1
         trace = r.dir / f"{r.rid}-{r.incarnation}.trace"
         r.traces.append(trace)
-        r.proc = await asyncio.create_subprocess_exec(
-            sys.executable, PROC, self.uri, r.rid, r.address, str(trace), self.machine, json.dumps(self.config),
-            stdout=asyncio.subprocess.PIPE, stderr=open(r.dir / f"{r.rid}-{r.incarnation}.log", "w"),
-        )
+        with (r.dir / f"{r.rid}-{r.incarnation}.log").open("w") as log_file:  # noqa: ASYNC230
+            r.proc = await asyncio.create_subprocess_exec(
+                sys.executable, PROC, self.uri, r.rid, r.address, str(trace), self.machine, json.dumps(self.config),
+                stdout=asyncio.subprocess.PIPE, stderr=log_file,
+            )
         assert r.proc.stdout is not None
         line = await asyncio.wait_for(r.proc.stdout.readline(), 60)
         assert line.strip() == b"READY", f"{r.rid} did not start: {line!r}"
