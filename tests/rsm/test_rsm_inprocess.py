@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,3 +325,13 @@ async def test_position_tokens_are_strings_too(env: Env) -> None:
     committed = await r.submit(b"incr")
     assert await r.read(b"get", "after", after=str(committed.position)) == b"1"
     assert isinstance(committed.position, Position)
+
+
+
+
+def test_sync_facade() -> None:
+    """The blocking facade drives a replica from plain code. It runs in a child process: its
+    event-loop thread trips a CPython 3.11 ``ast`` bug in pytest's own session-end imports."""
+    script = Path(__file__).with_name("sync_facade_script.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK 1 1 leader s1"), done.stdout + done.stderr

@@ -81,7 +81,7 @@ class Group:
         r.incarnation += 1
         trace = r.dir / f"{r.rid}-{r.incarnation}.trace"
         r.traces.append(trace)
-        with (r.dir / f"{r.rid}-{r.incarnation}.log").open("w") as log_file:  # noqa: ASYNC230
+        with (r.dir / f"{r.rid}-{r.incarnation}.log").open("w") as log_file:
             r.proc = await asyncio.create_subprocess_exec(
                 sys.executable, PROC, self.uri, r.rid, r.address, str(trace), self.machine, json.dumps(self.config),
                 stdout=asyncio.subprocess.PIPE, stderr=log_file,
