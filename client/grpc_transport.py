@@ -48,17 +48,19 @@ use dials afresh.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from itertools import accumulate, repeat
 from typing import Any, Final
 
 import grpc
 import grpc.aio
 
-from scriba.client.transport import AddCallback, AddRunCallback, BookieInfo, LacResult
+from scriba.client.transport import AddCallback, AddRunCallback, BookieInfo, EntryRun, LacResult
 from scriba.errors import (
+    InternalError,
     NoSuchEntryError,
     ScribaError,
     Status,
@@ -71,6 +73,7 @@ from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
+from scriba.proto.packed import run_ends
 
 log = get_logger(__name__)
 
@@ -248,6 +251,7 @@ class GrpcBookieTransport:
         *,
         add_timeout_s: float = 10.0,
         read_timeout_s: float = 5.0,
+        packed_reads: bool = True,
         batch_entries_max: int = 512,
         batch_bytes_max: int = 1024 * 1024,
         inflight_bytes_max: int = 64 * 1024 * 1024,
@@ -262,6 +266,7 @@ class GrpcBookieTransport:
         self._resolve = resolve
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.packed_reads = packed_reads  # ask range reads as runs (False: as an old client)
         self.batch_entries_max = batch_entries_max
         self.batch_bytes_max = batch_bytes_max
         self.send_window_entries = batch_entries_max * batches_inflight_max
@@ -794,6 +799,29 @@ class GrpcBookieTransport:
         max_bytes: int = 4 * 1024 * 1024,
         timeout_s: float | None = None,
     ) -> list[bytes]:
+        entries: list[bytes] = []
+        runs = self.read_runs(
+            bookie_id, ledger_id, first_entry_id, last_entry_id,
+            max_entries=max_entries, max_bytes=max_bytes, timeout_s=timeout_s,
+        )
+        async with contextlib.aclosing(runs):
+            async for run in runs:
+                entries += run.entries()
+        return entries
+
+    async def read_runs(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        first_entry_id: EntryId,
+        last_entry_id: EntryId,
+        *,
+        max_entries: int = 1024,
+        max_bytes: int = 4 * 1024 * 1024,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[EntryRun, None]:
+        """One ReadRange stream, each chunk yielded as a run as it arrives (packed chunks
+        as they came; a chunk of an old bookie's ``entries`` joined into one)."""
         conn, stub = self._stub(bookie_id)
         request = pb.ReadRangeRequest(
             ledger_id=ledger_id,
@@ -801,29 +829,30 @@ class GrpcBookieTransport:
             last_entry_id=last_entry_id,
             max_entries=max_entries,
             max_bytes=max_bytes,
+            packed=self.packed_reads,
         )
-        entries: list[bytes] = []
+        got = 0
         call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
         try:
             async for chunk in call:
-                if chunk.status == 0:
-                    entries.extend(chunk.entries)
-                    if len(entries) >= max_entries:
+                run = _chunk_run(chunk, bookie_id, ledger_id, first_entry_id + got, max_entries - got)
+                if run is not None:
+                    got += len(run)
+                    yield run
+                if chunk.status != 0:
+                    if got:  # a short answer: the caller goes on from the next entry
                         break
-                    continue
-                entries.extend(chunk.entries)
-                if entries:  # a short answer: the caller goes on from the next entry
+                    raise error_for_status(
+                        chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id)
+                    )
+                if got >= max_entries:
                     break
-                raise error_for_status(
-                    chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id + len(entries))
-                )
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(conn, exc, "read_range") from None
         finally:
             call.cancel()
-        if not entries and first_entry_id <= last_entry_id:
+        if not got and first_entry_id <= last_entry_id:
             raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
-        return entries[:max_entries]
 
     async def read_lac(
         self,
@@ -924,6 +953,30 @@ class GrpcBookieTransport:
             await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
             if self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _chunk_run(
+    chunk: pb.ReadRangeResponse, bookie_id: BookieId, ledger_id: int, next_id: int, count_max: int
+) -> EntryRun | None:
+    """A ReadRange chunk's entries as a run of at most ``count_max`` (None: it has none);
+    ``InternalError`` when a packed chunk does not add up or starts elsewhere."""
+    sizes = chunk.sizes
+    if sizes or chunk.packed_entries:
+        blob = chunk.packed_entries
+        ends = run_ends(sizes, len(blob))
+        problem = "" if ends is not None else f"{len(sizes)} sizes do not add up to {len(blob)} bytes"
+    elif chunk.entries:
+        entries = list(chunk.entries)
+        blob = b"".join(entries)
+        ends = list(accumulate(map(len, entries)))
+        problem = ""
+    else:
+        return None
+    if not problem and chunk.first_entry_id != next_id:
+        problem = f"chunk starts at entry {chunk.first_entry_id}, expected {next_id}"
+    if ends is None or problem:
+        raise InternalError(_message(f"malformed range answer: {problem}", bookie_id, ledger_id, next_id))
+    return EntryRun(EntryId(next_id), ends[:count_max] if len(ends) > count_max else ends, blob)
 
 
 def _describe(exc: BaseException) -> str:

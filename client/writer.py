@@ -4,7 +4,7 @@ It sends adds through a ``BookieTransport``, writes records through
 ``update_metadata``, runs timers and resolves the callers' futures. Everything runs
 on one event loop: transport callbacks must arrive on it.
 
-The write hot path costs, per entry, one ``WriteCore.append_if_room`` (pack + digest),
+The write hot path costs, per entry, one ``WriteCore.append`` (pack + digest),
 one ``transport.add_entry`` for the whole write set (``transport.add`` per bookie when
 the transport has no batched path), and one future; answers come back per run, one
 ``WriteCore.on_add_responses`` call for many entries of one bookie.
@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from scriba.client.driver import DriverConfig, as_scriba_error, update_record
+from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
 from scriba.client.effects import (
     CompleteAppends,
     Effects,
@@ -42,7 +42,7 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.meta.records import LedgerMetadata
-from scriba.meta.store import MetadataStore
+from scriba.meta.store import MetadataStore, Versioned
 
 log = get_logger(__name__)
 
@@ -58,8 +58,12 @@ class LedgerWriter:
         transport: BookieTransport,
         master_key: bytes,
         config: DriverConfig | None = None,
+        record_version: int | None = None,
     ) -> None:
         self._core = core
+        # The ledger record as this writer last wrote it (its creator passes the version it
+        # created): a metadata update starts from it instead of reading it back.
+        self._record = Versioned(core.metadata, record_version) if record_version is not None else None
         self._store = store
         self._transport = transport
         self._master_key = master_key
@@ -121,24 +125,22 @@ class LedgerWriter:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
         core = self._core
         if not self._waiting:
-            sent = core.append_if_room(payload)
+            sent = core.append(payload)
             if sent is not None:  # the hot path: packed and sent now
                 future: asyncio.Future[int] = self._new_future()
                 self._futures.append(future)
                 self._send(*sent)
                 return future
         core.check_appendable()
+        # No room in flight (or earlier appends wait already): wait in order.
+        if len(self._waiting) >= self._config.appends_waiting_max:
+            raise TooManyRequestsError(
+                f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
+                "(appends_waiting_max)"
+            )
         future = self._loop.create_future()
-        if self._waiting or not core.has_capacity(len(payload)):
-            if len(self._waiting) >= self._config.appends_waiting_max:
-                raise TooManyRequestsError(
-                    f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
-                    "(appends_waiting_max)"
-                )
-            self._waiting.append((payload, future))
-            self._space.clear()
-            return future
-        self._submit(payload, future)
+        self._waiting.append((payload, future))
+        self._space.clear()
         return future
 
     async def append(self, payload: bytes) -> EntryId:
@@ -147,11 +149,6 @@ class LedgerWriter:
             self._space.clear()
             await self._space.wait()
         return EntryId(await self.append_async(payload))
-
-    def _submit(self, payload: bytes, future: asyncio.Future[int]) -> None:
-        sent = self._core.append_packed(payload)
-        self._futures.append(future)
-        self._send(*sent)
 
     def _send(
         self, entry_id: int, packed: bytes, bookies: tuple[BookieId, ...], *, recovery: bool = False
@@ -170,9 +167,12 @@ class LedgerWriter:
     def _drain_waiting(self) -> None:
         core = self._core
         waiting = self._waiting
-        while waiting and core.state is WriterState.OPEN and core.has_capacity(len(waiting[0][0])):
-            payload, future = waiting.popleft()
-            self._submit(payload, future)
+        while waiting and core.state is WriterState.OPEN:
+            sent = core.append(waiting[0][0])
+            if sent is None:  # still no room in flight
+                break
+            self._futures.append(waiting.popleft()[1])
+            self._send(*sent)
         if len(waiting) < self._config.appends_waiting_max:
             self._space.set()
 
@@ -254,16 +254,20 @@ class LedgerWriter:
 
     async def _write_metadata(self, effect: WriteMetadata) -> None:
         try:
-            record = await update_record(
-                self._store, self._ledger_id, effect, self._config.metadata_timeout_s
+            written = await update_versioned_record(
+                self._store, self._ledger_id, effect, self._config.metadata_timeout_s,
+                current=self._record,
             )
         except BaseException as exc:
+            self._record = None  # outcome unknown: the next update reads the record first
             if isinstance(exc, asyncio.CancelledError):
                 raise
             error = as_scriba_error(exc)
             self._log.warning("metadata_write_failed", purpose=effect.purpose, error=str(error))
             effects = self._core.on_metadata_failed(error)
         else:
+            self._record = written
+            record = written.value
             if effect.purpose == "ensemble_change":
                 self._log.info("ensemble_changed", ensembles=[list(e) for _, e in record.ensembles][-1])
             effects = self._core.on_metadata_written(record)

@@ -7,6 +7,11 @@ if [ "$(id -u)" = 0 ] && ! dpkg -s zookeeper >/dev/null 2>&1; then
 fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/mypy scriba meta placement bookie client stream rsm
+.venv/bin/mypy scriba meta placement bookie client stream autorecovery rsm
 .venv/bin/python -m scriba.proto.generate --check
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+# The mutation gate (tests/mutants.toml): every listed mutant of the safety rules must be
+# killed by the fast tests it names. Runs with the whole suite; SCRIBA_MUTATION=0 skips it.
+if [ $# -eq 0 ] && [ "${SCRIBA_MUTATION:-1}" != 0 ]; then
+  .venv/bin/python -m scriba.testing.mutation tests/mutants.toml --jobs 2
+fi

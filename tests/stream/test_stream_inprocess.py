@@ -1,7 +1,7 @@
 """The stream layer on the public client API, against in-process bookies and ``memory://``.
 
 Fast stand-ins for real processes (those run in ``test_stream_processes.py``):
-``StorageTransport`` (in-memory bookie storage per bookie) and a ``memory://``
+``scriba.testing.sim.StorageTransport`` (in-memory bookie storage per bookie) and a ``memory://``
 store; each "process" is its own Client on its own store session.
 """
 
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from sim_async import StorageTransport, register_bookies
 from stream_checks import check_stream
 
 import scriba.meta
@@ -48,6 +47,7 @@ from scriba.stream import (
 )
 from scriba.stream import writer as writer_module
 from scriba.stream.segments import SegmentState
+from scriba.testing.sim import StorageTransport, register_bookies
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CONFIG = ClientConfig(
