@@ -1,12 +1,11 @@
-"""RSM tests: the seeded simulation kit's ``World`` and the in-process bookies come from
-tests/sim (until the kit moves into ``scriba.testing.sim``)."""
+"""RSM tests: the state machines and the simulation scenario live beside the tests; the
+simulation kit and the in-process bookies come from ``scriba.testing.sim``."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-for _dir in ("sim", "rsm"):
-    _path = str(Path(__file__).resolve().parents[1] / _dir)
-    if _path not in sys.path:
-        sys.path.append(_path)
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.append(_HERE)

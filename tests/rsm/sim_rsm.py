@@ -30,8 +30,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim_world import World
-
 from scriba.errors import ScribaError
 from scriba.invariant import InvariantViolation
 from scriba.rsm.batching import ProposalBatcher
@@ -42,6 +40,7 @@ from scriba.rsm.sessions import Fresh
 from scriba.rsm.snapshots_core import SnapshotSchedule
 from scriba.rsm.state import ReplicatedState
 from scriba.stream import Position
+from scriba.testing.sim.world import World
 
 SESSION_TTL_MS = 10**9  # sessions outlive a run unless a seed shortens it
 HEARTBEAT_S = 0.1

@@ -8,16 +8,16 @@ import sys
 import uuid
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "sim")]
+sys.path[:0] = [str(Path(__file__).parent)]
 
 from rsm_machines import Counter  # noqa: E402
-from sim_async import StorageTransport, register_bookies  # noqa: E402
 
 import scriba.meta  # noqa: E402
 from scriba.client import Client  # noqa: E402
 from scriba.log import configure  # noqa: E402
 from scriba.rsm import ReplicatedStateMachine, RsmConfig  # noqa: E402
 from scriba.rsm.sync import SyncReplicatedStateMachine  # noqa: E402
+from scriba.testing.sim.memory import StorageTransport, register_bookies  # noqa: E402
 
 BOOKIES = [f"bk{i}" for i in range(3)]
 CONFIG = RsmConfig(campaign_backoff_s=0.05, snapshot_every_commands=None, snapshot_every_bytes=None)
