@@ -1,6 +1,6 @@
 """One RSM replica in its own process, for the fail-over tests.
 
-    python rsm_replica_proc.py URI REPLICA_ID ADDRESS TRACE_FILE MACHINE [CONFIG_JSON]
+    python rsm_replica_proc.py URI NAMESPACE REPLICA_ID ADDRESS TRACE_FILE MACHINE [CONFIG_JSON]
 
 MACHINE is ``counter`` or ``register``. Every apply is appended to TRACE_FILE as one
 JSON line ``[position, command, state digest]`` (flushed), so the test can check
@@ -63,12 +63,12 @@ class Traced:
         self.trace.flush()
 
 
-async def main(uri: str, replica_id: str, address: str, trace_path: str, machine: str, config: dict[str, Any]) -> int:
+async def main(uri: str, namespace: str, replica_id: str, address: str, trace_path: str, machine: str, config: dict[str, Any]) -> int:
     configure(stream=sys.stderr)  # stdout carries READY only
     store = await connect(uri, session_timeout_s=2.0)
     client = await Client.connect(uri, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
     with open(trace_path, "a") as trace:  # noqa: ASYNC230 - opened once at start, before serving
-        rsm = ReplicatedStateMachine(client, namespace="apps", name=machine, state_machine=Traced(trace, machine == "register"),
+        rsm = ReplicatedStateMachine(client, namespace=namespace, name=machine, state_machine=Traced(trace, machine == "register"),
                                      replica_id=replica_id, address=address, config=RsmConfig(**config))
         await rsm.start()
         print("READY", flush=True)
@@ -80,4 +80,4 @@ async def main(uri: str, replica_id: str, address: str, trace_path: str, machine
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    sys.exit(asyncio.run(main(a[0], a[1], a[2], a[3], a[4], json.loads(a[5]) if len(a) > 5 else {})))
+    sys.exit(asyncio.run(main(a[0], a[1], a[2], a[3], a[4], a[5], json.loads(a[6]) if len(a) > 6 else {})))

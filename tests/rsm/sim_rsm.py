@@ -30,11 +30,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rsm_machines import Counter
+
 from scriba.errors import ScribaError
 from scriba.invariant import InvariantViolation
 from scriba.rsm.batching import ProposalBatcher
 from scriba.rsm.envelope import Envelope, Kind
-from scriba.rsm.machine import SnapshotReader, SnapshotWriter
 from scriba.rsm.role import CatchUp, Effect, OpenWriter, Role, RoleCore, Serve, StepDown, Stop
 from scriba.rsm.sessions import Fresh
 from scriba.rsm.snapshots_core import SnapshotSchedule
@@ -48,26 +49,6 @@ LEASE_S = 1.0
 RUN_S = 12.0
 SETTLE_S = 30.0
 RETRY_S = 10.0  # clients retry what they started for this long after the run
-
-
-class Counter:
-    """The state machine: counts commands; each result is the count after it (unique)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def apply(self, command: bytes, position: Position) -> bytes:
-        self.count += 1
-        return str(self.count).encode()
-
-    def query(self, request: bytes) -> bytes:
-        return str(self.count).encode()
-
-    def snapshot(self, out: SnapshotWriter) -> None:
-        out.write(str(self.count).encode())
-
-    def restore(self, src: SnapshotReader) -> None:
-        self.count = int(src.read())
 
 
 def _pos(index: int) -> Position:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rsm_machines import Counter
 
 from scriba.errors import ClientSessionError, ConfigError, SnapshotCorruptError, StateMachineError
 from scriba.invariant import InvariantViolation
@@ -24,26 +25,6 @@ from scriba.rsm.snapshots_core import (
 )
 from scriba.rsm.state import ReplicatedState
 from scriba.stream import Position
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def apply(self, command: bytes, position: Position) -> bytes:
-        if command == b"boom":
-            raise RuntimeError("boom")
-        self.count += 1
-        return str(self.count).encode()
-
-    def query(self, request: bytes) -> bytes:
-        return str(self.count).encode()
-
-    def snapshot(self, out: SnapshotWriter) -> None:
-        out.write(str(self.count).encode())
-
-    def restore(self, src: SnapshotReader) -> None:
-        self.count = int(src.read())
 
 
 def P(i: int) -> Position:

@@ -75,6 +75,7 @@ class Replica:
 class Group:
     def __init__(self, uri: str, machine: str, base: Path, config: dict[str, Any]) -> None:
         self.uri, self.machine, self.config = uri, machine, config
+        self.namespace = f"t{uuid.uuid4().hex[:8]}"  # each group its own stream and member ids
         self.replicas = [Replica(f"r{i}", free_address(), base) for i in range(3)]
 
     async def start(self, r: Replica) -> None:
@@ -83,7 +84,7 @@ class Group:
         r.traces.append(trace)
         with (r.dir / f"{r.rid}-{r.incarnation}.log").open("w") as log_file:
             r.proc = await asyncio.create_subprocess_exec(
-                sys.executable, PROC, self.uri, r.rid, r.address, str(trace), self.machine, json.dumps(self.config),
+                sys.executable, PROC, self.uri, self.namespace, r.rid, r.address, str(trace), self.machine, json.dumps(self.config),
                 stdout=asyncio.subprocess.PIPE, stderr=log_file,
             )
         assert r.proc.stdout is not None
