@@ -1,0 +1,4 @@
+"""Applications built on Scriba's public API (installed as ``scriba.examples``).
+
+- ``kvstore``: an HA key-value store on ``scriba.rsm`` speaking etcd's v3 gRPC API.
+"""
