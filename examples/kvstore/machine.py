@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from base64 import b64decode, b64encode
+from collections.abc import Callable
 from typing import Any
 
 from aetcd.rpc import kv_pb2, rpc_pb2
@@ -43,6 +44,7 @@ class KvMachine:
         self.revision = 1
         self.compact_revision = 0
         self._changed = False  # set by the write running in _commit
+        self.listeners: list[Callable[[], None]] = []  # told after each new revision (watches); not state
 
     # --- the StateMachine protocol -------------------------------------------------------
     def apply(self, command: bytes, position: Position) -> bytes:
@@ -208,6 +210,7 @@ class KvMachine:
         response = run(next_rev)
         if self._changed:
             self.revision = next_rev
+            self._notify()
         response.header.CopyFrom(self._header())
         return cmd.ok(response)
 
@@ -294,6 +297,29 @@ class KvMachine:
             for key in keys:
                 self.space.delete(key, b"", next_rev)
             self.revision = next_rev
+            self._notify()
+
+    def _notify(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+    def events(self, key: bytes, end: bytes, first: int, last: int, prev_kv: bool) -> list[Any]:
+        """The watch events of ``[key, end)`` in revisions ``first..last``, by revision then key."""
+        found = []
+        for k in self.space.select(key, end):
+            versions = self.space.history[k]
+            for i, v in enumerate(versions):
+                if first <= v.mod_revision <= last:
+                    found.append((v, versions[i - 1] if i > 0 and versions[i - 1].live else None))
+        found.sort(key=lambda pair: (pair[0].mod_revision, pair[0].key))
+        out = []
+        for v, before in found:
+            kv = to_kv(v) if v.live else kv_pb2.KeyValue(key=v.key, mod_revision=v.mod_revision)
+            event = kv_pb2.Event(type=kv_pb2.Event.PUT if v.live else kv_pb2.Event.DELETE, kv=kv)
+            if prev_kv and before is not None:
+                event.prev_kv.CopyFrom(to_kv(before))
+            out.append(event)
+        return out
 
 
 def _op(**kwargs: Any) -> Any:

@@ -40,7 +40,7 @@ class KeySpace:
         self.history: dict[bytes, list[Version]] = {}
         self.keys: list[bytes] = []  # sorted; keys with any history (tombstones until compacted)
 
-    def _select(self, key: bytes, end: bytes) -> Iterator[bytes]:
+    def select(self, key: bytes, end: bytes) -> Iterator[bytes]:
         if not end:
             if key in self.history:
                 yield key
@@ -59,7 +59,7 @@ class KeySpace:
         return None
 
     def range(self, key: bytes, end: bytes, revision: int) -> list[Version]:
-        return [v for k in self._select(key, end) if (v := self.at(k, revision)) is not None]
+        return [v for k in self.select(key, end) if (v := self.at(k, revision)) is not None]
 
     def put(self, key: bytes, value: bytes, lease: int, revision: int) -> tuple[Version | None, Version]:
         """Write ``key`` at ``revision``; (the previous live version, the new one)."""
