@@ -122,22 +122,18 @@ class MetricsEndpoint:
         self._metrics = metrics
         self._refresh = refresh
         self._server: asyncio.Server | None = None
-
-    @property
-    def address(self) -> str:
-        if self._server is None or not self._server.sockets:
-            return ""
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return f"{host}:{port}"
+        self.address = ""  # host:port once started
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port, limit=REQUEST_BYTES_MAX)
+        server = await asyncio.start_server(self._serve, self._host, self._port, limit=REQUEST_BYTES_MAX)
+        host, port = server.sockets[0].getsockname()[:2]
+        self._server, self.address = server, f"{host}:{port}"
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
