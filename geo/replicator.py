@@ -21,7 +21,6 @@ past the resume point, bad configuration) end :meth:`run` with that error.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
@@ -34,12 +33,11 @@ from scriba.errors import (
     PositionTruncatedError,
     ScribaError,
     StreamNotFoundError,
-    TimeoutError,
     UnauthorizedError,
 )
 from scriba.geo.link import Lag, LinkCore
 from scriba.geo.marks import check_cluster_name
-from scriba.geo.progress import resume_points
+from scriba.geo.scan import find_resume_points
 from scriba.log import get_logger
 from scriba.stream import Namespace, Position, StreamWriter, WriterOptions
 from scriba.stream.settings import check_name
@@ -106,6 +104,10 @@ class Replicator:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return {name: core.lag(now) for name, core in self._cores.items()}
 
+    def links(self) -> Mapping[str, LinkCore]:
+        """The current session's link cores, by source cluster (read-only use)."""
+        return dict(self._cores)
+
     async def wait_ready(self, timeout_s: float) -> None:
         """Until a session holds the target writer (raises TimeoutError after ``timeout_s``)."""
         async with asyncio.timeout(timeout_s):
@@ -164,35 +166,9 @@ class Replicator:
                 await writer.abort()
 
     async def _recover(self) -> dict[str, Position]:
-        """Each link's resume point, from the target's segments newest first (see ``progress``)."""
-        wanted = {s.name for s in self.sources}
-        found: dict[str, Position] = {}
-        info = await self.target.namespace.info(self.stream)
-        for segment in reversed(info.record.segments):
-            first, last = segment.first_position, segment.last_position
-            if first is None or last is None:
-                continue
-            for start in (last, first):  # the last record often answers; else the whole segment
-                headers = await self._read_headers(start, last)
-                found.update(resume_points(reversed(headers), wanted - set(found)))
-                if wanted <= set(found):
-                    return found
-        return found
-
-    async def _read_headers(self, start: Position, last: Position) -> list[Mapping[str, bytes]]:
-        out: list[Mapping[str, bytes]] = []
-        reader = await self.target.namespace.open_reader(self.stream, start)
-        try:
-            async with asyncio.timeout(self.options.scan_timeout_s):
-                async for record in reader:
-                    out.append(record.headers)
-                    if record.position >= last:
-                        break
-        except builtins.TimeoutError as exc:
-            raise TimeoutError(f"reading target {self.stream} from {start} to {last} timed out") from exc
-        finally:
-            await reader.close()
-        return out
+        """Each link's resume point, read from the target after the writer fenced it (``scan``)."""
+        return await find_resume_points(self.target.namespace, self.stream, [s.name for s in self.sources],
+                                        self.options.scan_timeout_s)
 
     async def _link(self, source: Cluster, core: LinkCore, writer: StreamWriter) -> None:
         reader = await source.namespace.open_reader(self.stream, core.start)

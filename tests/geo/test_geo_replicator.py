@@ -215,3 +215,28 @@ def _mark_position(headers: object) -> Position:
     mark = Mark.from_headers(headers)  # type: ignore[arg-type]
     assert mark is not None
     return mark.source_position
+
+
+async def test_link_status_counts_what_is_behind_and_metrics_follow(sites: dict[str, Site]) -> None:
+    from scriba.geo.metrics import GeoMetrics
+    from scriba.geo.status import link_status
+
+    us, eu = sites["us"], sites["eu"]
+    sent = await produce(await us.namespace(), 30, "us")
+    src, dst = await us.cluster(), await eu.cluster()
+    await dst.namespace.create_stream(STREAM)
+    before = await link_status(src, dst, STREAM, idle_s=0.2)
+    assert (before.confirmed, before.records_behind, before.counted_all) == (None, len(sent), True)
+    assert before.seconds_behind > 0
+    running = await start(eu, [us])
+    await wait_for(lambda: has(dst.namespace, len(sent)), "all records replicated")
+    after = await link_status(src, dst, STREAM, idle_s=0.2)
+    assert (after.records_behind, after.seconds_behind) == (0, 0.0) and after.confirmed is not None
+    metrics = GeoMetrics()
+    metrics.update(running.rep)
+    shipped = metrics.registry.get_sample_value("scriba_geo_records_shipped",
+                                                {"stream": "geo/test/orders", "source": "us"})
+    assert shipped is not None and shipped > 0
+    assert metrics.registry.get_sample_value("scriba_geo_lag_records",
+                                             {"stream": "geo/test/orders", "source": "us"}) == 0
+    await running.kill()
