@@ -31,6 +31,7 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from scriba.errors import (
     CommandOutcomeUnknownError,
+    KeyExistsError,
     NoSuchKeyError,
     RsmNotLeaderError,
     ScribaError,
@@ -50,6 +51,7 @@ log = get_logger(__name__)
 
 ETCD_VERSION = "3.5.0"  # what Status reports: the API level the clients expect
 EXPIRY_POLL_S = 0.5
+REGISTRATION_CHECK_S = 1.0
 GRPC_OPTIONS = [  # keep idle watch / keep-alive streams of etcdctl open (ENVIRONMENT.md)
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -270,7 +272,22 @@ class KvServer:
         with contextlib.suppress(NoSuchKeyError):  # a killed incarnation's record, not yet expired
             await rsm.client.store.delete(key)
         await rsm.client.store.create(key, json.dumps(doc).encode(), ephemeral=True)
-        self._tasks.append(asyncio.get_running_loop().create_task(node.expire_leases()))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(node.expire_leases()))
+        self._tasks.append(loop.create_task(self._keep_registered(key, json.dumps(doc).encode())))
+
+    async def _keep_registered(self, key: str, value: bytes) -> None:
+        """Re-create the client-URL record if a lost metadata session took the ephemeral away."""
+        store = self.node.rsm.client.store
+        while True:
+            await asyncio.sleep(REGISTRATION_CHECK_S)
+            try:
+                await store.get(key)
+            except NoSuchKeyError:
+                with contextlib.suppress(KeyExistsError):
+                    await store.create(key, value, ephemeral=True)
+            except ScribaError as exc:
+                log.info("kv_registration_check_failed", error=str(exc))
 
     async def stop(self) -> None:
         for task in self._tasks:
