@@ -18,7 +18,8 @@ sees no StandbyException while some active is known; with none it gets
 CREATE and APPEND are WebHDFS's two steps: the first answers ``307`` to this same
 server's data URL (``...&data=true``); the second proposes ``CREATE`` (or
 ``APPEND``), streams the body into ledgers (``BlockWriter``), proposes ``ADD_BLOCK``
-for each closed block and ``COMPLETE`` at the end, then answers. OPEN reads the
+for each closed block and ``COMPLETE`` at the end, then answers. An upload that fails
+midway completes the file with the blocks recorded so far (like HDFS's lease recovery). OPEN reads the
 file's blocks from the ledgers and answers the bytes directly (no redirect; both
 HdfsCLI and fsspec accept that). Ledgers freed by delete or overwrite are deleted
 best-effort after the edit is confirmed.
@@ -243,9 +244,19 @@ async def _upload(nn: NameNode, path: str, file_id: int, replication: int, block
             await nn.propose(e.AddBlock(path, file_id, block))
     except BaseException:
         await writer.abort()
+        await _recover_lease(nn, path, file_id)
         raise
     _, pos = await nn.propose(e.Complete(path, file_id, _now_ms()))
     return pos
+
+
+async def _recover_lease(nn: NameNode, path: str, file_id: int) -> None:
+    """An upload that failed: close the file with the blocks recorded so far (HDFS's lease
+    recovery keeps what reached the datanodes too), so it is not left under construction."""
+    try:
+        await nn.propose(e.Complete(path, file_id, _now_ms()))
+    except Exception as exc:  # a newer writer or a lost active: nothing more to do here
+        log.warning("namenode_lease_recovery_failed", path=path, error=repr(exc))
 
 
 async def op_open(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:

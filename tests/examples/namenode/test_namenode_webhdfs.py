@@ -78,6 +78,10 @@ def test_hdfscli_roundtrip(namenodes: list[NamenodeProc], active_first: bool) ->
         assert reader.read() == payload("blocks", SIZES["blocks"])[BLOCK - 10:2 * BLOCK + 10]
     assert client.status(f"{root}/in/deep")["permission"] == "750"
     assert client.content(f"{root}/in")["length"] == sum(SIZES.values())
+    client.write(f"{root}/in/copy", data=payload("blocks", SIZES["blocks"]), blocksize=BLOCK)
+    checksum = client.checksum(f"{root}/in/copy")
+    assert checksum == client.checksum(f"{root}/in/blocks") != client.checksum(f"{root}/in/entry")
+    client.delete(f"{root}/in/copy")
     client.write(f"{root}/in/small", data=b"+more", append=True)
     with client.read(f"{root}/in/small") as reader:
         assert reader.read() == payload("small", 1000) + b"+more"
@@ -178,7 +182,24 @@ def test_active_killed_clients_fail_over_and_nothing_acknowledged_is_lost(nameno
         with client.read(name) as reader:
             assert reader.read() == data, name
     active.start()  # back as a standby: replays snapshot + tail to the same namespace
-    want = standby.digest("linearizable")
-    wait_for("the restarted replica's digest", lambda: True if active.digest() == want else None, timeout_s=60)
-    assert active.status()["role"] == "standby"  # type: ignore[index]
-    assert active.digest()["txid"] == want["txid"]
+    fresh = NamenodeProc(active.uri, "nn9", active.log_path.parent, active.namespace).start()  # never ran
+    try:
+        want = standby.digest("linearizable")
+        for node in (active, fresh):
+            wait_for(f"{node.replica_id}'s digest", lambda n=node: True if n.digest() == want else None, 60)
+            assert node.status()["role"] == "standby"  # type: ignore[index]
+        assert fresh.status()["rsm"]["snapshot_position"] is not None  # type: ignore[index]
+    finally:
+        fresh.stop()
+
+
+def test_standby_reads_after_a_position(namenodes: list[NamenodeProc]) -> None:
+    active, standby = ordered(namenodes, active_first=True)
+    answer = requests.put(f"{active.url}/webhdfs/v1/after/dir", params={"op": "MKDIRS"}, timeout=30)
+    position = answer.headers["X-Scriba-Position"]
+    status = requests.get(f"{standby.url}/webhdfs/v1/after/dir", timeout=30, params={
+        "op": "GETFILESTATUS", "scriba_consistency": "after", "scriba_after": position})
+    assert status.json()["FileStatus"]["type"] == "DIRECTORY"
+    missing = requests.get(f"{standby.url}/webhdfs/v1/after/dir", timeout=30, params={
+        "op": "GETFILESTATUS", "scriba_consistency": "after"})
+    assert missing.status_code == 400 and "scriba_after" in missing.json()["RemoteException"]["message"]
