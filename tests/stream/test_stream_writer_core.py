@@ -278,3 +278,18 @@ def test_append_all_queues_what_room_allows_in_order_with_one_handle() -> None:
     (confirmed,) = c.on_set_confirmed(send.set_id, 0)
     assert confirmed == ConfirmRecords(0, 0, ["group"] * 5)
     assert [p for p, _ in record_set.decode(send.data)[1]] == [b"a", b"b", b"c", b"d", b"e"]
+
+
+def test_after_a_roll_failed_unfenced_a_failed_set_still_fails_every_later_one() -> None:
+    """Sets in flight may confirm after an unfenced roll failure, but only until one fails:
+    confirms leave in order, so nothing after a failed set may be confirmed."""
+    c = core(inflight=4)
+    queue(c, "a")
+    (a,) = of(c.flush(), SendSet)
+    queue(c, "b")
+    (b,) = of(c.flush(), SendSet)
+    c.on_roll_failed(TimeoutError("store slow"))
+    failed = c.on_set_failed(a.set_id, TimeoutError("bookies slow"))
+    assert [h for e in of(failed, FailRecords) for h in e.handles] == ["a"]
+    (later,) = c.on_set_confirmed(b.set_id, 1)
+    assert isinstance(later, FailRecords) and later.handles == ["b"]
