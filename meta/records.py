@@ -323,6 +323,11 @@ class RecordCodec:
         return self._cls.from_bytes(data)
 
 
+# The names these had before they were public, for code written against them meanwhile.
+_Codec = RecordCodec
+_dump = dump_record
+_load = load_record
+
 LEDGER_CODEC = RecordCodec(LedgerMetadata)
 BOOKIE_CODEC = RecordCodec(BookieRegistration)
 COOKIE_CODEC = RecordCodec(Cookie)
