@@ -1,7 +1,9 @@
 """``scriba sandbox``: a whole Scriba cluster on this machine, for trying things out.
 
 Starts a real etcd (one member, unless ``--metadata`` names an existing store) and
-N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region,
+N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
+(``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
+round-robin over the regions first; the default bookie count is then one per zone),
 writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
 PID), prints the URI and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
@@ -58,9 +60,10 @@ log = get_logger(__name__)
 DEFAULT_DATA_DIR = SANDBOX_DIR_DEFAULT
 LOCK_FILE = "sandbox.lock"
 LOG_FILE = "sandbox.log"
-REGION = "region-1"
+BOOKIES_DEFAULT = 4
 BOOKIES_MAX = 32
 ZONES_MAX = 26
+REGIONS_MAX = 9
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
@@ -77,8 +80,9 @@ class _Stop(BaseException):
 @dataclass(frozen=True, slots=True)
 class SandboxOptions:
     data_dir: Path
-    bookies: int = 4
-    zones: int = 3
+    bookies: int = BOOKIES_DEFAULT
+    zones: int = 3  # per region
+    regions: int = 1
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
 
@@ -87,6 +91,8 @@ class SandboxOptions:
             raise ConfigError(f"--bookies: {self.bookies} is not in 1..{BOOKIES_MAX}")
         if not 1 <= self.zones <= ZONES_MAX:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
+        if not 1 <= self.regions <= REGIONS_MAX:
+            raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -95,8 +101,19 @@ class SandboxOptions:
             )
 
 
+    def location(self, index: int) -> tuple[str, str]:
+        """Bookie ``index``'s (region, zone): round-robin over regions first, then their zones,
+        so any ``regions * zones`` consecutive bookies fill every zone of every region once."""
+        slot = index % (self.regions * self.zones)
+        return region_name(slot % self.regions), zone_name((slot // self.regions) % self.zones)
+
+
 def zone_name(index: int) -> str:
     return f"zone-{chr(ord('a') + index)}"
+
+
+def region_name(index: int) -> str:
+    return f"region-{index + 1}"
 
 
 def default_data_dir() -> Path:
@@ -245,16 +262,16 @@ class Sandbox:
                 raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
                                        f"program holds one now, stop it or start with --fresh)") from None
             self.metadata_uri = self.etcd.uri("scriba")
-        n, zones = self.options.bookies, self.options.zones
-        print(f"starting {n} bookies over {min(n, zones)} zones ...", file=out, flush=True)
+        n, places = self.options.bookies, self.options.regions * self.options.zones
+        print(f"starting {n} bookies over {min(n, places)} zones ...", file=out, flush=True)
         for i in range(n):
-            zone = zone_name(i % zones)
+            region, zone = self.options.location(i)
             self.bookies.append(
                 BookieProcess(
                     self.data_dir / f"bookie-{i + 1}",
                     self.metadata_uri,
                     bookie_id=self.bookie_id(i),
-                    region=REGION,
+                    region=region,
                     zone=zone,
                     rack=f"rack-{i + 1}",
                 )
@@ -284,14 +301,14 @@ class Sandbox:
             "metadata_uri": self.metadata_uri,
             "pid": os.getpid(),
             "started_at": time.time(),
-            "region": REGION,
+            "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
                     "address": b.address,
-                    "region": REGION,
-                    "zone": zone_name(i % self.options.zones),
+                    "region": self.options.location(i)[0],
+                    "zone": self.options.location(i)[1],
                     "data_dir": str(b.data_dir),
                     "journal_dir": str(b.journal_dir),
                     "log": str(b.log_path),
@@ -348,8 +365,12 @@ def register(subparsers: Any) -> None:
                     "The data dir is kept across a stop and start (ledgers written before stay "
                     "readable); --fresh wipes it first.",
     )
-    p.add_argument("--bookies", type=int, default=4, help="bookie processes to start (default 4)")
-    p.add_argument("--zones", type=int, default=3, help="zones to spread them over (default 3)")
+    p.add_argument("--bookies", type=int, default=None,
+                   help=f"bookie processes to start (default {BOOKIES_DEFAULT}; with --regions: one per zone)")
+    p.add_argument("--zones", "--zones-per-region", dest="zones", type=int, default=3,
+                   help="zones (in each region) to spread them over (default 3)")
+    p.add_argument("--regions", type=int, default=1,
+                   help="regions (region-1, region-2, ...) to spread them over, round-robin (default 1)")
     p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
     p.add_argument("--fresh", action="store_true",
@@ -365,8 +386,10 @@ def run(args: argparse.Namespace) -> int:
     data_dir = (args.data or default_data_dir()).resolve()
     if args.stop:
         return stop_detached(data_dir)
-    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, metadata=args.metadata,
-                             fresh=args.fresh)
+    if args.bookies is None:
+        args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
+    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
+                             metadata=args.metadata, fresh=args.fresh)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -414,7 +437,8 @@ def run_foreground(options: SandboxOptions, *, simple_test: bool = False, out: I
 
 
 def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
-    zones = sorted({zone_name(i % sandbox.options.zones) for i in range(len(sandbox.bookies))})
+    places = {sandbox.options.location(i) for i in range(len(sandbox.bookies))}
+    zones = [f"{r}/{z}" if sandbox.options.regions > 1 else z for r, z in sorted(places)]
     print(f"sandbox running: {len(sandbox.bookies)} bookies in {', '.join(zones)}", file=out)
     print(f"metadata: {sandbox.metadata_uri}", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
@@ -439,7 +463,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
         raise SandboxBusyError(f"a sandbox (pid {holder}) is already running on {data_dir}")
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = python_module_argv("scriba.cli", "sandbox", "--data", str(data_dir),
-                              "--bookies", str(args.bookies), "--zones", str(args.zones))
+                              "--bookies", str(args.bookies), "--zones", str(args.zones),
+                              "--regions", str(args.regions))
     if args.metadata:
         argv += ["--metadata", args.metadata]
     if args.fresh:
