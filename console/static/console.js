@@ -28,7 +28,7 @@ async function refreshCluster() {
         el.dataset.state = b.state;
         for (const [cls, text] of Object.entries(lines(b))) {
           const t = el.querySelector("." + cls);
-          if (t) { t.textContent = text; if (cls === "b-state") t.className = `b-state state-${b.state}`; }
+          if (t) { t.textContent = text; if (cls === "b-state") t.setAttribute("class", `b-state state-${b.state}`); }
         }
       }
     }
@@ -52,7 +52,7 @@ async function tick() {
     document.body.dataset.refreshed = String(Date.now());
   } catch (err) {
     banner.hidden = false;
-    banner.textContent = `console unreachable: ${err}`;
+    banner.textContent = `refresh failed: ${err}`;
   }
   setTimeout(tick, REFRESH_MS);
 }
