@@ -29,24 +29,24 @@ class Browser:
         if CHROMIUM is None:
             raise RuntimeError("chromium is not installed")
         self._profile = profile_dir
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: asyncio.subprocess.Process | None = None
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
-        self._proc = subprocess.Popen(
-            [str(CHROMIUM), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        self._proc = await asyncio.create_subprocess_exec(
+            str(CHROMIUM), *["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
              f"--user-data-dir={self._profile}", "--window-size=1400,1000", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = self._profile / "DevToolsActivePort"
         end = time.monotonic() + START_TIMEOUT_S
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if time.monotonic() > end or self._proc.poll() is not None:
-                raise RuntimeError(f"chromium did not start (exit {self._proc.poll()})")
+        while not (text := await asyncio.to_thread(_read, port_file)):
+            if time.monotonic() > end or self._proc.returncode is not None:
+                raise RuntimeError(f"chromium did not start (exit {self._proc.returncode})")
             await asyncio.sleep(0.1)
-        port = int(port_file.read_text().splitlines()[0])
+        port = int(text.splitlines()[0])
         self._http = aiohttp.ClientSession()
         async with self._http.get(f"http://127.0.0.1:{port}/json/list") as reply:
             targets = await reply.json()
@@ -61,10 +61,11 @@ class Browser:
         if self._proc is not None:
             self._proc.terminate()
             try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
+                async with asyncio.timeout(10):
+                    await self._proc.wait()
+            except TimeoutError:
                 self._proc.kill()
-                self._proc.wait()
+                await self._proc.wait()
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         if self._ws is None:
@@ -103,8 +104,12 @@ class Browser:
 
     async def screenshot(self, path: Path) -> Path:
         doc = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        path.write_bytes(base64.b64decode(doc["data"]))
+        await asyncio.to_thread(path.write_bytes, base64.b64decode(doc["data"]))
         return path
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.exists() else ""
 
 
 STATES_JS = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('g.bookie')].map(g => {
