@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from scriba.autorecovery.records import UNDERREPLICATED_PREFIX, UnderReplicated
-from scriba.console.mirror import ELECTIONS_PREFIX, RSM_PREFIX, Mirror
+from scriba.console.mirror import ELECTIONS_PREFIX, PREFIXES, RSM_PREFIX, Mirror, section_of
 from scriba.console.probe import Prober, rates_between
 from scriba.errors import BadRequestError, ConfigError, NoSuchLedgerError, ScribaError
 from scriba.meta.records import (
@@ -40,6 +40,7 @@ from scriba.stream.segments import STREAMS_PREFIX, CursorRecord, StreamRecord, n
 T = TypeVar("T")
 
 PAGE_SIZE_MAX: Final = 500
+CACHE_SLACK: Final = 1000  # decoded records of deleted keys kept before a prune
 UNKNOWN: Final = "?"
 
 
@@ -89,6 +90,7 @@ class Model:
 
     # --- decoding --------------------------------------------------------------
     def _decode(self, prefix: str, decode: Callable[[bytes], T]) -> Iterable[tuple[str, T]]:
+        self._prune()
         for key, (version, value) in self.mirror.records(prefix).items():
             hit = self._decoded.get((decode.__qualname__, key))
             if hit is not None and hit[0] == version:
@@ -100,6 +102,13 @@ class Model:
                 continue  # not a record of this kind (or malformed): not shown
             self._decoded[(decode.__qualname__, key)] = (version, record)
             yield key, record
+
+    def _prune(self) -> None:
+        """Drop cached decodes of records that went, once they could be half the cache."""
+        live = sum(len(self.mirror.records(p)) for p in PREFIXES)
+        if len(self._decoded) > 2 * live + CACHE_SLACK:
+            self._decoded = {k: v for k, v in self._decoded.items()
+                             if k[1] in self.mirror.records(section_of(k[1]))}
 
     def registrations(self) -> dict[str, BookieRegistration]:
         regs = {r.bookie_id: r for _, r in self._decode(BOOKIES_PREFIX, BookieRegistration.from_bytes)}
