@@ -1,0 +1,115 @@
+"""Negative controls of the no-silent-escapes rule (``tests/conftest.py``).
+
+Each test provokes one kind of escape and shows it is recorded; the last runs an inner
+pytest session with the same conftest and shows that a test leaking an exception fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
+
+
+class Boom(Exception):
+    pass
+
+
+async def _raise() -> None:
+    raise Boom("escaped")
+
+
+def _messages(contexts: list[dict[str, Any]]) -> list[tuple[str, type[BaseException] | None]]:
+    return [(c.get("message", ""), type(c.get("exception")) if c.get("exception") else None) for c in contexts]
+
+
+async def test_task_exception_never_retrieved_is_recorded(loop_exceptions: Any) -> None:
+    task = asyncio.get_running_loop().create_task(_raise())
+    await asyncio.wait([task])
+    del task  # destroyed without anyone asking for its exception
+    assert _messages(loop_exceptions.take()) == [("Task exception was never retrieved", Boom)]
+
+
+async def test_exception_in_callback_is_recorded(loop_exceptions: Any) -> None:
+    def callback() -> None:
+        raise Boom("in a callback")
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.call_soon(callback)
+    loop.call_soon(done.set)
+    await asyncio.wait_for(done.wait(), 5)
+    (context,) = loop_exceptions.take()
+    assert context["message"].startswith("Exception in callback") and isinstance(context["exception"], Boom)
+
+
+def test_exception_on_a_loop_in_another_thread_is_recorded(loop_exceptions: Any) -> None:
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.call_soon(lambda: 1 / 0)
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [type(c["exception"]) for c in loop_exceptions.take()] == [ZeroDivisionError]
+
+
+def test_nothing_recorded_without_an_escape(loop_exceptions: Any) -> None:
+    async def fine() -> int:
+        task = asyncio.get_running_loop().create_task(asyncio.sleep(0, 7))
+        return await task
+
+    assert asyncio.run(fine()) == 7
+    assert loop_exceptions.take() == []
+
+
+LEAKY_TESTS = '''
+import asyncio
+
+async def _raise():
+    raise RuntimeError("leaked on purpose")
+
+async def test_leaks_a_task_exception():
+    task = asyncio.get_running_loop().create_task(_raise())
+    await asyncio.wait([task])
+
+def test_leaks_in_a_callback():
+    async def main():
+        asyncio.get_running_loop().call_soon(lambda: 1 / 0)
+        await asyncio.sleep(0.01)
+    asyncio.run(main())
+
+async def test_clean():
+    await asyncio.sleep(0)
+'''
+
+
+def test_a_leaking_test_fails(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_leaky=LEAKY_TESTS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
+        "-o", "asyncio_default_fixture_loop_scope=function",
+    )
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_a_task_exception*",
+        "1 unhandled exception(s) in an event loop:",
+        "- Task exception was never retrieved: RuntimeError: leaked on purpose*",
+    ])
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_in_a_callback*",
+        "1 unhandled exception(s) in an event loop:",
+        "- Exception in callback *ZeroDivisionError: division by zero*",
+    ])
