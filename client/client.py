@@ -287,7 +287,7 @@ class Client:
         )
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
-            master_key=master_key(password), config=self._config.driver,
+            master_key=master_key(password), config=self._config.driver, limits=self._registry,
         )
         log.info("ledger_created", ledger_id=ledger_id, ensemble=list(ensemble))
         return writer

@@ -255,6 +255,16 @@ class StorageError(ScribaError):
     status = Status.STORAGE
 
 
+class EntryTooLargeError(ScribaError, ValueError):
+    """A payload larger than the bookies accept (the message names both sizes).
+
+    Refused by the client before anything was sent: the ledger goes on. Split the
+    payload, or raise the bookies' ``entry_size_max`` (advertised in their registrations).
+    """
+
+    status = Status.ENTRY_TOO_LARGE
+
+
 # --- what an answer to an add means -------------------------------------------------
 
 
