@@ -176,11 +176,13 @@ class Client:
                 owns_transport = transport is None
                 if transport is None:
                     from scriba.client.grpc_transport import GrpcBookieTransport
+                    from scriba.client.transport import TransportConfig
 
                     the_transport: BookieTransport = GrpcBookieTransport(
                         registry.address,
-                        add_timeout_s=cfg.add_timeout_s,
-                        read_timeout_s=cfg.driver.read_timeout_s,
+                        TransportConfig(
+                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s
+                        ),
                     )
                 else:
                     the_transport = transport
