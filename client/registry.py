@@ -41,7 +41,10 @@ class BookieRegistry:
         self._registrations: dict[BookieId, BookieRegistration] = {}
         self._addresses: dict[BookieId, str] = {}
         self._topology: Any = None
-        self._entry_size_max: int | None = None
+        # The largest packed entry every registered bookie accepts (the default while
+        # none is registered). A plain attribute, refreshed on every change: writers
+        # read it once per append.
+        self.entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT
         self._changed = asyncio.Condition()
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,16 +84,6 @@ class BookieRegistry:
         if address is None:
             raise UnavailableError(f"bookie {bookie_id} is not registered")
         return address
-
-    @property
-    def entry_size_max(self) -> int:
-        """The largest packed entry every registered bookie accepts (the default limit
-        while none is registered)."""
-        limit = self._entry_size_max
-        if limit is None:
-            limits = [r.entry_size_max for r in self._registrations.values()]
-            limit = self._entry_size_max = min(limits, default=ENTRY_SIZE_MAX_DEFAULT)
-        return limit
 
     def writable_bookies(self) -> list[BookieId]:
         return sorted(b for b, r in self._registrations.items() if r.writable)
@@ -176,7 +169,7 @@ class BookieRegistry:
         bookie_id = BookieId(key.rsplit("/", 1)[-1])
         if kind is EventKind.DELETE:
             if self._registrations.pop(bookie_id, None) is not None:
-                self._topology = self._entry_size_max = None
+                self._changed_set()
                 log.info("bookie_gone", bookie_id=bookie_id)
             return None
         if value is None:
@@ -189,10 +182,15 @@ class BookieRegistry:
         bookie_id = registration.bookie_id
         self._registrations[bookie_id] = registration
         self._addresses[bookie_id] = registration.address
-        self._topology = self._entry_size_max = None
+        self._changed_set()
         return bookie_id
 
+    def _changed_set(self) -> None:
+        self._topology = None
+        limits = [r.entry_size_max for r in self._registrations.values()]
+        self.entry_size_max = min(limits, default=ENTRY_SIZE_MAX_DEFAULT)
+
     async def _notify(self) -> None:
-        self._topology = self._entry_size_max = None
+        self._changed_set()
         async with self._changed:
             self._changed.notify_all()
