@@ -29,7 +29,17 @@ def register(subparsers: Any) -> None:
     run.add_argument("--http", help="HOST:PORT for /health and /metrics")
     run.add_argument("--entry-size-max", type=int, default=None, help="largest entry in bytes")
     run.add_argument("--inflight-bytes-max", type=int, default=None, help="per connection")
-    run.add_argument("--gc-interval-s", type=float, default=None)
+    run.add_argument("--gc-interval-s", type=float, default=None,
+                     help="seconds between GC cycles (deleted ledgers, dead entry logs, compaction)")
+    for kind, threshold, interval in (("minor", 0.2, "3600"), ("major", 0.8, "86400")):
+        run.add_argument(f"--{kind}-compaction-threshold", type=float, default=None,
+                         help=f"{kind} compaction: entry logs under this live ratio (default {threshold}; 0: off)")
+        run.add_argument(f"--{kind}-compaction-interval-s", type=float, default=None,
+                         help=f"seconds between {kind} compactions (default {interval}; 0: only on request)")
+    run.add_argument("--compaction-rate-bytes-per-s", type=float, default=None,
+                     help="compaction throttle: entry-log bytes scanned per second (0: unlimited)")
+    run.add_argument("--compaction-rate-entries-per-s", type=float, default=None,
+                     help="compaction throttle: entries copied per second (0: unlimited)")
     run.add_argument("--session-timeout-s", type=float, default=None, help="metadata session")
     run.add_argument(
         "--storage",
@@ -83,8 +93,11 @@ def build_config(args: argparse.Namespace) -> Any:
         extra["read_range_bytes_max"] = max(args.entry_size_max, 8 * 1024 * 1024)
     if args.inflight_bytes_max is not None:
         extra["inflight_bytes_per_connection_max"] = args.inflight_bytes_max
-    if args.gc_interval_s is not None:
-        extra["gc_interval_s"] = args.gc_interval_s
+    for name in ("gc_interval_s", "minor_compaction_threshold", "minor_compaction_interval_s",
+                 "major_compaction_threshold", "major_compaction_interval_s",
+                 "compaction_rate_bytes_per_s", "compaction_rate_entries_per_s"):
+        if getattr(args, name) is not None:
+            extra[name] = getattr(args, name)
     if args.session_timeout_s is not None:
         extra["metadata_session_timeout_s"] = args.session_timeout_s
     return BookieConfig(
@@ -125,11 +138,13 @@ def _run(args: argparse.Namespace) -> int:
 def _format(args: argparse.Namespace) -> int:
     from scriba.bookie.config import BookieConfig
     from scriba.bookie.cookie import format_bookie
+    from scriba.bookie.server import check_dirs
     from scriba.meta.connect import connect
 
     config = BookieConfig(
         metadata_uri=args.metadata, data_dir=args.data, journal_dir=args.journal, bookie_id=args.bookie_id
     ).validate()
+    check_dirs(config)
 
     async def main() -> int:
         store = await connect(config.metadata_uri)

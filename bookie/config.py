@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scriba.bookie.compaction import CompactionPolicy
 from scriba.config import require
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
@@ -42,7 +43,13 @@ class BookieConfig:
     long_poll_timeout_ms_max: int = 30_000
     read_range_entries_max: int = 4096
     read_range_bytes_max: int = 8 * 1024 * 1024
-    gc_interval_s: float = 60.0
+    gc_interval_s: float = 60.0  # GC: deleted ledgers, dead entry logs, compaction when due
+    minor_compaction_threshold: float = 0.2  # live ratio under which a minor pass compacts a log
+    minor_compaction_interval_s: float = 3600.0  # 0: only when forced (POST /api/gc?minor=1)
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86400.0
+    compaction_rate_bytes_per_s: float = 64 * 1024 * 1024  # entry-log bytes scanned; 0: unlimited
+    compaction_rate_entries_per_s: float = 0.0  # entries copied; 0: unlimited
     registration_retry_s: float = 0.5
     registration_refresh_s: float = 60.0  # disk figures in the registration
     metadata_session_timeout_s: float = 10.0
@@ -70,6 +77,7 @@ class BookieConfig:
             "must be at least entry_size_max (one entry must fit a chunk)",
         )
         require(self.gc_interval_s > 0, "gc_interval_s", "must be > 0")
+        self.compaction_policy.validate(self.gc_interval_s)
         require(self.registration_refresh_s > 0, "registration_refresh_s", "must be > 0")
         require(self.metadata_session_timeout_s > 0, "metadata_session_timeout_s", "must be > 0")
         require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
@@ -83,6 +91,17 @@ class BookieConfig:
                 f"{self.bookie_id!r} must be non-empty without '/'",
             )
         return self
+
+    @property
+    def compaction_policy(self) -> CompactionPolicy:
+        return CompactionPolicy(
+            minor_threshold=self.minor_compaction_threshold,
+            minor_interval_s=self.minor_compaction_interval_s,
+            major_threshold=self.major_compaction_threshold,
+            major_interval_s=self.major_compaction_interval_s,
+            rate_bytes_per_s=self.compaction_rate_bytes_per_s,
+            rate_entries_per_s=self.compaction_rate_entries_per_s,
+        )
 
     @property
     def advertised_address(self) -> str:

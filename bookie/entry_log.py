@@ -7,7 +7,9 @@ Reads verify the CRC and the ledger/entry ids: a mismatch raises ``CorruptEntryE
 corrupt bytes are never returned.
 
 Writes come from one thread at a time (the checkpoint/compaction flusher); reads from
-any thread (``pread`` on a shared descriptor).
+any thread (``pread`` on a shared descriptor). Compaction reads a sealed log in chunks
+(:meth:`EntryLogs.scan_chunk`); the current log is sealed (:meth:`EntryLogs.seal_current`)
+before it can be compacted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Sequence
+from enum import Enum
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
@@ -40,6 +43,13 @@ _crc_value = google_crc32c.value
 Location = tuple[int, int, int]  # log id, record offset, entry length
 Span = tuple[int, int, int, Sequence[int]]  # log id, first index, stop index, offsets (+ end)
 LOC: Final = struct.Struct(">IQI")  # a Location packed, as the index stores it
+Record = tuple[int, int, int, bytes]  # ledger, entry, record offset, entry bytes
+
+
+class ScanState(Enum):
+    MORE = "more"
+    END = "end"
+    DAMAGED = "damaged"
 
 
 def log_ids(log_dir: Path) -> list[int]:
@@ -89,6 +99,16 @@ class EntryLogs:
         self._fio.fsync_dir(self._dir)
         self._fd, self.current_id, self._offset = fd, log_id, FILE_HEADER_SIZE
         self._dirty.add(log_id)
+
+    def seal_current(self) -> int:
+        """Stop appending to the current log (synced first); the next append starts a new
+        one. The sealed log's id (-1: none was open)."""
+        sealed = self.current_id
+        if self._fd >= 0:
+            self.sync()
+            self._fio.close(self._fd)
+        self._fd, self.current_id = -1, -1
+        return sealed
 
     def abandon_current(self) -> None:
         """After a failed write: never append to this log again (its tail may be partial)."""
@@ -238,34 +258,70 @@ class EntryLogs:
             )
         return data
 
-    def scan(self, log_id: int) -> tuple[list[tuple[int, int, int, bytes]], bool]:
+    def scan(self, log_id: int) -> tuple[list[Record], bool]:
         """(ledger, entry, record offset, entry bytes) of a log's records in order, and
         whether the scan reached the end of the file (False: stopped at a bad record)."""
-        out: list[tuple[int, int, int, bytes]] = []
-        fd = self._fio.open(self.path(log_id), create=False)
-        try:
-            size = self._fio.size(fd)
-            offset = FILE_HEADER_SIZE
-            while offset < size:
-                hdr = self._fio.pread(fd, REC_HEADER_SIZE, offset)
-                if len(hdr) < REC_HEADER_SIZE:
-                    return out, False
-                n, crc = REC_HEADER.unpack(hdr)
-                if n < 16 or offset + REC_HEADER_SIZE + n > size:
-                    return out, False
-                data = self._fio.pread(fd, n, offset + REC_HEADER_SIZE)
-                if _crc_value(data) != crc:
-                    return out, False
-                out.append((
-                    int.from_bytes(data[0:8], "big"),
-                    int.from_bytes(data[8:16], "big", signed=True),
-                    offset,
-                    data,
-                ))
-                offset += REC_HEADER_SIZE + n
-        finally:
-            self._fio.close(fd)
-        return out, True
+        out: list[Record] = []
+        offset = FILE_HEADER_SIZE
+        while True:
+            records, offset, state = self.scan_chunk(log_id, offset, WRITE_CHUNK_BYTES)
+            out += records
+            if state is not ScanState.MORE:
+                return out, state is ScanState.END
+
+    def scan_chunk(self, log_id: int, offset: int, bytes_max: int) -> tuple[list[Record], int, ScanState]:
+        """The whole records from ``offset`` in about ``bytes_max`` bytes (at least one):
+        (records, offset after them, END / MORE / DAMAGED (a bad record at that offset)).
+        Reads in one ``pread`` (a record longer than ``bytes_max`` in one of its own)."""
+        fd = self._reader(log_id)
+        size = self._fio.size(fd)
+        out: list[Record] = []
+        if offset >= size:
+            return out, offset, ScanState.END
+        buf = self._fio.pread(fd, min(bytes_max, size - offset), offset)
+        base = offset
+        pos = 0
+        unpack = REC_HEADER.unpack_from
+        from_bytes = int.from_bytes
+        while base + pos < size:
+            if pos + REC_HEADER_SIZE > len(buf):
+                if out:
+                    break
+                buf = self._fio.pread(fd, REC_HEADER_SIZE, base)
+                if len(buf) < REC_HEADER_SIZE:
+                    return out, base, ScanState.DAMAGED
+            n, crc = unpack(buf, pos)
+            end = pos + REC_HEADER_SIZE + n
+            if n < 16 or base + end > size:
+                return out, base + pos, ScanState.DAMAGED
+            if end > len(buf):
+                if out:
+                    break
+                buf = self._fio.pread(fd, REC_HEADER_SIZE + n, base)  # one long record
+                if len(buf) < end:
+                    return out, base, ScanState.DAMAGED
+            data = buf[pos + REC_HEADER_SIZE : end]
+            if _crc_value(data) != crc:
+                return out, base + pos, ScanState.DAMAGED
+            out.append((from_bytes(data[0:8], "big"), from_bytes(data[8:16], "big", signed=True),
+                        base + pos, data))
+            pos = end
+        offset = base + pos
+        return out, offset, ScanState.END if offset >= size else ScanState.MORE
+
+    def record_bytes(self) -> dict[int, int]:
+        """Bytes of records (file size less the header) of every log file on disk."""
+        out: dict[int, int] = {}
+        for log_id in log_ids(self._dir):
+            try:
+                fd = self._fio.open(self.path(log_id), create=False)
+            except FileNotFoundError:
+                continue
+            try:
+                out[log_id] = max(0, self._fio.size(fd) - FILE_HEADER_SIZE)
+            finally:
+                self._fio.close(fd)
+        return out
 
     def remove(self, log_id: int) -> None:
         """Delete a log (the index must no longer point into it)."""

@@ -5,8 +5,10 @@ test can swap in ``scriba.testing.diskfaults.FaultyFileIO`` (EIO on fsync or wri
 dropping bytes not yet fsynced on a simulated crash). :func:`default_fileio` picks the
 faulty one in a process whose environment sets ``SCRIBA_DISK_FAULTS``.
 
-Contract: ``write``/``writev`` write everything or raise ``OSError``; ``fdatasync`` raising means the
-bytes since the last successful sync may be lost — callers never retry and acknowledge.
+Contract: ``write``/``writev`` write everything or raise ``OSError`` — possibly after a
+prefix of the data reached the file (a short write, then ENOSPC): callers cut the file
+back before writing on. ``fdatasync`` raising means the bytes since the last successful
+sync may be lost — callers never retry and acknowledge.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
-"""A tiny HTTP endpoint: ``/health`` (200 serving, 503 otherwise) and ``/metrics`` (Prometheus).
+"""A tiny HTTP endpoint: ``/health`` (200 serving, 503 otherwise), ``/metrics`` (Prometheus)
+and ``/api/gc`` (admin: ``GET`` the garbage collector's status; ``POST`` or ``PUT`` asks
+for a GC cycle now, ``?major=1`` / ``?minor=1`` to compact as that pass even if its
+interval has not passed — 202 with the number of the cycle to wait for).
 
-Plain asyncio streams, GET only, one request per connection, every read bounded by a
-deadline and a size. Nothing here can stop the bookie: a bad request gets a 4xx.
+Plain asyncio streams, one request per connection, every read bounded by a deadline and
+a size (a request body is read and ignored). Nothing here can stop the bookie: a bad
+request gets a 4xx.
 """
 
 from __future__ import annotations
@@ -9,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -19,6 +24,19 @@ log = get_logger(__name__)
 
 REQUEST_BYTES_MAX: Final = 8192
 REQUEST_TIMEOUT_S: Final = 5.0
+_TRUE: Final = frozenset({"", "1", "true", "yes"})
+_FALSE: Final = frozenset({"0", "false", "no"})
+_REASONS: Final = {200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found",
+                   405: "Method Not Allowed", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class GcControl(Protocol):
+    def request(self, *, major: bool = False, minor: bool = False) -> int: ...
+
+    def status(self) -> dict[str, object]: ...
+
+
+Reply = tuple[int, str, bytes]
 
 
 class HttpEndpoint:
@@ -29,11 +47,13 @@ class HttpEndpoint:
         *,
         health: Callable[[], tuple[bool, dict[str, object]]],
         metrics: Callable[[], bytes],
+        gc: Callable[[], GcControl | None] = lambda: None,
     ) -> None:
         self._host = host
         self._port = port
         self._health = health
         self._metrics = metrics
+        self._gc = gc
         self._server: asyncio.Server | None = None
 
     @property
@@ -57,19 +77,23 @@ class HttpEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            code, ctype, body = self._route(method, path)
+            lines = head.decode("latin-1").split("\r\n")
+            method, _, rest = lines[0].partition(" ")
+            path, _, query = rest.split(" ", 1)[0].partition("?")
+            length = _content_length(lines[1:])
+            if length > REQUEST_BYTES_MAX:
+                raise ValueError("body too large")
+            if length:
+                await asyncio.wait_for(reader.readexactly(length), REQUEST_TIMEOUT_S)
+            code, ctype, body = self._route(method, path, query)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             code, ctype, body = 400, "text/plain", b"bad request\n"
         except Exception:
             log.exception("http_request_failed")
             code, ctype, body = 500, "text/plain", b"internal error\n"
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-                  500: "Internal Server Error", 503: "Service Unavailable"}[code]
         try:
             writer.write(
-                f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {ctype}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
             )
             await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
@@ -78,13 +102,48 @@ class HttpEndpoint:
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _route(self, method: str, path: str, query: str) -> Reply:
+        if path == "/api/gc":
+            return self._route_gc(method, query)
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"GET only\n"
         if path == "/health":
             ok, detail = self._health()
-            body = json.dumps({"ok": ok, **detail}, sort_keys=True).encode() + b"\n"
-            return (200 if ok else 503), "application/json", body
+            return (200 if ok else 503), "application/json", _json({"ok": ok, **detail})
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, self._metrics()
-        return 404, "text/plain", b"not found (try /health or /metrics)\n"
+        return 404, "text/plain", b"not found (try /health, /metrics or /api/gc)\n"
+
+    def _route_gc(self, method: str, query: str) -> Reply:
+        gc = self._gc()
+        if method not in ("GET", "HEAD", "POST", "PUT"):
+            return 405, "application/json", _json({"error": "GET for the status, POST to run a GC cycle now"})
+        if gc is None:
+            return 503, "application/json", _json({"error": "garbage collector not running"})
+        if method in ("GET", "HEAD"):
+            return 200, "application/json", _json(gc.status())
+        flags = {"major": False, "minor": False}
+        for name, values in parse_qs(query, keep_blank_values=True).items():
+            value = values[-1].lower()
+            if name not in flags or value not in _TRUE | _FALSE:
+                return 400, "application/json", _json(
+                    {"error": f"unknown parameter {name}={values[-1]!r} (major, minor: 1 or 0)"})
+            flags[name] = value in _TRUE
+        cycle = gc.request(major=flags["major"], minor=flags["minor"])
+        log.info("gc_requested", cycle=cycle, **flags)
+        return 202, "application/json", _json({"requested_cycle": cycle, **gc.status()})
+
+
+def _content_length(header_lines: list[str]) -> int:
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            n = int(value.strip())  # ValueError: a bad request
+            if n < 0:
+                raise ValueError("negative Content-Length")
+            return n
+    return 0
+
+
+def _json(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True).encode() + b"\n"

@@ -486,7 +486,8 @@ class Journal:
             self._fail_group(group, err)
 
     def _cut_back(self, offset: int) -> bool:
-        """After ENOSPC: drop the partial group so later appends stay replayable."""
+        """After ENOSPC: drop what a short write left of the group, before anything else is
+        written, so the groups after it stay replayable (False: the journal fails for good)."""
         try:
             self._fio.truncate(self._fd, offset)
             self._fio.fdatasync(self._fd)

@@ -10,12 +10,14 @@ Databases: ``runs`` (key ``>QQ`` ledger, first entry of a run of consecutive ent
 written back to back in one entry log; value: log id, count, first record offset and
 either the record stride (entries of one size) or every record offset, + crc: one put per
 run instead of one per entry), ``entries`` (key ``>QQ`` ledger, entry; value ``>IQI`` log
-id, offset, length: entries not in a run, e.g. out of order or moved by compaction),
-``ledgers`` (key ``>Q``; value state + crc), ``logs`` (per entry log: total and dead
-bytes, for compaction), ``meta`` (checkpoint journal position, next log id). A lookup
-tries the run starting at or before the entry, then ``entries``; runs never overlap and
-an entry is in at most one of the two. One write transaction per checkpoint carries
-runs, entries, states, log stats and position.
+id, offset, length: entries not in a run, e.g. out of order), ``ledgers`` (key ``>Q``;
+value state + crc), ``log_totals`` (key ``>I`` log; value bytes appended to it) and
+``ledger_logs`` (key ``>QI`` ledger, log; value that ledger's live bytes there): the
+entry-log accounting of ``entry_log_meta.py``, ``meta`` (checkpoint journal position,
+next log id, accounting version). A lookup tries the run starting at or before the entry,
+then ``entries``; runs never overlap and an entry is in at most one of the two. One write
+transaction per checkpoint carries runs, entries, states, accounting and position; one
+per compaction step carries the moved entries' new records and the accounting.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Final
 
 import google_crc32c
 import lmdb
 
-from scriba.bookie.entry_log import LOC, REC_HEADER_SIZE, Location
+from scriba.bookie.entry_log import LOC, REC_HEADER_SIZE, Location, Span
+from scriba.bookie.entry_log_meta import LogLedger, LogMetaUpdate
 from scriba.bookie.journal import FILE_HEADER_SIZE, JournalPosition
 from scriba.bookie.ledger_state import LedgerState
 from scriba.errors import CorruptEntryError
@@ -42,7 +46,8 @@ _LEDGER: Final = struct.Struct(">Q")
 _STATE: Final = struct.Struct(">Bqqq")
 _POS: Final = struct.Struct(">QQ")
 _LOGKEY: Final = struct.Struct(">I")
-_LOGSTAT: Final = struct.Struct(">QQ")
+_LEDGER_LOG: Final = struct.Struct(">QI")
+LOG_META_VERSION: Final = 1
 _RUN: Final = struct.Struct(">IIQQ")  # log id, count, first record offset, stride (0: offsets follow)
 _U64: Final = struct.Struct(">Q")
 _U64_PAIR: Final = struct.Struct(">QQ")
@@ -128,17 +133,86 @@ def _run_bytes(raw: bytes) -> tuple[int, int]:
     return log_id, end - base
 
 
+def _locate(
+    txn: lmdb.Transaction, runs: lmdb.Cursor, ledger_id: int, entry_id: int
+) -> tuple[Location, bytes | None] | None:
+    key = _KEY.pack(ledger_id, entry_id)
+    found = runs.set_range(key)
+    if not (found and runs.key() == key):
+        found = runs.prev() if found else runs.last()
+    corrupt: CorruptEntryError | None = None
+    if found:
+        run_key = bytes(runs.key())  # the transaction has buffers=False: no copy
+        if run_key[:8] == key[:8]:
+            first = _KEY.unpack(run_key)[1]
+            if first <= entry_id:
+                try:
+                    loc = _run_location(bytes(runs.value()), entry_id - first, ledger_id, entry_id)
+                except CorruptEntryError as exc:
+                    loc, corrupt = None, exc  # an entry re-added since has its own record
+                if loc is not None:
+                    return loc, run_key
+    raw = txn.get(key)
+    if raw is None:
+        if corrupt is not None:
+            raise corrupt
+        return None
+    try:
+        return _LOC.unpack(raw), None  # type: ignore[return-value]
+    except struct.error:
+        raise CorruptEntryError(f"index: bad location for ledger {ledger_id} entry {entry_id}") from None
+
+
+def index_records(
+    segments: Sequence[tuple[int, Sequence[int], Sequence[bytes]]], spans: list[Span]
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], dict[LogLedger, int]]:
+    """(run records, single-entry records, record bytes per (log, ledger)) for
+    ``segments`` (ledger, entry ids, entries) appended as ``spans`` (the segments' entries
+    concatenated, in order). Entry ids given as a ``range`` become one run record per log
+    they landed in (per ``RUN_ENTRIES_MAX``); other entries one record each."""
+    runs: list[tuple[bytes, bytes]] = []
+    singles: list[tuple[bytes, bytes]] = []
+    usage: dict[LogLedger, int] = {}
+    loc = LOC.pack
+    si = 0
+    pos = 0
+    for lid, eids, entries in segments:
+        seg_start = pos
+        a = pos
+        b = pos + len(entries)
+        pos = b
+        while a < b:
+            while spans[si][2] <= a:
+                si += 1
+            log_id, s0, s1, offsets = spans[si]
+            c = min(b, s1)
+            part = offsets[a - s0 : c - s0 + 1]
+            usage[(log_id, lid)] = usage.get((log_id, lid), 0) + part[-1] - part[0]
+            ids = eids[a - seg_start : c - seg_start]
+            if isinstance(ids, range):
+                runs += run_records(lid, ids[0], log_id, part)
+            else:
+                singles += zip(
+                    map(entry_key, repeat(lid), ids),
+                    map(loc, repeat(log_id), part[:-1], map(len, entries[a - seg_start : c - seg_start])),
+                    strict=True,
+                )
+            a = c
+    return runs, singles, usage
+
+
 class LedgerIndex:
     def __init__(self, path: Path, map_size_bytes: int) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self._env = lmdb.open(
-            str(path), map_size=map_size_bytes, max_dbs=5, subdir=True, sync=True,
+            str(path), map_size=map_size_bytes, max_dbs=8, subdir=True, sync=True,
             metasync=True, readahead=False, lock=True, max_readers=512,
         )
         self._entries = self._env.open_db(b"entries")
         self._runs = self._env.open_db(b"runs")
         self._ledgers = self._env.open_db(b"ledgers")
-        self._logs = self._env.open_db(b"logs")
+        self._log_totals = self._env.open_db(b"log_totals")
+        self._ledger_logs = self._env.open_db(b"ledger_logs")
         self._meta = self._env.open_db(b"meta")
 
     # --- reads ------------------------------------------------------------------------
@@ -149,33 +223,23 @@ class LedgerIndex:
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[Location, bytes | None] | None:
         """The entry's location and the key of the run record holding it (None: its own)."""
-        key = _KEY.pack(ledger_id, entry_id)
+        with self._env.begin(db=self._entries, buffers=False) as txn:
+            return _locate(txn, txn.cursor(db=self._runs), ledger_id, entry_id)
+
+    def locate_many(
+        self, ids: Iterable[tuple[int, int]]
+    ) -> list[tuple[Location, bytes | None] | CorruptEntryError | None]:
+        """:meth:`locate` of each (ledger, entry) in one read transaction; a corrupt record
+        is answered by its error instead of raising."""
+        out: list[tuple[Location, bytes | None] | CorruptEntryError | None] = []
         with self._env.begin(db=self._entries, buffers=False) as txn:
             cur = txn.cursor(db=self._runs)
-            found = cur.set_range(key)
-            if not (found and cur.key() == key):
-                found = cur.prev() if found else cur.last()
-            corrupt: CorruptEntryError | None = None
-            if found:
-                run_key = cur.key()
-                if run_key[:8] == key[:8]:
-                    first = _KEY.unpack(run_key)[1]
-                    if first <= entry_id:
-                        try:
-                            loc = _run_location(cur.value(), entry_id - first, ledger_id, entry_id)
-                        except CorruptEntryError as exc:
-                            loc, corrupt = None, exc  # an entry re-added since has its own record
-                        if loc is not None:
-                            return loc, run_key
-            raw = txn.get(key)
-        if raw is None:
-            if corrupt is not None:
-                raise corrupt
-            return None
-        try:
-            return _LOC.unpack(raw), None  # type: ignore[return-value]
-        except struct.error:
-            raise CorruptEntryError(f"index: bad location for ledger {ledger_id} entry {entry_id}") from None
+            for lid, eid in ids:
+                try:
+                    out.append(_locate(txn, cur, lid, eid))
+                except CorruptEntryError as exc:
+                    out.append(exc)
+        return out
 
     def load_states(self) -> dict[int, LedgerState]:
         out: dict[int, LedgerState] = {}
@@ -199,12 +263,43 @@ class LedgerIndex:
             raw = txn.get(b"next_log_id")
         return 1 if raw is None else _LEDGER.unpack(_open(raw, "next log id"))[0]
 
-    def log_stats(self) -> dict[int, tuple[int, int]]:
-        out: dict[int, tuple[int, int]] = {}
-        with self._env.begin(db=self._logs) as txn:
+    def load_log_meta(self) -> tuple[dict[int, int], dict[int, dict[int, int]]] | None:
+        """Entry-log totals and live bytes per log per ledger; None when this index has no
+        accounting of the current version (older index: :meth:`rebuild_log_meta`)."""
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"log_meta_version")
+            if raw is None or _LEDGER.unpack(_open(raw, "log accounting version"))[0] != LOG_META_VERSION:
+                return None
+            totals: dict[int, int] = {}
+            for key, value in txn.cursor(db=self._log_totals):
+                totals[_LOGKEY.unpack(key)[0]] = _U64.unpack(_open(value, "log total"))[0]
+            live: dict[int, dict[int, int]] = {}
+            for key, value in txn.cursor(db=self._ledger_logs):
+                lid, log_id = _LEDGER_LOG.unpack(key)
+                live.setdefault(log_id, {})[lid] = _U64.unpack(_open(value, "log usage"))[0]
+        return totals, live
+
+    def rebuild_log_meta(self) -> dict[int, dict[int, int]]:
+        """Live bytes per log per ledger, counted from every run and entry record."""
+        live: dict[int, dict[int, int]] = {}
+        with self._env.begin(db=self._runs) as txn:
             for key, raw in txn.cursor():
-                out[_LOGKEY.unpack(key)[0]] = _LOGSTAT.unpack(_open(raw, "log stats"))  # type: ignore[assignment]
-        return out
+                try:
+                    log_id, n = _run_bytes(_open(raw, "run"))
+                except (CorruptEntryError, struct.error):
+                    continue  # its entries cannot be read through it anyway
+                per = live.setdefault(log_id, {})
+                lid = _LEDGER.unpack_from(key)[0]
+                per[lid] = per.get(lid, 0) + n
+            for key, raw in txn.cursor(db=self._entries):
+                try:
+                    log_id, _, n = _LOC.unpack(raw)
+                except struct.error:
+                    continue
+                per = live.setdefault(log_id, {})
+                lid = _LEDGER.unpack_from(key)[0]
+                per[lid] = per.get(lid, 0) + n + REC_HEADER_SIZE
+        return live
 
     # --- writes (one thread at a time) ----------------------------------------------
 
@@ -212,64 +307,89 @@ class LedgerIndex:
         self,
         locations: Iterable[tuple[bytes, bytes]],
         states: dict[int, LedgerState],
-        log_stats: dict[int, tuple[int, int]],
+        meta: LogMetaUpdate,
         position: JournalPosition | None,
         next_log_id: int,
-        removed_logs: Iterable[int] = (),
         runs: Iterable[tuple[bytes, bytes]] = (),
-        removed_runs: Iterable[bytes] = (),
     ) -> None:
         """One durable transaction: run records (:func:`run_records`), entry locations
-        (``entry_key``, packed ``LOC``), ledger states, log stats, position."""
+        (``entry_key``, packed ``LOC``), ledger states, entry-log accounting, position."""
         with self._env.begin(write=True) as txn:
-            for key in removed_runs:
-                txn.delete(key, db=self._runs)
-            cur = txn.cursor(db=self._runs)
-            for key, value in runs:
-                if not cur.put(key, value, overwrite=False):  # a run from there is indexed
-                    txn.cursor(db=self._entries).putmulti(_run_singles(key, value))
+            self._put_runs(txn, runs)
             txn.cursor(db=self._entries).putmulti(locations)  # consumed lazily, in C
             for lid, st in states.items():
                 body = _STATE.pack(st.fenced, st.lac, st.explicit_lac, st.last_entry_id)
                 txn.put(_LEDGER.pack(lid), _seal(body + st.master_key), db=self._ledgers)
-            for log_id, (total, dead) in log_stats.items():
-                txn.put(_LOGKEY.pack(log_id), _seal(_LOGSTAT.pack(total, dead)), db=self._logs)
-            for log_id in removed_logs:
-                txn.delete(_LOGKEY.pack(log_id), db=self._logs)
+            self._put_log_meta(txn, meta)
             if position is not None:
                 txn.put(b"checkpoint", _seal(_POS.pack(position.file_id, position.offset)),
                         db=self._meta)
             txn.put(b"next_log_id", _seal(_LEDGER.pack(next_log_id)), db=self._meta)
 
-    def delete_ledgers(self, ledger_ids: Iterable[int]) -> dict[int, int]:
-        """Drop entries and state of the ledgers; bytes freed per log id."""
-        freed: dict[int, int] = {}
+    def commit_moves(
+        self,
+        runs: Sequence[tuple[bytes, bytes]],
+        singles: Sequence[tuple[bytes, bytes]],
+        moved: Collection[bytes],
+        split_runs: Iterable[bytes],
+        meta: LogMetaUpdate,
+        next_log_id: int,
+    ) -> None:
+        """One durable transaction moving entries (compaction): their new ``runs`` and
+        ``singles`` records; ``moved``: the keys of every moved entry (any old single
+        record of theirs is dropped); ``split_runs``: run records that held moved entries
+        (dropped; their entries not moved stay indexed, as single records at their old
+        location); the entry-log accounting."""
         with self._env.begin(write=True) as txn:
-            cur = txn.cursor(db=self._entries)
-            runs = txn.cursor(db=self._runs)
-            for lid in ledger_ids:
-                txn.delete(_LEDGER.pack(lid), db=self._ledgers)
-                prefix = _LEDGER.pack(lid)
-                if runs.set_range(prefix):
-                    while runs.key()[:8] == prefix:
-                        try:
-                            log_id, n = _run_bytes(runs.value())
-                            freed[log_id] = freed.get(log_id, 0) + n
-                        except struct.error:
-                            pass
-                        if not runs.delete():
-                            break
-                if not cur.set_range(prefix):
+            entries = txn.cursor(db=self._entries)
+            for key in split_runs:
+                raw = txn.get(key, db=self._runs)
+                if raw is None:
                     continue
-                while cur.key()[:8] == prefix:
-                    try:
-                        log_id, _, n = _LOC.unpack(cur.value())
-                        freed[log_id] = freed.get(log_id, 0) + n + 8
-                    except struct.error:
-                        pass
-                    if not cur.delete():
-                        break
-        return freed
+                txn.delete(key, db=self._runs)
+                entries.putmulti([kv for kv in _run_singles(key, raw) if kv[0] not in moved])
+            for key in moved:
+                txn.delete(key, db=self._entries)
+            self._put_runs(txn, runs)
+            entries.putmulti(singles)
+            self._put_log_meta(txn, meta)
+            txn.put(b"next_log_id", _seal(_LEDGER.pack(next_log_id)), db=self._meta)
+
+    def write_log_meta(self, meta: LogMetaUpdate) -> None:
+        """Store entry-log accounting alone (and mark it of the current version)."""
+        with self._env.begin(write=True) as txn:
+            self._put_log_meta(txn, meta)
+            txn.put(b"log_meta_version", _seal(_LEDGER.pack(LOG_META_VERSION)), db=self._meta)
+
+    def _put_runs(self, txn: lmdb.Transaction, runs: Iterable[tuple[bytes, bytes]]) -> None:
+        cur = txn.cursor(db=self._runs)
+        for key, value in runs:
+            if not cur.put(key, value, overwrite=False):  # a run from there is indexed
+                txn.cursor(db=self._entries).putmulti(_run_singles(key, value))
+
+    def _put_log_meta(self, txn: lmdb.Transaction, meta: LogMetaUpdate) -> None:
+        for log_id, total in meta.totals.items():
+            txn.put(_LOGKEY.pack(log_id), _seal(_U64.pack(total)), db=self._log_totals)
+        for (log_id, lid), n in meta.usage.items():
+            key = _LEDGER_LOG.pack(lid, log_id)
+            if n > 0:
+                txn.put(key, _seal(_U64.pack(n)), db=self._ledger_logs)
+            else:
+                txn.delete(key, db=self._ledger_logs)
+        for log_id in meta.removed_logs:
+            txn.delete(_LOGKEY.pack(log_id), db=self._log_totals)
+
+    def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Drop the ledgers' entries, state and entry-log accounting, in one transaction."""
+        with self._env.begin(write=True) as txn:
+            cursors = [txn.cursor(db=db) for db in (self._runs, self._entries, self._ledger_logs)]
+            for lid in ledger_ids:
+                prefix = _LEDGER.pack(lid)
+                txn.delete(prefix, db=self._ledgers)
+                for cur in cursors:
+                    if cur.set_range(prefix):
+                        while cur.key()[:8] == prefix and cur.delete():
+                            pass
 
     def close(self) -> None:
         self._env.close()

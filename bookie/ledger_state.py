@@ -178,18 +178,43 @@ def admit_runs(
     headers are read entry by entry and ``Admission.blob`` is None.
 
     Hot path: a stretch of new entries of a known ledger with one key and increasing ids
-    is checked with a few whole-stretch operations (entries of one size: one ``struct``
-    call reads every header from the batch's blob); anything else goes add by add.
+    is admitted whole by :func:`_whole_run` with a few whole-stretch operations; anything
+    else goes add by add (:func:`_admit_each`), with the same outcome.
     """
-    entries = adds.entries
-    n = len(entries)
+    blob, sizes = _blob_and_sizes(adds, join)
+    n = len(sizes)
     lids = adds.ledger_ids
-    eids = adds.entry_ids
-    keys = adds.master_keys
-    recovery = adds.recovery
+    statuses: list[Status] = [Status.OK] * n
+    runs: list[RunAdd] = []
+    rest: list[int] = []
+    offset = 0  # where the stretch starts in the blob
+    for i, j in _segments(lids):
+        whole = j - i == n
+        seg_sizes = sizes if whole else sizes[i:j]
+        run = _whole_run(states.get(lids[i]), adds, i, j, seg_sizes, blob, offset, entry_size_max)
+        if run is not None:
+            offset += run.nbytes
+            keyed.append((run.ledger_id, adds.master_keys[i]))
+            runs.append(run)
+            continue
+        offset += sum(seg_sizes)
+        sub = adds if whole else AddColumns(
+            lids[i:j], adds.entry_ids[i:j], adds.master_keys[i:j], adds.entries[i:j],
+            None if adds.recovery is None else adds.recovery[i:j],
+        )
+        sub_statuses, sub_accepted = _admit_each(states, sub, entry_size_max, has_entry, keyed)
+        statuses[i:j] = sub_statuses
+        rest += [k + i for k in sub_accepted] if i else sub_accepted
+    return Admission(statuses, runs, rest, blob, sizes)
+
+
+def _blob_and_sizes(adds: AddColumns, join: bool) -> tuple[bytes | None, list[int]]:
+    """The entries' sizes and concatenation: the caller's blob if it is exactly that, else
+    one joined here (``join``) or None."""
+    entries = adds.entries
     blob = adds.blob
     given = adds.sizes
-    if blob is not None and given is not None and len(given) == n:
+    if blob is not None and given is not None and len(given) == len(entries):
         sizes = given if isinstance(given, list) else list(given)
     else:
         sizes = list(map(len, entries))
@@ -198,63 +223,59 @@ def admit_runs(
         sizes = list(map(len, entries))
     if blob is None and join:
         blob = b"".join(entries)  # one copy, cheaper than reading headers entry by entry
-    statuses: list[Status] = [Status.OK] * n
-    runs: list[RunAdd] = []
-    rest: list[int] = []
-    offset = 0
-    for i, j in _segments(lids):
-        c = j - i
-        lid = lids[i]
-        key = keys[i]
-        st = states.get(lid)
-        seg_sizes = sizes[i:j] if c != n else sizes
-        size = seg_sizes[0]
-        one_size = seg_sizes.count(size) == c
-        seg_bytes = size * c if one_size else sum(seg_sizes)
-        run = None
-        if (
-            st is not None
-            and st.master_key == key
-            and (keys if c == n else keys[i:j]).count(key) == c
-            and (not st.fenced or (recovery is not None and recovery[i:j].count(True) == c))
-            and (HEADER_SIZE <= size <= entry_size_max if one_size
-                 else min(seg_sizes) >= HEADER_SIZE and max(seg_sizes) <= entry_size_max)
+    return blob, sizes
+
+
+def _whole_run(
+    st: LedgerState | None, adds: AddColumns, i: int, j: int, sizes: list[int],
+    blob: bytes | None, offset: int, entry_size_max: int,
+) -> RunAdd | None:
+    """The stretch ``[i, j)`` of one ledger admitted whole (``sizes``: its sizes; it starts
+    at ``offset`` in ``blob``), or None when it must go add by add: unknown ledger, another
+    key, fenced (unless all are recovery adds), a size out of bounds, headers that do not
+    name the adds' ids, ids not new and increasing."""
+    c = j - i
+    whole = c == len(adds.entries)
+    keys = adds.master_keys
+    key = keys[i]
+    recovery = adds.recovery
+    size = sizes[0]
+    one_size = sizes.count(size) == c
+    if (
+        st is None
+        or st.master_key != key
+        or (keys if whole else keys[i:j]).count(key) != c
+        or (st.fenced and not (recovery is not None and recovery[i:j].count(True) == c))
+        or not (HEADER_SIZE <= size <= entry_size_max if one_size
+                else min(sizes) >= HEADER_SIZE and max(sizes) <= entry_size_max)
+    ):
+        return None
+    lid = adds.ledger_ids[i]
+    eids = adds.entry_ids if whole else adds.entry_ids[i:j]
+    entries = adds.entries if whole else adds.entries[i:j]
+    nbytes = size * c if one_size else sum(sizes)
+    if blob is not None and one_size:  # one size: every header in one call
+        vals = _run_struct(c, size).unpack_from(blob, offset)
+        got = vals[1::3]
+        if vals[0::3].count(lid) != c or got != tuple(eids):
+            return None
+        first = got[0]
+        consecutive = got[-1] - first == c - 1 and got == tuple(range(first, first + c))
+        if first <= st.last_entry_id or not (
+            consecutive or all(map(operator.lt, got, islice(got, 1, None)))
         ):
-            seg_eids = eids[i:j] if c != n else eids
-            if blob is not None and one_size:  # one size: every header in one call
-                vals = _run_struct(c, size).unpack_from(blob, offset)
-                got = vals[1::3]
-                if vals[0::3].count(lid) == c and got == tuple(seg_eids):
-                    first = got[0]
-                    consecutive = got[-1] - first == c - 1 and got == tuple(range(first, first + c))
-                    if first > st.last_entry_id and (
-                        consecutive or all(map(operator.lt, got, islice(got, 1, None)))
-                    ):
-                        run = RunAdd(lid, seg_eids, entries[i:j] if c != n else entries,
-                                     max(vals[2::3]), seg_bytes, consecutive, i, j)
-            else:
-                seg_entries = entries[i:j] if c != n else entries
-                if (
-                    list(map(_IDS.unpack_from, seg_entries)) == list(zip(repeat(lid), seg_eids))
-                    and seg_eids[0] > st.last_entry_id
-                    and all(map(operator.lt, seg_eids, islice(seg_eids, 1, None)))
-                ):
-                    first = seg_eids[0]
-                    run = RunAdd(lid, seg_eids, seg_entries, max(map(_LAC_AT, seg_entries))[0],
-                                 seg_bytes, seg_eids[-1] - first == c - 1, i, j)
-        offset += seg_bytes
-        if run is not None:
-            keyed.append((lid, key))
-            runs.append(run)
-            continue
-        sub = adds if c == n else AddColumns(
-            lids[i:j], eids[i:j], keys[i:j], entries[i:j],
-            None if recovery is None else recovery[i:j],
-        )
-        sub_statuses, sub_accepted = _admit_each(states, sub, entry_size_max, has_entry, keyed)
-        statuses[i:j] = sub_statuses
-        rest += [k + i for k in sub_accepted] if i else sub_accepted
-    return Admission(statuses, runs, rest, blob, sizes)
+            return None
+        lac = max(vals[2::3])
+    else:
+        if (
+            list(map(_IDS.unpack_from, entries)) != list(zip(repeat(lid), eids))
+            or eids[0] <= st.last_entry_id
+            or not all(map(operator.lt, eids, islice(eids, 1, None)))
+        ):
+            return None
+        consecutive = eids[-1] - eids[0] == c - 1
+        lac = max(map(_LAC_AT, entries))[0]
+    return RunAdd(lid, eids, entries, lac, nbytes, consecutive, i, j)
 
 
 def _admit_each(

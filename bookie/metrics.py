@@ -2,7 +2,10 @@
 
 Counted per batch on the add path (one ``inc(n)`` per batch, not one call per entry).
 Storage figures (journal group size, fsync latency, bytes) are read from the storage's
-``stats()`` mapping when it has one, through a custom collector at scrape time.
+``stats()`` mapping when it has one, through a custom collector at scrape time: among
+them the entry logs' bytes, live and reclaimable bytes, and the progress of the
+compaction pass under way (``scriba_storage_entry_log_*``, ``scriba_storage_compaction_*``).
+GC passes are counted here (``scriba_bookie_compaction_*``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scriba.bookie.compaction import CompactionResult
 from scriba.errors import Status
 
 _LATENCY_BUCKETS = (
@@ -58,6 +62,25 @@ class BookieMetrics:
         self.total_bytes = Gauge("scriba_bookie_total_bytes", "Total bytes of the ledger disk", registry=r)
         self.gc_deleted = Counter("scriba_bookie_gc_deleted_ledgers", "Ledgers removed by GC", registry=r)
         self.gc_runs = Counter("scriba_bookie_gc_runs", "GC cycles, by outcome", ["outcome"], registry=r)
+        self.compaction_runs = Counter(
+            "scriba_bookie_compaction_runs", "GC passes over the entry logs, by kind (none: dead logs only)",
+            ["kind"], registry=r,
+        )
+        self.compaction_logs = Counter(
+            "scriba_bookie_compaction_logs",
+            "Entry logs given back (removed: nothing live; compacted: live entries copied first)"
+            " or kept (skipped: unreadable)", ["how"], registry=r,
+        )
+        self.compaction_reclaimed_bytes = Counter(
+            "scriba_bookie_compaction_reclaimed_bytes", "Entry-log bytes given back (less those copied)",
+            registry=r,
+        )
+        self.compaction_copied_bytes = Counter(
+            "scriba_bookie_compaction_copied_bytes", "Live entry bytes copied by compaction", registry=r
+        )
+        self.compaction_copied_entries = Counter(
+            "scriba_bookie_compaction_copied_entries", "Live entries copied by compaction", registry=r
+        )
         self._ok = self.adds.labels(status="OK")
         self._by_status: dict[int, Any] = {}
 
@@ -71,6 +94,16 @@ class BookieMetrics:
             child = self.adds.labels(status=_STATUS_NAMES.get(status, str(status)))
             self._by_status[status] = child
         child.inc(count)
+
+    def count_compaction(self, result: CompactionResult) -> None:
+        self.compaction_runs.labels(kind=result.kind.value).inc()
+        for how, n in (("removed", result.logs_removed), ("compacted", result.logs_compacted),
+                       ("skipped", result.logs_skipped)):
+            if n:
+                self.compaction_logs.labels(how=how).inc(n)
+        self.compaction_reclaimed_bytes.inc(max(0, result.bytes_reclaimed))
+        self.compaction_copied_bytes.inc(result.bytes_copied)
+        self.compaction_copied_entries.inc(result.entries_copied)
 
     def observe_read(self, kind: str, status: int, seconds: float) -> None:
         self.reads.labels(kind=kind, status=_STATUS_NAMES.get(status, str(status))).inc()

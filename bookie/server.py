@@ -1,7 +1,8 @@
 """One bookie: storage + gRPC service + registration + GC + HTTP, with a clean shutdown.
 
-Start order: connect to the metadata store -> check (or create) cookies -> open storage
-(replays the journal) -> start gRPC -> start HTTP -> register (ephemeral) -> GC.
+Start order: check the dirs and the listen address (a clear error before any work) ->
+connect to the metadata store -> check (or create) cookies -> open storage (replays the
+journal) -> start gRPC -> start HTTP -> register (ephemeral) -> GC.
 Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
 -> stop gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
 
@@ -14,8 +15,11 @@ storage turning read-only (disk full, disk error) is written to the registration
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from scriba.bookie.config import BookieConfig
@@ -86,6 +90,8 @@ class Bookie:
 
     async def start(self) -> None:
         cfg = self.config
+        check_dirs(cfg)
+        check_listen(cfg.listen_host, cfg.listen_port)
         self._loop = asyncio.get_running_loop()
         if self._store is None:
             self._store = await connect(
@@ -125,17 +131,10 @@ class Bookie:
             read_range_entries_max=cfg.read_range_entries_max,
             read_range_bytes_max=cfg.read_range_bytes_max,
         )
-        self._server = new_grpc_server(self.service, cfg.grpc_message_bytes_max)
-        port = self._server.add_insecure_port(f"{cfg.listen_host}:{cfg.listen_port}")
-        if port == 0:
-            raise ConfigError(f"listen: cannot bind {cfg.listen_host}:{cfg.listen_port}")
-        self.port = port
-        host = cfg.advertised_address.rpartition(":")[0]
-        self.address = f"{host}:{port}"
-        await self._server.start()
+        await self._start_grpc(self.service)
         if cfg.http_host is not None:
             self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
-                                      metrics=self.metrics.exposition)
+                                      metrics=self.metrics.exposition, gc=lambda: self.gc)
             await self._http.start()
         free, total = self._disk_usage()
         record = BookieRegistration(
@@ -160,11 +159,27 @@ class Bookie:
         await self.registration.start()
         self.state.started = True
         self.gc = GarbageCollector(
-            storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s
+            storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s,
+            policy=cfg.compaction_policy,
         )
         self.gc.start()
         log.info("bookie_started", bookie_id=self.bookie_id, address=self.address,
                  http=self.http_address, region=cfg.region, zone=cfg.zone, rack=cfg.rack)
+
+    async def _start_grpc(self, service: BookieService) -> None:
+        cfg = self.config
+        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max)
+        address = _host_port(cfg.listen_host, cfg.listen_port)
+        try:
+            port = self._server.add_insecure_port(address)
+        except RuntimeError:  # taken since check_listen: gRPC says only "Failed to bind"
+            port = 0
+        if port == 0:
+            raise ConfigError(f"listen {address}: cannot bind (address in use?)")
+        self.port = port
+        host = cfg.advertised_address.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        await self._server.start()
 
     def _disk_usage(self) -> tuple[int, int]:
         try:
@@ -298,6 +313,47 @@ class Bookie:
         log.info("signal_received", bookie_id=self.bookie_id)
         await self.stop()
         return 0
+
+
+def check_dirs(config: BookieConfig) -> None:
+    """ConfigError naming the path when a data or journal dir cannot be a directory (it,
+    or the first of its parents that exists, is a file)."""
+    for kind, d in (("data", config.data_dir), ("journal", config.journal_dir)):
+        if d is None:
+            continue
+        path = Path(d)
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            where = "" if existing == path else f" ({existing} is a file)"
+            raise ConfigError(f"{kind} dir {path}: not a directory{where}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """ConfigError naming the address when no socket can be bound there (in use, not a
+    local address), before the bookie does any work. Port 0 (any free port) always fits."""
+    if port == 0:
+        return
+    address = _host_port(host, port)
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"listen {address}: {exc.strerror}") from None
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:  # gRPC serves if any of them binds
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                probe.bind(sockaddr)
+                return
+            except OSError as exc:
+                error = exc
+    if error is not None:
+        reason = "address already in use" if error.errno == errno.EADDRINUSE else error.strerror
+        raise ConfigError(f"listen {address}: {reason}")
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _version() -> str:

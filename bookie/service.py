@@ -14,6 +14,11 @@ waiting to be sent (beyond it the reader stops reading: gRPC flow control).
 Answers already waiting are coalesced into one message (gRPC costs per message;
 the client matches answers by ledger and entry id).
 
+Each batch, runs (the clients' form) or single adds alike, goes through five steps:
+refuse the whole message (too many adds, not serving: ``_refuse``) -> decode it into
+storage columns, answering malformed adds (``add_decoding``) -> bound the connection's
+in-flight bytes -> store (``storage.add_columns``) -> answer (``_admit``).
+
 Invariant: an add is answered OK only when ``storage.add_batch`` said OK for it,
 and only while the bookie accepts adds (registered, not shutting down).
 """
@@ -24,11 +29,17 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
-from itertools import accumulate, chain, repeat
 from typing import Any, Final
 
 import grpc
 
+from scriba.bookie.add_decoding import (
+    DecodedAdds,
+    answer_message,
+    decode_adds,
+    decode_runs,
+    wire_status,
+)
 from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage
 from scriba.entry import HEADER_SIZE
@@ -54,11 +65,6 @@ RESPONSES_MERGE_MAX: Final = 16  # answers of up to this many batches share one 
 RESPONSES_MERGE_ENTRIES_MAX: Final = 4096  # ... while the message stays small (< 1 MiB)
 
 
-def wire_status(status: int) -> int:
-    """A status the wire enum knows (client/metadata-only codes become INTERNAL)."""
-    return status if 0 <= status <= _WIRE_STATUS_MAX else _INTERNAL
-
-
 def error_status(exc: BaseException) -> tuple[int, str]:
     """The wire status and message for an exception raised while serving a request."""
     if isinstance(exc, ScribaError):
@@ -68,65 +74,6 @@ def error_status(exc: BaseException) -> tuple[int, str]:
             message = f"{type(exc).__name__}: {message}"
         return wire_status(code), message
     return _INTERNAL, f"{type(exc).__name__}: {exc}"
-
-
-def _run_problem(ledger_id: int, master_key: bytes, entry_ids: list[int], sizes: list[int], blob_bytes: int) -> str:
-    """What makes a run malformed as a whole ('' when nothing does)."""
-    if len(sizes) != len(entry_ids):
-        return f"run of ledger {ledger_id}: {len(entry_ids)} entry ids but {len(sizes)} sizes"
-    if sum(sizes) != blob_bytes:
-        return f"run of ledger {ledger_id}: sizes add up to {sum(sizes)} bytes, entries hold {blob_bytes}"
-    if ledger_id > LEDGER_ID_MAX or min(entry_ids) < 0:
-        return f"run of ledger {ledger_id}: invalid ids (entry ids {min(entry_ids)}..{max(entry_ids)})"
-    if not master_key:
-        return f"run of ledger {ledger_id}: master key missing"
-    return ""
-
-
-def _answer_runs(response: pb.AddResponseBatch, runs: Sequence[pb.AddRun], status: int, message: str) -> None:
-    """Answer every add of ``runs`` with one status."""
-    for run in runs:
-        if run.entry_ids:
-            answer = response.runs.add()
-            answer.ledger_id = run.ledger_id
-            answer.entry_ids.extend(run.entry_ids)
-            answer.status = status
-            answer.message = message
-
-
-def _answer_columns(
-    response: pb.AddResponseBatch,
-    runs: list[tuple[int, int]],
-    entry_ids: list[int],
-    statuses: Sequence[int] | None,
-    status: int,
-    message: str,
-) -> None:
-    """Answers for adds laid out run after run in ``entry_ids``: one per run when they all
-    share ``status`` (``statuses`` None), else one per run and distinct status."""
-    new = response.runs.add
-    start = 0
-    for lid, n in runs:
-        ids = entry_ids[start : start + n]
-        if statuses is None:
-            answer = new()
-            answer.ledger_id = lid
-            answer.entry_ids.extend(ids)
-            if status != _OK:
-                answer.status = status
-                answer.message = message
-        else:
-            groups: dict[int, list[int]] = {}
-            for eid, st in zip(ids, statuses[start : start + n], strict=True):
-                groups.setdefault(int(st), []).append(eid)
-            for st, group in groups.items():
-                answer = new()
-                answer.ledger_id = lid
-                answer.entry_ids.extend(group)
-                if st != _OK:
-                    answer.status = wire_status(st)
-                    answer.message = Status(st).name
-        start += n
 
 
 class ServingState:
@@ -250,10 +197,7 @@ class BookieService(pb_grpc.BookieServicer):
             if not isinstance(exc, ScribaError | asyncio.CancelledError):
                 log.exception("add_batch_failed", bookie_id=self._state.bookie_id)
             response = pb.AddResponseBatch()
-            add = response.responses.add
-            for a in batch.adds:
-                add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
-            _answer_runs(response, batch.runs, status, message)
+            answer_message(response, batch.adds, batch.runs, status, message)
             if isinstance(exc, asyncio.CancelledError):
                 conn.responses.put_nowait((response, nbytes))
                 raise
@@ -282,88 +226,77 @@ class BookieService(pb_grpc.BookieServicer):
         storage like any add. All good runs of the message go to storage in one call
         (one journal record); the answer is one ``AddRunResponse`` per run and status.
         """
-        response = pb.AddResponseBatch()
         count = 0
         for run in runs:
             count += len(run.entry_ids)
-        refusal = self._refusal(count)
-        if refusal is not None:
-            _answer_runs(response, runs, *refusal)
-            self._metrics.count_adds(refusal[0], count)
-            return response, 0
-        lids: list[int] = []
-        eids: list[int] = []
-        keys: list[bytes] = []
-        entries: list[bytes] = []
-        recovery: list[bool] | None = None
-        good: list[tuple[int, int]] = []  # (ledger id, number of adds) of each run sent on
-        one: tuple[bytes, list[int]] | None = None  # the blob and sizes of the last good run
-        nbytes = 0
-        rejected = 0
-        for run in runs:
-            ids = list(run.entry_ids)
-            n = len(ids)
-            if not n:
-                continue
-            blob = run.entries
-            sizes = list(run.sizes)
-            lid = run.ledger_id
-            problem = _run_problem(lid, run.master_key, ids, sizes, len(blob))
-            if problem:
-                answer = response.runs.add()
-                answer.ledger_id = lid
-                answer.entry_ids.extend(ids)
-                answer.status = _BAD_REQUEST
-                answer.message = problem
-                rejected += n
-                continue
-            ends = list(accumulate(sizes))
-            entries += map(blob.__getitem__, map(slice, chain((0,), ends), ends))
-            lids += repeat(lid, n)
-            eids += ids
-            keys += repeat(run.master_key, n)
-            if run.flags & 1:
-                if recovery is None:
-                    recovery = [False] * (len(entries) - n)
-                recovery += repeat(True, n)
-            elif recovery is not None:
-                recovery += repeat(False, n)
-            good.append((lid, n))
-            one = (blob, sizes)
-            nbytes += ends[-1]
-        if rejected:
-            self._metrics.count_adds(_BAD_REQUEST, rejected)
-        if not entries:
-            return response, 0
+        refused = self._refuse((), runs, count)
+        if refused is not None:
+            return refused, 0
+        return await self._admit(decode_runs(runs), conn)
+
+    async def _process_adds(
+        self, adds: Sequence[pb.AddRequest], conn: _Connection
+    ) -> tuple[pb.AddResponseBatch, int]:
+        """Single adds: each checked alone, the good ones to storage in one call, every
+        add answered in order."""
+        refused = self._refuse(adds, (), len(adds))
+        if refused is not None:
+            return refused, 0
+        return await self._admit(decode_adds(adds, self._entry_size_max), conn)
+
+    def _refuse(
+        self, adds: Sequence[pb.AddRequest], runs: Sequence[pb.AddRun], count: int
+    ) -> pb.AddResponseBatch | None:
+        """Step 1: the answer refusing a whole message of ``count`` adds (too big, not
+        serving), or None when it is not refused."""
+        if count > self._batch_entries_max:
+            status, message = _BAD_REQUEST, f"batch of {count} adds exceeds {self._batch_entries_max}"
+        elif not self._state.accepting_adds:
+            status = _READ_ONLY
+            message = "bookie is shutting down" if self._state.shutting_down else "bookie not registered"
+        else:
+            return None
+        response = pb.AddResponseBatch()
+        answer_message(response, adds, runs, status, message)
+        self._metrics.count_adds(status, count)
+        return response
+
+    async def _admit(self, decoded: DecodedAdds, conn: _Connection) -> tuple[pb.AddResponseBatch, int]:
+        """Steps 3 to 5 for a decoded message: bound, store, answer.
+
+        Returns the response and the bytes it holds in the connection's in-flight count
+        (released once the response is sent).
+        """
+        metrics = self._metrics
+        if decoded.rejected:
+            metrics.count_adds(_BAD_REQUEST, decoded.rejected)
+        columns = decoded.columns
+        if columns is None:
+            return decoded.response, 0
+        count = decoded.count
+        nbytes = decoded.nbytes
         message = self._over_inflight(conn, nbytes)
         if message:
-            _answer_columns(response, good, eids, None, _TOO_MANY, message)
-            self._metrics.count_adds(_TOO_MANY, len(entries))
-            return response, 0
-        # One run (the common message): storage journals its blob as is, no join.
-        columns = (
-            AddColumns(lids, eids, keys, entries, recovery, blob=one[0], sizes=one[1])
-            if len(good) == 1 and one is not None
-            else AddColumns(lids, eids, keys, entries, recovery)
-        )
+            decoded.answer_all(_TOO_MANY, message)
+            metrics.count_adds(_TOO_MANY, count)
+            return decoded.response, 0
         statuses, failure = await self._store(columns, conn, nbytes)
         if failure is not None:
-            status, message = failure
-            _answer_columns(response, good, eids, None, status, message)
-            self._metrics.count_adds(status, len(entries))
-            return response, nbytes
+            decoded.answer_all(*failure)
+            metrics.count_adds(failure[0], count)
+            return decoded.response, nbytes
         ok = statuses.count(_OK)
-        if ok == len(entries):
-            self._metrics.count_ok(ok, nbytes)
-            _answer_columns(response, good, eids, None, _OK, "")
-            return response, nbytes
-        self._metrics.count_ok(ok, 0)
-        _answer_columns(response, good, eids, statuses, _OK, "")
+        if ok == count:
+            metrics.count_ok(ok, nbytes)
+            decoded.answer_all(_OK, "")
+            return decoded.response, nbytes
+        metrics.count_ok(ok, 0)
+        decoded.answer_each(statuses)
         for st in statuses:
             if st != _OK:
-                self._metrics.count_adds(wire_status(int(st)), 1)
-        log.debug("adds_rejected", bookie_id=self._state.bookie_id, count=len(entries) - ok)
-        return response, nbytes
+                metrics.count_adds(wire_status(int(st)), 1)
+        log.debug("adds_rejected", bookie_id=self._state.bookie_id, count=count - ok)
+        return decoded.response, nbytes
 
     async def _store(
         self, columns: AddColumns, conn: _Connection, nbytes: int
@@ -388,115 +321,6 @@ class BookieService(pb_grpc.BookieServicer):
         if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
             return f"in-flight bytes per connection exceed {self._inflight_max}"
         return ""
-
-    def _refusal(self, count: int) -> tuple[int, str] | None:
-        """Why a whole message of ``count`` adds is refused (too big, not serving), if it is."""
-        if count > self._batch_entries_max:
-            return _BAD_REQUEST, f"batch of {count} adds exceeds {self._batch_entries_max}"
-        if not self._state.accepting_adds:
-            return _READ_ONLY, ("bookie is shutting down" if self._state.shutting_down
-                                else "bookie not registered")
-        return None
-
-    async def _process_adds(
-        self, adds: Sequence[pb.AddRequest], conn: _Connection
-    ) -> tuple[pb.AddResponseBatch, int]:
-        """Validate, hand the good ones to storage in one call, answer each in order.
-
-        The hot path: one pass over the batch builds both the storage columns and the
-        responses (status OK by default); only non-OK answers are patched afterwards.
-        Returns the response and the bytes it holds in the connection's in-flight count
-        (released once the response is sent).
-        """
-        response = pb.AddResponseBatch()
-        out = response.responses
-        count = len(adds)
-        refusal = self._refusal(count)
-        if refusal is not None:
-            status, message = refusal
-            for a in adds:
-                out.add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=status, message=message)
-            self._metrics.count_adds(status, count)
-            return response, 0
-        size_max = self._entry_size_max
-        unpack = _IDS.unpack_from
-        new = out.add
-        lids: list[int] = []
-        eids: list[int] = []
-        keys: list[bytes] = []
-        entries: list[bytes] = []
-        recovery: list[bool] | None = None
-        targets: list[Any] = []
-        rejected = 0
-        nbytes = 0
-        # One pass, no object per add but the response's own: parallel lists for storage.
-        for a in adds:
-            entry = a.entry
-            lid = a.ledger_id
-            eid = a.entry_id
-            r = new()
-            r.ledger_id = lid
-            r.entry_id = eid
-            size = len(entry)
-            key = a.master_key
-            if size < HEADER_SIZE or size > size_max:
-                message = f"entry of {size} bytes (allowed {HEADER_SIZE}..{size_max})"
-            elif unpack(entry) != (lid, eid):
-                message = f"entry header names {unpack(entry)}, request ({lid}, {eid})"
-            elif eid < 0 or lid > LEDGER_ID_MAX:
-                message = f"invalid ids ledger {lid} entry {eid}"
-            elif not key:
-                message = "master key missing"
-            else:
-                nbytes += size
-                if a.flags & 1:
-                    if recovery is None:
-                        recovery = [False] * len(entries)
-                    recovery.append(True)
-                elif recovery is not None:
-                    recovery.append(False)
-                lids.append(lid)
-                eids.append(eid)
-                keys.append(key)
-                entries.append(entry)
-                targets.append(r)
-                continue
-            r.status = _BAD_REQUEST
-            r.message = message
-            rejected += 1
-        if rejected:
-            self._metrics.count_adds(_BAD_REQUEST, rejected)
-        if not entries:
-            return response, 0
-        message = self._over_inflight(conn, nbytes)
-        if message:
-            for r in targets:
-                r.status = _TOO_MANY
-                r.message = message
-            self._metrics.count_adds(_TOO_MANY, len(targets))
-            return response, 0
-        statuses, failure = await self._store(AddColumns(lids, eids, keys, entries, recovery), conn, nbytes)
-        if failure is not None:
-            status, message = failure
-            for r in targets:
-                r.status = status
-                r.message = message
-            self._metrics.count_adds(status, len(targets))
-            return response, nbytes
-        ok = statuses.count(_OK)
-        if ok == len(entries):
-            self._metrics.count_ok(ok, nbytes)
-            return response, nbytes
-        self._metrics.count_ok(ok, 0)
-        for r, st in zip(targets, statuses, strict=True):
-            if st != _OK:
-                status = wire_status(int(st))
-                r.status = status
-                r.message = Status(int(st)).name
-                self._metrics.count_adds(status, 1)
-                log.debug("add_rejected", bookie_id=self._state.bookie_id, ledger_id=r.ledger_id,
-                          entry_id=r.entry_id, status=Status(int(st)).name)
-        return response, nbytes
 
     # --- reads -----------------------------------------------------------------
     def _check_ids(self, ledger_id: int, entry_id: int | None = None) -> None:

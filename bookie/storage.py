@@ -20,6 +20,12 @@ Failures: a failed journal write or fdatasync fails that group and every later a
 end) or disk usage over ``disk_usage_threshold`` switch to read-only until usage drops
 under ``disk_usage_lwm``. Reads keep working in read-only mode.
 
+Space: every flush and compaction step records, in the same index transaction, each
+entry log's total bytes and each ledger's live bytes in it (``entry_log_meta``).
+``delete_ledgers`` only makes bytes dead; ``compact`` (run by the bookie's GC,
+``gc.py``) removes logs with nothing live and copies the live entries of sparse logs to
+the current log (``log_compactor``), under the flush lock a step at a time.
+
 Invariant: an add is OK only after its journal record's fdatasync returned.
 
 On disk: ``<journal_dir>/<id:016x>.jnl`` (journal.py), ``<ledger_dir>/entrylogs/<id:08x>.elog``
@@ -40,7 +46,6 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Collection, Sequence
-from itertools import repeat
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,11 +53,14 @@ import google_crc32c
 import lmdb
 
 from scriba.bookie import journal as jr
-from scriba.bookie.entry_log import LOC, EntryLogs, Span
+from scriba.bookie.compaction import CompactionResult, PassKind, Throttle
+from scriba.bookie.entry_log import EntryLogs
+from scriba.bookie.entry_log_meta import LogMetaTable
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
-from scriba.bookie.ledger_index import LedgerIndex, entry_key, run_records
+from scriba.bookie.ledger_index import LedgerIndex, index_records
 from scriba.bookie.ledger_state import LacWaiters, LedgerState, RunAdd, admit_runs, read_consecutive
+from scriba.bookie.log_compactor import Reclaimer
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
 from scriba.errors import (
@@ -142,7 +150,8 @@ class DiskLedgerStorage:
         self._cache = WriteCache()
         self._flushing: WriteCache | None = None
         self._dirty: set[int] = set()
-        self._log_stats: dict[int, list[int]] = {}
+        self._meta = LogMetaTable({}, {})  # loaded at open (_replay)
+        self._reclaimer: Reclaimer | None = None
         self._applied_pos = JournalPosition(0, jr.FILE_HEADER_SIZE)
         self._checkpointed = JournalPosition(-1, 0)
         self._enospc = False
@@ -165,7 +174,7 @@ class DiskLedgerStorage:
     def _replay(self) -> int:
         """Load states and replay the journal from the checkpoint (executor thread)."""
         self._states = self._index.load_states()
-        self._log_stats = {k: [t, d] for k, (t, d) in self._index.log_stats().items()}
+        self._meta = self._load_log_meta()
         start = self._index.checkpoint_position()
         self._applied_pos = start
         deleted: set[int] = set()
@@ -207,8 +216,8 @@ class DiskLedgerStorage:
                 self._dirty.discard(dl)
                 deleted.add(dl)
             # now, not at the end: a later record may re-create the ledger and get flushed
-            for log_id, n in self._index.delete_ledgers(dropped).items():
-                self._log_stats.setdefault(log_id, [0, 0])[1] += n
+            self._index.delete_ledgers(dropped)
+            self._meta.drop_ledgers(dropped)
             return
         st = self._states.get(lid)
         if st is None:
@@ -223,8 +232,27 @@ class DiskLedgerStorage:
             st.lac = max(st.lac, lac)
         self._dirty.add(lid)
 
+    def _load_log_meta(self) -> LogMetaTable:
+        """The entry-log accounting, rebuilt from the index when it has none (an index
+        written before it existed), matched to the log files on disk, stored."""
+        loaded = self._index.load_log_meta()
+        if loaded is None:
+            totals: dict[int, int] = {}
+            live = self._index.rebuild_log_meta()
+            log.info("entry_log_meta_rebuilt", logs=len(live))
+        else:
+            totals, live = loaded
+        meta = LogMetaTable(totals, live)
+        self._index.write_log_meta(meta.reconcile(self._logs.record_bytes()))
+        return meta
+
     async def _start(self) -> None:
         await self._loop.run_in_executor(self._executor, self._replay)
+        self._reclaimer = Reclaimer(
+            self._logs, self._index, self._meta, loop=self._loop, executor=self._executor,
+            lock=self._flush_lock, stopped=lambda: bool(self._switch.failed or self._closed),
+            on_error=self._disk_error,
+        )
         c = self._config
         self._journal = Journal(
             c.journal_dir, self._fio, self._loop, self._on_durable, self._on_failure,
@@ -558,25 +586,31 @@ class DiskLedgerStorage:
         try:
             await self._loop.run_in_executor(self._executor, self._flush, cache, states, pos)
         except (OSError, StorageError, lmdb.Error) as exc:
-            self._logs.abandon_current()
             for lid, entries in cache.ledgers.items():
                 if lid in self._states:
                     for eid, e in entries.items():
                         self._cache.put(lid, eid, e)
             self._dirty |= dirty
             self._flushing = None
-            if _is_enospc(exc):  # retry once space is back
-                self._enospc = True
-                self._switch.update(disk_full=f"entry log flush: disk full ({exc})")
-            else:
-                self._switch.update(failed=f"checkpoint failed: {exc}")
-                if self._journal is not None:
-                    self._journal.fail(StorageError(self._switch.failed))
-            log.error("checkpoint_failed", error=str(exc), reason=self._switch.reason)
+            self._disk_error(exc, "checkpoint")  # on a full disk: retried once space is back
             return
         self._flushing = None
         self._checkpointed = pos
         self._checkpoints += 1
+
+    def _disk_error(self, exc: BaseException, what: str) -> None:
+        """A failed entry-log write or index commit (flush or compaction): the current
+        log's tail may be partial, never append to it again; a full disk makes the storage
+        read-only until space is back, anything else fails it for good."""
+        self._logs.abandon_current()
+        if _is_enospc(exc):
+            self._enospc = True
+            self._switch.update(disk_full=f"{what}: disk full ({exc})")
+        else:
+            self._switch.update(failed=f"{what} failed: {exc}")
+            if self._journal is not None:
+                self._journal.fail(StorageError(self._switch.failed))
+        log.error(f"{what}_failed", error=str(exc), reason=self._switch.reason)
 
     def _flush(self, cache: WriteCache, states: dict[int, LedgerState], pos: JournalPosition) -> None:
         segments = list(cache.segments())
@@ -585,18 +619,17 @@ class DiskLedgerStorage:
             datas += run
         spans = self._logs.append_spans(datas) if datas else []
         self._logs.sync()
-        for log_id, n in self._logs.take_written().items():
-            self._log_stats.setdefault(log_id, [0, 0])[0] += n
-        stats = {k: (v[0], v[1]) for k, v in self._log_stats.items()}
-        runs, locs = _index_records(segments, spans)
-        self._index.commit(locs, states, stats, pos, self._logs.next_log_id, runs=runs)
+        runs, locs, added = index_records(segments, spans)
+        update = self._meta.stage(self._logs.take_written(), added)
+        self._index.commit(locs, states, update, pos, self._logs.next_log_id, runs=runs)
+        self._meta.apply(update)
         journal = self._journal
         if journal is not None:
             journal.trim(pos)
 
     async def delete_ledgers(self, ledger_ids: Collection[int]) -> None:
-        """Drop the ledgers (journaled, then index), then compact sparse entry logs one by
-        one (each under the flush lock, so checkpoints interleave)."""
+        """Drop the ledgers (journaled, then index and entry-log accounting). Their bytes
+        in the entry logs are dead from here: :meth:`compact` gives them back."""
         lids = sorted(set(ledger_ids))
         if not lids:
             return
@@ -611,67 +644,22 @@ class DiskLedgerStorage:
                 self._waiters.notify(lid)
             if self._switch.failed:
                 return
-            await self._loop.run_in_executor(self._executor, self._drop_from_index, lids)
-        compacted = 0
-        for log_id in self._compaction_victims():
-            async with self._flush_lock:
-                if self._switch.failed or self._closed:
-                    break
-                if await self._loop.run_in_executor(self._executor, self._compact_log, log_id):
-                    self._logs.remove(log_id)  # on the loop: no read is between lookup and pread
-                    compacted += 1
-        log.info("ledgers_deleted", count=len(lids), logs_compacted=compacted)
+            freed = await self._loop.run_in_executor(self._executor, self._drop_from_index, lids)
+        log.info("ledgers_deleted", count=len(lids), dead_bytes=freed)
 
-    def _drop_from_index(self, lids: list[int]) -> None:
-        freed = self._index.delete_ledgers(lids)
-        for log_id, n in freed.items():
-            self._log_stats.setdefault(log_id, [0, 0])[1] += n
-        self._index.commit((), {}, {k: (v[0], v[1]) for k, v in self._log_stats.items()},
-                           None, self._logs.next_log_id)
+    def _drop_from_index(self, lids: list[int]) -> int:
+        self._index.delete_ledgers(lids)
+        return self._meta.drop_ledgers(lids)
 
-    def _compaction_victims(self) -> list[int]:
-        ratio = self._config.compaction_live_ratio_min
-        return sorted(
-            log_id for log_id, (total, dead) in self._log_stats.items()
-            if log_id != self._logs.current_id and total > 0 and (total - dead) / total < ratio
-        )
-
-    def _compact_log(self, log_id: int) -> bool:
-        """Copy a log's live entries to the current log and commit their new locations.
-
-        True when the old log may be removed. A log that cannot be read to its end (a
-        corrupt record) is kept: entries behind the damage may still be live.
-        """
-        if log_id == self._logs.current_id or log_id not in self._log_stats:
-            return False
-        live: list[tuple[int, int, bytes]] = []
-        run_keys: set[bytes] = set()  # run records of moved entries (all in this log: all moved)
-        records, clean = self._logs.scan(log_id)
-        for lid, eid, offset, data in records:
-            try:
-                got = self._index.locate(lid, eid)
-            except CorruptEntryError:
-                got = None
-            if got is not None and got[0][0] == log_id and got[0][1] == offset:
-                live.append((lid, eid, data))
-                if got[1] is not None:
-                    run_keys.add(got[1])
-        if not clean:
-            log.error("entry_log_compaction_skipped", log_id=log_id, reason="unreadable record")
-            return False
-        locs = self._logs.append([d for _, _, d in live]) if live else []
-        keys = [entry_key(lid, eid) for lid, eid, _ in live]
-        self._logs.sync()
-        for wid, n in self._logs.take_written().items():
-            self._log_stats.setdefault(wid, [0, 0])[0] += n
-        self._log_stats.pop(log_id, None)
-        self._index.commit(
-            zip(keys, locs, strict=True),
-            {}, {k: (v[0], v[1]) for k, v in self._log_stats.items()}, None,
-            self._logs.next_log_id, removed_logs=[log_id], removed_runs=sorted(run_keys),
-        )
-        log.info("entry_log_compacted", log_id=log_id, live_entries=len(live))
-        return True
+    async def compact(
+        self, live_ratio_max: float, *, throttle: Throttle | None = None, kind: PassKind = PassKind.NONE
+    ) -> CompactionResult:
+        """One GC pass over the entry logs: remove those with nothing live, compact those
+        whose live ratio is under ``live_ratio_max`` (0: none), rolling the current log
+        first when it is one of them (``log_compactor.Reclaimer``)."""
+        if self._reclaimer is None:
+            return CompactionResult(kind)
+        return await self._reclaimer.run(live_ratio_max, throttle, kind)
 
     # --- state ------------------------------------------------------------------------
 
@@ -745,8 +733,23 @@ class DiskLedgerStorage:
             "write_cache_entries": self._cache.count,
             "checkpoints_total": self._checkpoints,
             "ledgers": len(self._states),
-            "entry_logs": len(self._log_stats),
+            **self._entry_log_stats(),
             "read_only": 1 if self._switch.read_only else 0,
+        }
+
+    def _entry_log_stats(self) -> dict[str, float]:
+        usages = self._meta.usages()
+        total = sum(u.total_bytes for u in usages)
+        live = sum(u.live_bytes for u in usages)
+        progress = self._reclaimer.progress if self._reclaimer is not None else None
+        return {
+            "entry_logs": len(usages),
+            "entry_log_bytes": total,
+            "entry_log_live_bytes": live,
+            "entry_log_reclaimable_bytes": total - live,
+            "compaction_running": 1 if progress is not None and progress.running else 0,
+            "compaction_pass_bytes": progress.pass_bytes if progress is not None else 0,
+            "compaction_pass_scanned_bytes": progress.scanned_bytes if progress is not None else 0,
         }
 
     def journal_stats(self) -> dict[str, float]:
@@ -787,41 +790,6 @@ class DiskLedgerStorage:
         locks, self._locks = self._locks, []
         for fd in locks:
             os.close(fd)
-
-
-def _index_records(
-    segments: list[tuple[int, Sequence[int], list[bytes]]], spans: list[Span]
-) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """(run records, single-entry records) for flushed ``segments`` appended as ``spans``
-    (the segments' entries concatenated, in order). A run of consecutive ids becomes one
-    record per log it landed in (per ``RUN_ENTRIES_MAX``); other entries one each."""
-    runs: list[tuple[bytes, bytes]] = []
-    singles: list[tuple[bytes, bytes]] = []
-    loc = LOC.pack
-    si = 0
-    pos = 0
-    for lid, eids, entries in segments:
-        seg_start = pos
-        a = pos
-        b = pos + len(entries)
-        pos = b
-        while a < b:
-            while spans[si][2] <= a:
-                si += 1
-            log_id, s0, s1, offsets = spans[si]
-            c = min(b, s1)
-            part = offsets[a - s0 : c - s0 + 1]
-            ids = eids[a - seg_start : c - seg_start]
-            if isinstance(ids, range):
-                runs += run_records(lid, ids[0], log_id, part)
-            else:
-                singles += zip(
-                    map(entry_key, repeat(lid), ids),
-                    map(loc, repeat(log_id), part[:-1], map(len, entries[a - seg_start : c - seg_start])),
-                    strict=True,
-                )
-            a = c
-    return runs, singles
 
 
 def _make_dirs(config: StorageConfig) -> None:

@@ -97,7 +97,6 @@ class StorageConfig:
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
     disk_check_interval_s: float = 5.0
-    compaction_live_ratio_min: float = 0.5
     index_map_size_bytes: int = 64 * 1024 * 1024 * 1024
     lac_wait_timeout_s_max: float = 120.0
 
@@ -126,11 +125,6 @@ class StorageConfig:
             "need 0 < disk_usage_lwm <= disk_usage_threshold <= 1",
         )
         require(self.disk_check_interval_s > 0, "disk_check_interval_s", "must be > 0")
-        require(
-            0 <= self.compaction_live_ratio_min < 1,
-            "compaction_live_ratio_min",
-            "must be in [0, 1)",
-        )
         require(self.index_map_size_bytes >= 1 << 20, "index_map_size_bytes", ">= 1 MiB")
         require(self.lac_wait_timeout_s_max > 0, "lac_wait_timeout_s_max", "must be > 0")
 

@@ -2,12 +2,13 @@
 
 The cores (``write_core``, ``recovery_core``, ``read_core``) take events as method
 calls and return a sequence of these frozen values; they never do I/O. A driver
-(the asyncio ones in ``writer.py`` and ``operation.py``, or the simulation in ``tests/sim``) carries each
-effect out and feeds the outcome back as another event.
+(the asyncio ones in ``writer.py`` and ``operation.py``, or the simulation kit's
+``scriba.testing.sim.SimDriver``) carries each effect out and feeds the outcome back
+as another event.
 
-Effects are cheap on purpose: the write path returns one ``SendAdd`` per entry and
-one ``CompleteAppends`` per advance of the last-add-confirmed, however many entries
-that advance confirms.
+Effects are cheap on purpose: ``WriteCore.append`` returns its one send as a plain
+tuple (no effect object per entry), and the write path returns one ``CompleteAppends``
+per advance of the last-add-confirmed, however many entries that advance confirms.
 """
 
 from __future__ import annotations

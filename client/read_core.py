@@ -40,7 +40,6 @@ from scriba.client.effects import (
     ReadLac,
     StartTimer,
 )
-from scriba.client.recovery_core import can_still_cover, covers_every_write_set
 from scriba.client.transport import LacResult
 from scriba.config import require
 from scriba.entry import Digest, Entry, unpack_entry
@@ -348,11 +347,11 @@ class LacReadCore:
         else:
             self._failed.add(index)
             self._errors.append(f"{bookie_id}: {Status(status).name}")
-        sizes = (md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
-        if covers_every_write_set(self._ok, *sizes):
+        quorum = md.quorum
+        if quorum.covers_every_write_set(self._ok):
             self._finished = True
             return (OperationDone(max(self._lac, int(md.last_entry_id))),)
-        if not can_still_cover(self._failed, *sizes):
+        if not quorum.can_still_cover(self._failed):
             self._finished = True
             return (
                 OperationFailed(

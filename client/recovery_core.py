@@ -13,13 +13,13 @@ Outputs: ``WriteMetadata``, ``ReadLac(fence=True)``, ``ReadEntries(fence=True)``
 ``SendAdd(recovery=True)``, and finally ``OperationDone(closed record)`` or
 ``OperationFailed(error)``.
 
-Rules (BookKeeper's):
+Rules (BookKeeper's; the quorum arithmetic is ``scriba.quorum.Quorum``'s):
 - fenced once ``(Qw - Qa) + 1`` bookies of *every* write set of the last segment
   answered the fencing LAC read: no old-writer add can then reach ``Qa`` acks;
 - reading goes forward from ``max(LAC)`` with the fence flag; an entry is *present*
   if any replica returns it with a valid digest, *absent* only when ``Qw - Qa + 1``
-  replicas of its write set say NO_SUCH_ENTRY; a corrupt copy or a failed read is
-  *unknown*, never absent; an entry neither present nor absent fails the recovery
+  replicas of its write set say NO_SUCH_ENTRY; a corrupt copy, a valid copy whose
+  header names another ledger or entry, or a failed read is *unknown*, never absent; an entry neither present nor absent fails the recovery
   (retriable), so the close is never below a confirmed entry;
 - every recovered entry is re-written, unchanged, to its full write set with the
   recovery flag (done when ``Qa`` acknowledged), then the record is CAS-closed at the
@@ -59,34 +59,7 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
 from scriba.meta.records import LedgerMetadata, LedgerState
-
-
-def write_set_indexes(start: int, ensemble_size: int, write_quorum_size: int) -> list[int]:
-    return [(start + k) % ensemble_size for k in range(write_quorum_size)]
-
-
-def covers_every_write_set(
-    answered: set[int], ensemble_size: int, write_quorum_size: int, ack_quorum_size: int
-) -> bool:
-    """Whether ``answered`` (ensemble indexes) holds ``Qw - Qa + 1`` of every write set."""
-    need = write_quorum_size - ack_quorum_size + 1
-    for start in range(ensemble_size):
-        got = sum(1 for i in write_set_indexes(start, ensemble_size, write_quorum_size) if i in answered)
-        if got < need:
-            return False
-    return True
-
-
-def can_still_cover(
-    failed: set[int], ensemble_size: int, write_quorum_size: int, ack_quorum_size: int
-) -> bool:
-    """Whether every write set can still reach ``Qw - Qa + 1`` answers despite ``failed``."""
-    need = write_quorum_size - ack_quorum_size + 1
-    for start in range(ensemble_size):
-        bad = sum(1 for i in write_set_indexes(start, ensemble_size, write_quorum_size) if i in failed)
-        if write_quorum_size - bad < need:
-            return False
-    return True
+from scriba.quorum import EntryState
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +137,7 @@ class RecoveryCore:
         self._md = metadata
         self._digest = digest
         self._ledger_id = int(metadata.ledger_id)
-        self._E = metadata.ensemble_size
-        self._Qw = metadata.write_quorum_size
-        self._Qa = metadata.ack_quorum_size
+        self._quorum = metadata.quorum
         self._phase = RecoveryPhase.MARKING
         self._error: ScribaError | None = None
         # fencing
@@ -248,9 +219,9 @@ class RecoveryCore:
                 return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
             self._fence_failed.add(index)
             self._fence_errors.append(f"{bookie_id}: {Status(status).name}")
-        if covers_every_write_set(self._fence_ok, self._E, self._Qw, self._Qa):
+        if self._quorum.covers_every_write_set(self._fence_ok):
             return self._begin_reading()
-        if not can_still_cover(self._fence_failed, self._E, self._Qw, self._Qa):
+        if not self._quorum.can_still_cover(self._fence_failed):
             return self._fail(
                 UnavailableError(
                     f"ledger {self._ledger_id}: could not fence a quorum of every write set "
@@ -297,17 +268,18 @@ class RecoveryCore:
             return NO_EFFECTS
         if status == Status.OK:
             write.ok += 1
-            if write.ok == self._Qa:
+            if self._quorum.is_acked(write.ok):
                 del self._writes[entry_id]
                 if not self._writes:
                     return self._begin_closing()
             return NO_EFFECTS
         write.failed += 1
-        if self._Qw - write.failed < self._Qa:
+        if not self._quorum.can_still_ack(write.failed):
             return self._fail(
                 UnavailableError(
                     f"ledger {self._ledger_id}: could not re-replicate entry {entry_id} to "
-                    f"{self._Qa} bookies (last error {Status(status).name} from {bookie_id})"
+                    f"{self._quorum.ack_quorum_size} bookies (last error "
+                    f"{Status(status).name} from {bookie_id})"
                 )
             )
         return NO_EFFECTS
@@ -334,20 +306,24 @@ class RecoveryCore:
         return tuple(ReadEntries(b, tuple(ids), fence=True) for b, ids in by_bookie.items())
 
     def _decide(self) -> Effects:
-        need_no = self._Qw - self._Qa + 1
+        entry_state = self._quorum.entry_state
         while not self._end_found:
             read = self._reads.get(self._next_decide)
             if read is None:
                 break
             entry_id = self._next_decide
-            if read.data is not None:
+            state = entry_state(
+                present=read.data is not None, missing=read.no, answered=read.answered,
+                asked=read.expected,
+            )
+            if state is EntryState.PRESENT and read.data is not None:
                 self._found[entry_id] = (read.data, read.length)
                 self._last = entry_id
                 self._last_length = read.length
                 del self._reads[entry_id]
                 self._next_decide += 1
                 continue
-            if read.no >= need_no:
+            if state is EntryState.ABSENT:
                 if entry_id <= self._max_lac:
                     return self._fail(
                         InternalError(
@@ -358,11 +334,11 @@ class RecoveryCore:
                 self._end_found = True
                 self._reads.clear()
                 break
-            if read.answered >= read.expected:
+            if state is EntryState.UNKNOWN:
                 return self._fail(
                     UnavailableError(
                         f"ledger {self._ledger_id}: cannot tell whether entry {entry_id} exists "
-                        f"({read.no} replicas lack it, need {need_no}; "
+                        f"({read.no} replicas lack it, need {self._quorum.fence_quorum}; "
                         f"unknown: {', '.join(read.statuses)})"
                     )
                 )

@@ -6,21 +6,24 @@ States::
       |  \\--bookie error--> (change in progress, still OPEN) --metadata written--> OPEN
       \\--FENCED / metadata not OPEN / no replacement--> FAILED
 
-Inputs (method calls): ``append(payload)``, ``on_add_response(bookie, entry, status)``
+Inputs (method calls): ``append(payload)`` (the one way in for an entry: the driver
+and the simulation both use it), ``on_add_response(bookie, entry, status)``
 (or ``on_add_responses(bookie, entries, status)`` for many answers at once),
 ``close()``, ``on_metadata_written(record)``, ``on_metadata_failed(error)``, ``on_timer(key)``.
-Outputs: sequences of effects (``client/effects.py``): ``SendAdd`` (one per entry,
-naming every bookie of its write set), ``CompleteAppends`` (a range, in order),
-``FailAppends``, ``WriteMetadata``, ``StartTimer``.
+Outputs: sequences of effects (``client/effects.py``): ``SendAdd`` (re-sends after an
+ensemble change), ``CompleteAppends`` (a range, in order), ``FailAppends``,
+``WriteMetadata``, ``StartTimer``. ``append`` returns its one send as a plain tuple
+``(entry_id, packed entry, write set's bookies)`` instead of an effect object (the hot
+path allocates nothing else per entry), or None when the in-flight bounds are full.
 
 When placement finds no spare bookie, the writer waits ``replacement_retry_s``,
 asks placement again, and failing that re-sends to the same bookie (a transient
 failure in a cluster of exactly E bookies heals); every round counts against
 ``ensemble_changes_max``.
 
-Invariants:
-- entry ids are consecutive from the ledger's next id; entry ``e`` goes to the write
-  set ``ensemble[(e + i) % E]`` for ``i < Qw`` of the segment that holds it;
+Invariants (the quorum arithmetic is ``scriba.quorum.Quorum``'s, tabled per segment):
+- entry ids are consecutive from the ledger's next id; entry ``e`` goes to the bookies
+  of its write set (``Quorum.write_set``) in the segment that holds it;
 - ``e`` is confirmed once ``Qa`` bookies of its write set acknowledged it *and* every
   entry below it is confirmed, so confirmations leave strictly in order and the
   last-add-confirmed (``lac``) never decreases;
@@ -37,7 +40,7 @@ Invariants:
   or at the next entry id when every entry is confirmed.
 
 Ensemble changes are bounded (``ensemble_changes_max``); in-flight entries and bytes
-are bounded (``has_capacity``): the driver must not append past them.
+are bounded: ``append`` returns None instead of going past them (the driver queues).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ _pack_header: Final = HEADER.pack
 _crc_value: Final = google_crc32c.value
 _crc_extend: Final = google_crc32c.extend
 _crc_bytes: Final = struct.Struct(">I").pack
+
+Append = tuple[int, bytes, tuple[BookieId, ...]]
+"""What ``WriteCore.append`` returns: ``(entry_id, packed entry, bookies to send it to)``."""
 
 ChooseReplacement = Callable[[Ensemble, int, frozenset[BookieId]], BookieId]
 """``(ensemble, failed_index, exclude) -> replacement``; raises NotEnoughBookiesError."""
@@ -198,10 +204,11 @@ class WriteCore:
         self._ledger_id = int(metadata.ledger_id)
         self._digest = digest
         self._choose = choose_replacement
+        quorum = self._quorum = metadata.quorum
         self._E = metadata.ensemble_size
-        self._Qw = metadata.write_quorum_size
-        self._Qa = metadata.ack_quorum_size
-        self._partial_write_sets = self._Qw < self._E
+        self._Qa = metadata.ack_quorum_size  # the ack rule (Quorum.is_acked), inlined below
+        self._partial_write_sets = metadata.write_quorum_size < self._E
+        self._set_masks = quorum.write_set_masks()  # per entry_id % E: slots whose acks count
         self._crc32c = type(digest) is Crc32cDigest
         self._entries_max = self._config.entries_inflight_max
         self._bytes_max = self._config.bytes_inflight_max
@@ -269,15 +276,6 @@ class WriteCore:
     def changing(self) -> bool:
         return self._change is not None
 
-    def has_capacity(self, payload_size: int) -> bool:
-        """Whether one more entry of ``payload_size`` bytes fits the in-flight bounds."""
-        if not self._masks:
-            return True
-        return (
-            len(self._masks) < self._config.entries_inflight_max
-            and self._bytes_inflight + payload_size <= self._config.bytes_inflight_max
-        )
-
     def check_appendable(self) -> None:
         """Raise the error an append would meet now (closed, fenced, failed)."""
         if self._state is WriterState.OPEN:
@@ -287,48 +285,31 @@ class WriteCore:
         raise LedgerClosedError(f"ledger {self._ledger_id} is closed; no more appends")
 
     # --- events ---------------------------------------------------------------------
-    def append(self, payload: bytes) -> tuple[int, Effects]:
-        """Assign the next entry id to ``payload``; returns it and the sends."""
-        entry_id, packed, bookies = self.append_packed(payload)
-        return entry_id, (SendAdd(EntryId(entry_id), packed, bookies),)
+    def append(self, payload: bytes) -> Append | None:
+        """Assign the next entry id to ``payload`` and pack it (the piggybacked LAC, the
+        running length, the digest); returns ``(entry_id, packed, bookies to send it to)``.
 
-    def append_packed(self, payload: bytes) -> tuple[int, bytes, tuple[BookieId, ...]]:
-        """The hot path of ``append``: ``(entry_id, packed entry, bookies to send it to)``
-        instead of an effect object (the one effect an append ever has)."""
-        if self._state is not WriterState.OPEN:
-            self.check_appendable()
-        entry_id = self._next
-        self._next = entry_id + 1
-        length = self._length + len(payload)
-        self._length = length
-        if self._crc32c:  # pack_entry with the CRC32C digest, without two calls
-            header = _pack_header(self._ledger_id, entry_id, self._lac, length)
-            packed = b"".join((header, _crc_bytes(_crc_extend(_crc_value(header), payload)), payload))
-        else:
-            packed = pack_entry(self._digest, self._ledger_id, entry_id, self._lac, length, payload)
-        self._masks[entry_id] = 0
-        self._packed[entry_id] = packed
-        self._bytes_inflight += len(packed)
-        return entry_id, packed, self._send_sets[entry_id % self._E]
-
-    def append_if_room(self, payload: bytes) -> tuple[int, bytes, tuple[BookieId, ...]] | None:
-        """``append_packed`` if ``has_capacity(len(payload))``, else None (raises like it
-        when the writer cannot append)."""
+        None when the in-flight bounds (entries, bytes) have no room for it: nothing
+        changed, append it again once answers free room. Raises the writer's error
+        when it cannot append at all (closed, fenced, failed).
+        """
         masks = self._masks
         if masks and (
             len(masks) >= self._entries_max or self._bytes_inflight + len(payload) > self._bytes_max
         ):
             self.check_appendable()
             return None
-        if self._state is not WriterState.OPEN or not self._crc32c:
-            return self.append_packed(payload)
-        # append_packed, inlined for the common digest (one call less per append)
+        if self._state is not WriterState.OPEN:
+            self.check_appendable()
         entry_id = self._next
-        self._next = entry_id + 1
         length = self._length + len(payload)
+        if self._crc32c:  # pack_entry with the CRC32C digest, without two calls
+            header = _pack_header(self._ledger_id, entry_id, self._lac, length)
+            packed = b"".join((header, _crc_bytes(_crc_extend(_crc_value(header), payload)), payload))
+        else:
+            packed = pack_entry(self._digest, self._ledger_id, entry_id, self._lac, length, payload)
+        self._next = entry_id + 1
         self._length = length
-        header = _pack_header(self._ledger_id, entry_id, self._lac, length)
-        packed = b"".join((header, _crc_bytes(_crc_extend(_crc_value(header), payload)), payload))
         masks[entry_id] = 0
         self._packed[entry_id] = packed
         self._bytes_inflight += len(packed)
@@ -344,12 +325,12 @@ class WriteCore:
             # so later entries do not sit on fewer replicas.
             return self._on_add_error(bookie_id, entry_id, Status(status))
         if status == 0:  # Status.OK, compared as an int on the hot path
-            index = self._ack_index.get(bookie_id)  # bookies whose acks count now
-            if index is None:
+            bit = self._ack_bits.get(bookie_id)  # bookies whose acks count now
+            if bit is None:
                 return NO_EFFECTS
-            if self._partial_write_sets and (index - entry_id) % self._E >= self._Qw:
+            if self._partial_write_sets and not bit & self._set_masks[entry_id % self._E]:
                 return NO_EFFECTS  # not a slot of this entry's write set
-            mask |= 1 << index
+            mask |= bit
             self._masks[entry_id] = mask
             if entry_id == self._lac + 1 and mask.bit_count() >= self._Qa:
                 return self._advance()
@@ -366,17 +347,16 @@ class WriteCore:
             for entry_id in entry_ids:
                 effects.extend(self.on_add_response(bookie_id, entry_id, status))
             return effects
-        index = self._ack_index.get(bookie_id)  # bookies whose acks count now
-        if index is None:
+        bit = self._ack_bits.get(bookie_id)  # bookies whose acks count now
+        if bit is None:
             return NO_EFFECTS
         masks = self._masks
         get = masks.get
-        bit = 1 << index
         if self._partial_write_sets:
-            size, quorum = self._E, self._Qw
+            size, set_masks = self._E, self._set_masks
             for entry_id in entry_ids:
                 mask = get(entry_id)
-                if mask is not None and (index - entry_id) % size < quorum:
+                if mask is not None and bit & set_masks[entry_id % size]:
                     masks[entry_id] = mask | bit
         else:
             for entry_id in entry_ids:
@@ -445,13 +425,11 @@ class WriteCore:
 
     def _rebuild_send_sets(self) -> None:
         ens = self._ensemble
-        self._ack_index = {b: i for i, b in enumerate(ens) if b not in self._failing}
+        failing = self._failing
+        self._ack_bits = {b: 1 << i for i, b in enumerate(ens) if b not in failing}
+        write_set = self._quorum.write_set
         self._send_sets = [
-            tuple(
-                ens[(start + k) % self._E]
-                for k in range(self._Qw)
-                if ens[(start + k) % self._E] not in self._failing
-            )
+            tuple(ens[slot] for slot in write_set(start) if ens[slot] not in failing)
             for start in range(self._E)
         ]
 
@@ -589,16 +567,12 @@ class WriteCore:
         """SendAdd of every unconfirmed entry to its write set's bookies in ``slots``."""
         effects: list[Effect] = []
         ensemble = self._ensemble
-        size = self._E
+        write_set = self._quorum.write_set
         for entry_id in range(self._lac + 1, self._next):
             packed = self._packed.get(entry_id)
             if packed is None:
                 continue
-            targets = tuple(
-                ensemble[(entry_id + k) % size]
-                for k in range(self._Qw)
-                if (entry_id + k) % size in slots
-            )
+            targets = tuple(ensemble[slot] for slot in write_set(entry_id) if slot in slots)
             if targets:
                 effects.append(SendAdd(EntryId(entry_id), packed, targets))
         return effects

@@ -4,7 +4,7 @@ It sends adds through a ``BookieTransport``, writes records through
 ``update_metadata``, runs timers and resolves the callers' futures. Everything runs
 on one event loop: transport callbacks must arrive on it.
 
-The write hot path costs, per entry, one ``WriteCore.append_if_room`` (pack + digest),
+The write hot path costs, per entry, one ``WriteCore.append`` (pack + digest),
 one ``transport.add_entry`` for the whole write set (``transport.add`` per bookie when
 the transport has no batched path), and one future; answers come back per run, one
 ``WriteCore.on_add_responses`` call for many entries of one bookie.
@@ -189,24 +189,22 @@ class LedgerWriter:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
         core = self._core
         if not self._waiting:
-            sent = core.append_if_room(payload)
+            sent = core.append(payload)
             if sent is not None:  # the hot path: packed and sent now
                 future: asyncio.Future[int] = self._new_future()
                 self._futures.append(future)
                 self._send(*sent)
                 return future
         core.check_appendable()
+        # No room in flight (or earlier appends wait already): wait in order.
+        if len(self._waiting) >= self._config.appends_waiting_max:
+            raise TooManyRequestsError(
+                f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
+                "(appends_waiting_max)"
+            )
         future = self._loop.create_future()
-        if self._waiting or not core.has_capacity(len(payload)):
-            if len(self._waiting) >= self._config.appends_waiting_max:
-                raise TooManyRequestsError(
-                    f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
-                    "(appends_waiting_max)"
-                )
-            self._waiting.append((payload, future))
-            self._space.clear()
-            return future
-        self._submit(payload, future)
+        self._waiting.append((payload, future))
+        self._space.clear()
         return future
 
     async def append(self, payload: bytes | bytearray | memoryview) -> EntryId:
@@ -216,11 +214,6 @@ class LedgerWriter:
             self._space.clear()
             await self._space.wait()
         return EntryId(await self.append_async(payload))
-
-    def _submit(self, payload: bytes, future: asyncio.Future[int]) -> None:
-        sent = self._core.append_packed(payload)
-        self._futures.append(future)
-        self._send(*sent)
 
     def _send(
         self, entry_id: int, packed: bytes, bookies: tuple[BookieId, ...], *, recovery: bool = False
@@ -239,9 +232,12 @@ class LedgerWriter:
     def _drain_waiting(self) -> None:
         core = self._core
         waiting = self._waiting
-        while waiting and core.state is WriterState.OPEN and core.has_capacity(len(waiting[0][0])):
-            payload, future = waiting.popleft()
-            self._submit(payload, future)
+        while waiting and core.state is WriterState.OPEN:
+            sent = core.append(waiting[0][0])
+            if sent is None:  # still no room in flight
+                break
+            self._futures.append(waiting.popleft()[1])
+            self._send(*sent)
         if len(waiting) < self._config.appends_waiting_max:
             self._space.set()
 

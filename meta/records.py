@@ -26,6 +26,7 @@ from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import BadRequestError
 from scriba.ids import INVALID_ENTRY_ID, BookieId, EntryId, LedgerId
 from scriba.invariant import invariant
+from scriba.quorum import Quorum
 
 FORMAT_VERSION = 1
 
@@ -139,11 +140,15 @@ class LedgerMetadata:
     def current_ensemble(self) -> Ensemble:
         return self.ensembles[-1][1]
 
+    @property
+    def quorum(self) -> Quorum:
+        """The ledger's quorum rules (write sets, acks, fencing): ``scriba.quorum``."""
+        return Quorum(self.ensemble_size, self.write_quorum_size, self.ack_quorum_size)
+
     def write_set(self, entry_id: int) -> Ensemble:
-        """The write quorum of ``entry_id``: round-robin from ``entry_id % ensemble_size``."""
+        """The bookies that hold ``entry_id``, in write order (``Quorum.write_set``)."""
         ensemble = self.ensemble_at(entry_id)
-        size = self.ensemble_size
-        return tuple(ensemble[(entry_id + i) % size] for i in range(self.write_quorum_size))
+        return tuple(ensemble[slot] for slot in self.quorum.write_set(entry_id))
 
     def bookies(self) -> set[BookieId]:
         return {b for _, ensemble in self.ensembles for b in ensemble}

@@ -1,11 +1,10 @@
 """The search every topology-aware policy shares: pick and arrange bookies over write sets.
 
-Write sets are round-robin: entry ``e`` is written to ``ensemble[(e + i) % E]`` for
-``i < W``, so an ensemble of ``E`` has ``E`` write sets (one when ``E == W``): every
-rotation must meet the policy. A policy supplies :class:`Rules`: a per-write-set test
-(hard constraint, strict goal) and the levels whose spread it wants (region, zone,
-rack, or staying in the writer's region). An ensemble's *score* is a tuple compared
-lexicographically, lower is better::
+Write sets are round-robin (``scriba.quorum.write_sets``): an ensemble of ``E`` has
+``E`` write sets (one when ``E == W``), and every one of them must meet the policy. A
+policy supplies :class:`Rules`: a per-write-set test (hard constraint, strict goal) and
+the levels whose spread it wants (region, zone, rack, or staying in the writer's
+region). An ensemble's *score* is a tuple compared lexicographically, lower is better::
 
     (write sets breaking the hard constraint, write sets missing the strict goal,
      per level: pairs of bookies sharing a domain inside a write set, ...)
@@ -27,6 +26,7 @@ from typing import Protocol
 
 from scriba.ids import BookieId
 from scriba.placement.topology import DEFAULT_LOCATION, Location, RackIndex, Topology
+from scriba.quorum import write_sets
 
 REGION, ZONE, RACK, LOCAL = 0, 1, 2, 3
 LEVEL_NAMES = {REGION: "region", ZONE: "zone", RACK: "rack", LOCAL: "local"}
@@ -49,19 +49,6 @@ class Rules(Protocol):
     def window_ok(self, keys: Sequence[Keys]) -> tuple[bool, bool]:
         """(hard constraint holds, strict goal holds) for one write set's bookie keys."""
         ...
-
-
-@lru_cache(maxsize=256)
-def write_sets(ensemble_size: int, write_quorum_size: int) -> tuple[tuple[int, ...], ...]:
-    """Distinct round-robin write sets as position tuples (one when E == W)."""
-    seen: set[frozenset[int]] = set()
-    out: list[tuple[int, ...]] = []
-    for start in range(ensemble_size):
-        w = tuple((start + i) % ensemble_size for i in range(write_quorum_size))
-        if frozenset(w) not in seen:
-            seen.add(frozenset(w))
-            out.append(w)
-    return tuple(out)
 
 
 @lru_cache(maxsize=256)

@@ -311,3 +311,71 @@ ADD_ANSWERS: Final[Mapping[Status, AddAnswer]] = MappingProxyType({
 })
 """Every status, classified as an answer to an add (a test keeps the table total)."""
 
+
+# --- streams (scriba.stream) ---------------------------------------------------
+
+
+class StreamError(ScribaError):
+    """Base of the log-stream layer's errors."""
+
+
+class NamespaceNotFoundError(StreamError):
+    """No such stream namespace (open it with ``create=True`` to create it)."""
+
+
+class NamespaceExistsError(StreamError):
+    """The namespace already exists."""
+
+
+class NamespaceNotEmptyError(StreamError):
+    """The namespace still holds streams (delete them, or delete recursively)."""
+
+
+class StreamNotFoundError(StreamError):
+    """No such stream in the namespace (or it is being deleted)."""
+
+
+class StreamExistsError(StreamError):
+    """The stream already exists."""
+
+
+class WriterFencedError(StreamError):
+    """A newer writer opened the stream (or this writer lost its lock): it is no longer the writer.
+
+    Appends that failed this way are indeterminate: the new writer's recovery kept
+    or dropped them; they are never confirmed to this writer.
+    """
+
+
+class WriterLockedError(StreamError):
+    """Another live writer holds the stream's writer lock (timed out waiting for it)."""
+
+    retriable = True
+
+
+class StreamWriterClosedError(StreamError):
+    """The stream writer was closed, or failed earlier (the message says why)."""
+
+
+class PositionTruncatedError(StreamError):
+    """The position lies before the stream's truncation point: its records are gone."""
+
+
+class PositionOutOfRangeError(StreamError):
+    """The position lies beyond the end of the stream."""
+
+
+class InvalidPositionError(StreamError, ValueError):
+    """A position that does not parse (expected ``SEG:ENTRY:SLOT``) or has a bad part."""
+
+
+class RecordTooLargeError(StreamError):
+    """A record (payload + headers) exceeds the stream's ``record_bytes_max``."""
+
+
+class RecordSetCorruptError(StreamError):
+    """A ledger entry is not a valid record set (bad layout, or an unknown format version)."""
+
+
+class CursorRegressionError(StreamError):
+    """A cursor commit would move the cursor backwards (pass ``force=True`` to allow it)."""

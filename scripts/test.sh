@@ -7,6 +7,6 @@ if [ "$(id -u)" = 0 ] && ! dpkg -s zookeeper >/dev/null 2>&1; then
 fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/mypy scriba meta placement bookie client
+.venv/bin/mypy scriba meta placement bookie client stream
 .venv/bin/python -m scriba.proto.generate --check
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"

@@ -68,10 +68,15 @@ def _healthy(host: str, port: int) -> bool:
 class EtcdCluster:
     """One or more etcd members on 127.0.0.1, each with its own ports, data dir and log."""
 
-    def __init__(self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1", fast_election: bool = True
+    ) -> None:
+        """``fast_election`` shortens heartbeat and election timeout (tests, the sandbox);
+        ``False`` runs etcd's own defaults, as a user's production cluster would."""
         invariant(members >= 1, f"an etcd cluster needs at least one member, got {members}")
         self.base_dir = Path(base_dir)
         self.host = host
+        self._fast_election = fast_election
         self.binary = find_etcd_binary()
         self.names = [f"m{i}" for i in range(members)]
         saved = self._load_layout(members, host)
@@ -118,10 +123,11 @@ class EtcdCluster:
                 f"--initial-cluster={initial_cluster}",
                 "--initial-cluster-state=new",
                 f"--initial-cluster-token={self._token}",
-                f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
-                f"--election-timeout={ELECTION_TIMEOUT_MS}",
                 "--log-level=warn",
             ]
+            if self._fast_election:
+                argv += [f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
+                         f"--election-timeout={ELECTION_TIMEOUT_MS}"]
             members.append(ServerProcess(f"etcd-{name}", argv, self.base_dir / f"{name}.log"))
         return members
 

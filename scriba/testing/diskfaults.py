@@ -10,6 +10,11 @@ so a test can turn faults on at run time). Keys:
 - ``eio_on_write``: true -> writes raise EIO;  ``enospc``: true -> writes raise ENOSPC
 - ``write_bytes_max``: N -> writes raise ENOSPC once N bytes were written in total
 - ``skip_fsync``: true -> fdatasync does nothing (a NEGATIVE CONTROL: acks before durability)
+- ``torn_write_bytes``: N -> a write that meets a write fault first writes its first N
+  bytes (at most all but one): a partial write, then the error (ENOSPC after a short write)
+- ``faults_max``: N -> at most N faults under this spec, then every call passes through
+  until a new spec is set (1: a one-shot fault, e.g. one fdatasync EIO and the next
+  succeeds -- a rule that holds only while a fault lasts is caught by this)
 - ``path_contains``: "jnl" -> faults apply only to files whose path contains this
 - ``crash_state``: path -> after every sync, the durable size of each file is written there
   (JSON), so :func:`apply_crash_state` can drop unsynced bytes after a SIGKILL.
@@ -57,7 +62,8 @@ class FaultyFileIO(OsFileIO):
         self.durable: dict[str, int] = {}  # path -> size at the last successful fdatasync
         self.syncs = 0
         self.written_bytes = 0
-        self.faults: list[str] = []
+        self.faults: list[str] = []  # every fault injected, as "kind:path"
+        self._spent = 0  # faults injected under the current spec (for faults_max)
         self._reload()
 
     @classmethod
@@ -68,6 +74,7 @@ class FaultyFileIO(OsFileIO):
     def set_spec(self, spec: dict[str, Any]) -> None:
         with self._lock:
             self._spec = dict(spec)
+            self._spent = 0
 
     def _reload(self) -> None:
         if self._control is None:
@@ -84,14 +91,35 @@ class FaultyFileIO(OsFileIO):
                 return  # being rewritten; keep the previous spec
             with self._lock:
                 self._spec = spec if isinstance(spec, dict) else {}
+                self._spent = 0
 
     def _applies(self, fd: int) -> bool:
         want = self._spec.get("path_contains")
         return not want or want in self._paths.get(fd, "")
 
-    def _fault(self, kind: str, code: int, fd: int) -> OSError:
-        self.faults.append(f"{kind}:{self._paths.get(fd, fd)}")
-        return OSError(code, f"injected {kind}: {os.strerror(code)}")
+    def _take(self, kind: str, fd: int) -> bool:
+        """Inject one fault of ``kind`` unless the spec's ``faults_max`` is spent."""
+        with self._lock:
+            budget = self._spec.get("faults_max")
+            if budget is not None and self._spent >= int(budget):
+                return False
+            self._spent += 1
+            self.faults.append(f"{kind}:{self._paths.get(fd, fd)}")
+            return True
+
+    def _write_fault(self, fd: int, nbytes: int) -> tuple[str, int] | None:
+        """The fault a write of ``nbytes`` meets under the spec: (kind, errno) or None."""
+        spec = self._spec
+        if not self._applies(fd):
+            return None
+        cap = spec.get("write_bytes_max")
+        if spec.get("eio_on_write"):
+            kind, code = "write_eio", errno.EIO
+        elif spec.get("enospc") or (cap is not None and self.written_bytes + nbytes > int(cap)):
+            kind, code = "write_enospc", errno.ENOSPC
+        else:
+            return None
+        return (kind, code) if self._take(kind, fd) else None
 
     # --- FileIO -----------------------------------------------------------------------
 
@@ -106,15 +134,14 @@ class FaultyFileIO(OsFileIO):
 
     def write(self, fd: int, data: bytes | memoryview) -> None:
         self._reload()
-        spec = self._spec
-        if self._applies(fd):
-            if spec.get("eio_on_write"):
-                raise self._fault("write_eio", errno.EIO, fd)
-            if spec.get("enospc"):
-                raise self._fault("write_enospc", errno.ENOSPC, fd)
-            cap = spec.get("write_bytes_max")
-            if cap is not None and self.written_bytes + len(data) > int(cap):
-                raise self._fault("write_enospc", errno.ENOSPC, fd)
+        fault = self._write_fault(fd, len(data))
+        if fault is not None:
+            kind, code = fault
+            torn = min(int(self._spec.get("torn_write_bytes") or 0), len(data) - 1)
+            if torn > 0:  # a short write: part of the data reached the file
+                super().write(fd, memoryview(data)[:torn])
+                self.written_bytes += torn
+            raise OSError(code, f"injected {kind}: {os.strerror(code)}")
         super().write(fd, data)
         self.written_bytes += len(data)
 
@@ -125,12 +152,12 @@ class FaultyFileIO(OsFileIO):
         self._reload()
         spec = self._spec
         if self._applies(fd):
-            if spec.get("fsync_eio"):
-                raise self._fault("fsync_eio", errno.EIO, fd)
             after = spec.get("fsync_eio_after")
-            if after is not None and self.syncs >= int(after):
-                raise self._fault("fsync_eio", errno.EIO, fd)
-            if spec.get("skip_fsync"):
+            if (spec.get("fsync_eio") or (after is not None and self.syncs >= int(after))) and self._take(
+                "fsync_eio", fd
+            ):
+                raise OSError(errno.EIO, f"injected fsync_eio: {os.strerror(errno.EIO)}")
+            if spec.get("skip_fsync") and self._take("skip_fsync", fd):
                 self.syncs += 1
                 return
         super().fdatasync(fd)

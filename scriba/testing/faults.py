@@ -94,9 +94,9 @@ class FaultProxyConfig:
     connections_per_proxy_max: int = CONNECTIONS_PER_PROXY_MAX
     chunk_bytes: int = 32 * 1024
     chunks_buffered_max: int = 32  # per link: at most chunk_bytes * this held in memory
-    upstream_connect_timeout_ms: int = 5_000
+    upstream_connect_timeout_s: float = 5.0
     api_connections_max: int = 64
-    api_request_timeout_ms: int = 10_000
+    api_request_timeout_s: float = 10.0
     api_body_bytes_max: int = 1024 * 1024
     loopback_only: bool = True
     seed: int | None = None
@@ -104,8 +104,8 @@ class FaultProxyConfig:
     def validate(self) -> None:
         for name in (
             "proxies_max", "toxics_per_proxy_max", "connections_per_proxy_max", "chunk_bytes",
-            "chunks_buffered_max", "upstream_connect_timeout_ms", "api_connections_max",
-            "api_request_timeout_ms", "api_body_bytes_max",
+            "chunks_buffered_max", "upstream_connect_timeout_s", "api_connections_max",
+            "api_request_timeout_s", "api_body_bytes_max",
         ):
             require(getattr(self, name) > 0, name, "must be positive")
 
@@ -373,7 +373,7 @@ class _Conn:
             host, port = parse_host_port(self.proxy.upstream)
             try:
                 up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), self.config.upstream_connect_timeout_ms / 1000
+                    asyncio.open_connection(host, port), self.config.upstream_connect_timeout_s
                 )
             except (TimeoutError, OSError):
                 return
@@ -847,7 +847,7 @@ class ToxiproxyServer:
             writer.close()
 
     async def _serve_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        timeout_s = self.config.api_request_timeout_ms / 1000
+        timeout_s = self.config.api_request_timeout_s
         while True:
             try:
                 req = await asyncio.wait_for(_read_request(reader, self.config.api_body_bytes_max), timeout_s)

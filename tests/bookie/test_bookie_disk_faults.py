@@ -67,9 +67,10 @@ async def stream_adds(
         pass
 
 
-@pytest.mark.parametrize("fault", ["fsync_eio", "eio_on_write"])
+@pytest.mark.parametrize("fault", [{"fsync_eio": True}, {"eio_on_write": True}, {"fsync_eio": True, "faults_max": 1}],
+                         ids=["fsync_eio", "eio_on_write", "fsync_eio_once"])
 async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
-    bookie_cluster: BookieCluster, tmp_path: Path, fault: str
+    bookie_cluster: BookieCluster, tmp_path: Path, fault: dict[str, object]
 ) -> None:
     control = tmp_path / "faults.json"
     control.write_text("{}")
@@ -83,7 +84,7 @@ async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
         while sum(1 for _, s in statuses if s == Status.OK) < 2000:
             assert not load.done(), "load ended early"
             await asyncio.sleep(0.02)
-        control.write_text(json.dumps({fault: True, "path_contains": "journal"}))
+        control.write_text(json.dumps({**fault, "path_contains": "journal"}))
         deadline = time.monotonic() + 10
         while not any(s != Status.OK for _, s in statuses):
             assert time.monotonic() < deadline, "no add failed after fsync started to fail"

@@ -240,7 +240,7 @@ async def test_run_index_across_log_rolls_sizes_and_compaction(tmp_path: Path) -
     from scriba.bookie.ledger_index import RUN_ENTRIES_MAX
 
     cfg = StorageConfig(tmp_path / "journal", tmp_path / "ledgers", checkpoint_interval_s=3600,
-                        entry_log_file_bytes_max=128 * 1024, compaction_live_ratio_min=0.9)
+                        entry_log_file_bytes_max=128 * 1024)
     count = RUN_ENTRIES_MAX + 700
     expected: dict[tuple[int, int], bytes] = {}
     s = await open_storage(cfg)
@@ -270,10 +270,11 @@ async def test_run_index_across_log_rolls_sizes_and_compaction(tmp_path: Path) -
             in_runs += got[1] is not None
             assert s.read_entry(lid, e) == data
         assert in_runs == len(expected)  # in-order flushes index whole runs only
-        logs_before = len(s._log_stats)
+        logs_before = len(s._meta)
         assert logs_before > 3
         await s.delete_ledgers([2])
-        assert len(s._log_stats) < logs_before  # sparse logs compacted away
+        await s.compact(0.9)
+        assert len(s._meta) < logs_before  # sparse logs compacted away
         for e in range(count):
             assert s.read_entry(1, e) == expected[(1, e)]
     finally:

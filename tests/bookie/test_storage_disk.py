@@ -128,13 +128,13 @@ async def test_gc_compaction_keeps_live_entries(tmp_path: Path) -> None:
                 await s.checkpoint()
         logs_before = log_ids(tmp_path / "ledgers" / "entrylogs")
         assert len(logs_before) >= 2
-        cfg_ratio = cfg.compaction_live_ratio_min
-        assert cfg_ratio == 0.5
         await s.delete_ledgers([7])
         # ~half dead is not below 0.5 everywhere; delete more to force compaction
         await s.add_batch([op(9, 0, size=500)])
         await s.checkpoint()
         await s.delete_ledgers([9])
+        result = await s.compact(0.6)
+        assert result.logs_compacted >= 1 and result.entries_copied >= 1
         with_dead = log_ids(tmp_path / "ledgers" / "entrylogs")
         assert s.ledger_ids() == [8]
         assert s.read_range(8, 0, 59, 100, 1 << 30) == [op(8, b, size=500).entry for b in range(60)]
@@ -162,6 +162,8 @@ async def test_compaction_removes_mostly_dead_logs(tmp_path: Path) -> None:
         await s.checkpoint()
         before = set(log_ids(tmp_path / "ledgers" / "entrylogs"))
         await s.delete_ledgers([10, 11, 12])
+        assert set(log_ids(tmp_path / "ledgers" / "entrylogs")) == before  # deleting only
+        await s.compact(0.5)
         after = set(log_ids(tmp_path / "ledgers" / "entrylogs"))
         assert before - after, "no log was compacted"
         assert s.read_range(13, 0, 39, 100, 1 << 30) == [op(13, b, size=400).entry for b in range(40)]
@@ -249,6 +251,8 @@ async def test_compaction_keeps_a_log_it_cannot_read_to_the_end(tmp_path: Path) 
         flip_bit(s._logs.path(loc[0]), loc[1] + 20, 2)
         before = set(el.log_ids(tmp_path / "ledgers" / "entrylogs"))
         await s.delete_ledgers([70, 71, 72])
+        result = await s.compact(0.5)
+        assert result.logs_skipped == 1 and result.logs_compacted == 0
         assert set(el.log_ids(tmp_path / "ledgers" / "entrylogs")) == before  # kept
         assert [s.read_entry(73, b) for b in range(20)] == [op(73, b, size=400).entry for b in range(20)]
         with pytest.raises(NoSuchLedgerError):

@@ -77,7 +77,12 @@ def assert_no_ok_after_first_failure(completions: list[Status]) -> None:
     assert all(s != Status.OK for s in completions[first_bad:]), "an add was acked after the error"
 
 
-@pytest.mark.parametrize("fault", [{"fsync_eio_after": 25}, {"eio_on_write": True}])
+@pytest.mark.parametrize("fault", [
+    {"fsync_eio_after": 25},
+    {"eio_on_write": True},
+    {"fsync_eio": True, "faults_max": 1},  # one-shot: the next fdatasync would succeed
+    {"eio_on_write": True, "torn_write_bytes": 100, "faults_max": 1},  # a short write, then EIO, once
+], ids=["fsync_eio_after", "eio_on_write", "fsync_eio_once", "torn_write_eio_once"])
 async def test_disk_error_stops_acks_and_goes_read_only(tmp_path: Path, fault: dict[str, object]) -> None:
     fio = FaultyFileIO()
     s = await open_storage(config(tmp_path), fileio=fio)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scriba.client.effects import (
     DeliverEntries,
     OperationDone,
@@ -15,10 +17,16 @@ from scriba.client.effects import (
     WriteMetadata,
 )
 from scriba.client.read_core import LacReadCore, ReadConfig, ReadCore
-from scriba.client.recovery_core import RecoveryCore, RecoveryPhase, covers_every_write_set
+from scriba.client.recovery_core import RecoveryCore, RecoveryPhase
 from scriba.client.transport import LacResult
 from scriba.entry import make_digest, pack_entry
-from scriba.errors import DigestMismatchError, NoSuchEntryError, Status, UnavailableError
+from scriba.errors import (
+    DigestMismatchError,
+    InternalError,
+    NoSuchEntryError,
+    Status,
+    UnavailableError,
+)
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata, LedgerState
 
@@ -41,17 +49,6 @@ def corrupt(data: bytes) -> bytes:
     return data[:-1] + bytes([data[-1] ^ 0xFF])
 
 
-def test_fence_coverage_needs_every_write_set() -> None:
-    # E5 W3 A2: need 2 answers in each of the 5 write sets.
-    assert covers_every_write_set({0, 1, 2, 3, 4}, 5, 3, 2)
-    assert not covers_every_write_set({0, 2}, 5, 3, 2)
-    assert covers_every_write_set({0, 1, 3}, 5, 3, 2) is False
-    assert covers_every_write_set({0, 1, 2, 3}, 5, 3, 2)
-    # E3 W3 A3: one answer is enough; E3 W3 A1: every bookie.
-    assert covers_every_write_set({1}, 3, 3, 3)
-    assert not covers_every_write_set({0, 1}, 3, 3, 1)
-
-
 def start_recovery(meta: LedgerMetadata) -> tuple[RecoveryCore, LedgerMetadata]:
     core = RecoveryCore(meta, digest=DIGEST)
     (wm,) = core.start()
@@ -59,7 +56,9 @@ def start_recovery(meta: LedgerMetadata) -> tuple[RecoveryCore, LedgerMetadata]:
     marked = wm.transform(meta)
     assert marked.state is LedgerState.IN_RECOVERY
     effects = core.on_metadata_written(marked)
-    assert {e.bookie_id for e in effects if isinstance(e, ReadLac) and e.fence} == {"a", "b", "c"}
+    # Every bookie of the last ensemble is fenced (and nothing else happens first).
+    assert all(isinstance(e, ReadLac) and e.fence for e in effects)
+    assert sorted(e.bookie_id for e in effects) == sorted(meta.current_ensemble)  # type: ignore[union-attr]
     return core, marked
 
 
@@ -70,6 +69,7 @@ def answer_reads(core: RecoveryCore, effects, stores: dict[str, dict[int, bytes]
     while queue:
         effect = queue.pop(0)
         if isinstance(effect, ReadEntries):
+            assert effect.fence, "recovery reads carry the fence flag"
             for entry_id in effect.entry_ids:
                 data = stores[effect.bookie_id].get(entry_id)
                 status = Status.OK if data is not None else Status.NO_SUCH_ENTRY
@@ -202,3 +202,86 @@ def test_lac_read_needs_quorum_coverage() -> None:
     assert not core.on_lac_response(B("a"), LacResult(EntryId(5), EntryId(6)), Status.OK)
     (done,) = core.on_lac_response(B("c"), LacResult(EntryId(7), EntryId(7)), Status.OK)
     assert isinstance(done, OperationDone) and done.value == 7
+
+
+def fenced_reading(meta: LedgerMetadata, lacs: list[tuple[str, int]]):  # type: ignore[no-untyped-def]
+    """Start a recovery and answer the fencing LAC reads in the order given (bookie, LAC);
+    returns the core and the effects of the answer that completed fencing."""
+    core, _ = start_recovery(meta)
+    effects: list = []
+    for bookie, lac in lacs:
+        assert not core.fenced
+        effects = list(core.on_lac_response(B(bookie), LacResult(EntryId(lac), EntryId(lac)), Status.OK))
+    assert core.fenced
+    return core, effects
+
+
+def test_recovery_reads_from_the_largest_lac_whatever_the_answer_order() -> None:
+    stores = {b: {e: packed(e, e - 1) for e in range(7)} for b in "abc"}
+    for order in (["a", "b"], ["b", "a"]):
+        lacs = {"a": 5, "b": 3}
+        core, effects = fenced_reading(md(), [(b, lacs[b]) for b in order])
+        reads = [e for e in effects if isinstance(e, ReadEntries)]
+        assert reads and min(min(r.entry_ids) for r in reads) == 5, order
+        rest = answer_reads(core, effects, stores)
+        # Entries at or below the largest LAC are confirmed: only 6 is re-written.
+        assert [s.entry_id for s in rest if isinstance(s, SendAdd)] == [6], order
+
+
+def test_entry_below_the_largest_lac_that_reads_absent_fails_the_recovery() -> None:
+    # a answered LAC 5 first, b LAC 2 last: entry 4 is confirmed, so 2 NO answers for it
+    # mean something is badly wrong; recovery must not close the ledger below it.
+    core, effects = fenced_reading(md(), [("a", 5), ("b", 2)])
+    stores: dict[str, dict[int, bytes]] = {b: {e: packed(e, e - 1) for e in range(4)} for b in "abc"}
+    (failed,) = answer_reads(core, effects, stores)
+    assert isinstance(failed, OperationFailed) and isinstance(failed.error, InternalError)
+
+
+@pytest.mark.parametrize("wrong", ["entry", "ledger"])
+def test_valid_copy_with_another_entrys_header_is_unknown_never_present(wrong: str) -> None:
+    """A replica that returns a valid entry of another position (or ledger) for entry 1
+    is counted as unknown, like a corrupt copy: never as entry 1, never as absent."""
+    other = packed(2, 1) if wrong == "entry" else pack_entry(DIGEST, 8, 1, 0, 6, b"e01")
+    core, _ = fenced_reading(md(), [("a", 0), ("b", 0)])
+    for b in "abc":  # entry 0 (the LAC) is present; entries 1.. are being read
+        core.on_entry(B(b), 0, packed(0), Status.OK)
+    assert core.phase is RecoveryPhase.READING
+    out = list(core.on_entry(B("a"), 1, other, Status.OK))
+    out += core.on_entry(B("b"), 1, None, Status.NO_SUCH_ENTRY)
+    assert core.phase is RecoveryPhase.READING  # one NO and one unknown: undecided
+    out += core.on_entry(B("c"), 1, None, Status.TIMEOUT)
+    (failed,) = [e for e in out if isinstance(e, OperationFailed)]
+    assert isinstance(failed.error, UnavailableError) and "wrong entry header" in str(failed.error)
+
+
+def test_valid_copy_with_another_entrys_header_does_not_hide_the_right_one() -> None:
+    core, _ = fenced_reading(md(), [("a", 0), ("b", 0)])
+    for b in "abc":
+        core.on_entry(B(b), 0, packed(0), Status.OK)
+    out = list(core.on_entry(B("a"), 1, packed(2, 1), Status.OK))
+    out += core.on_entry(B("b"), 1, packed(1, 0), Status.OK)
+    for entry_id in range(2, 17):  # the rest of the read window: absent everywhere
+        for b in "abc":
+            out += core.on_entry(B(b), entry_id, None, Status.NO_SUCH_ENTRY)
+    (send,) = [e for e in out if isinstance(e, SendAdd)]
+    assert (send.entry_id, send.entry, send.recovery) == (1, packed(1, 0), True)
+
+
+def test_rewrite_needs_qa_acks_and_fails_once_qa_is_out_of_reach() -> None:
+    stores = {"a": {0: packed(0), 1: packed(1, 0)}, "b": {0: packed(0)}, "c": {0: packed(0)}}
+    core, effects = fenced_reading(md(), [("a", 0), ("b", 0)])
+    (send,) = answer_reads(core, effects, stores)
+    assert isinstance(send, SendAdd) and send.recovery
+    assert not core.on_add_response(B("a"), 1, Status.FENCED)  # one failure: 2 can still ack
+    assert not core.on_add_response(B("b"), 1, Status.OK)
+    assert core.phase is RecoveryPhase.WRITING
+    (failed,) = core.on_add_response(B("c"), 1, Status.UNAVAILABLE)
+    assert isinstance(failed, OperationFailed) and isinstance(failed.error, UnavailableError)
+
+
+def test_lac_read_answers_the_largest_lac_whatever_the_order() -> None:
+    core = LacReadCore(md(3, 3, 2))
+    core.start()
+    assert not core.on_lac_response(B("a"), LacResult(EntryId(9), EntryId(9)), Status.OK)
+    (done,) = core.on_lac_response(B("c"), LacResult(EntryId(4), EntryId(4)), Status.OK)
+    assert isinstance(done, OperationDone) and done.value == 9

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scriba.client.effects import CompleteAppends, FailAppends, SendAdd, StartTimer, WriteMetadata
-from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
 from scriba.entry import make_digest, unpack_entry
 from scriba.errors import (
     LedgerClosedError,
@@ -56,53 +56,34 @@ def completes(effects) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
     return [(e.first, e.last) for e in effects if isinstance(e, CompleteAppends)]
 
 
+def append(c: WriteCore, payload: bytes) -> Append:
+    """``c.append`` when it must have room (the one way an entry enters the core)."""
+    sent = c.append(payload)
+    assert sent is not None, "no room in flight"
+    return sent
+
+
 def test_round_robin_write_sets_and_piggybacked_lac() -> None:
     c, _ = core(md(e=3, w=2, a=2))
     sends = []
     for i in range(4):
-        entry_id, effects = c.append(b"p%d" % i)
+        entry_id, packed, bookies = append(c, b"p%d" % i)
         assert entry_id == i
-        (send,) = effects
-        assert isinstance(send, SendAdd)
-        sends.append(send)
-    assert [s.bookies for s in sends] == [("a", "b"), ("b", "c"), ("c", "a"), ("a", "b")]
+        sends.append(bookies)
+    assert sends == [("a", "b"), ("b", "c"), ("c", "a"), ("a", "b")]
     # Confirm entry 0, then the next entry carries LAC 0.
     c.on_add_response(BookieId("a"), 0, OK)
     assert completes(c.on_add_response(BookieId("b"), 0, OK)) == [(0, 0)]
-    _, (send,) = c.append(b"next")
-    entry = unpack_entry(DIGEST, send.entry)
+    _, packed, _ = append(c, b"next")
+    entry = unpack_entry(DIGEST, packed)
     assert entry.last_add_confirmed == 0 and entry.entry_id == 4
     assert entry.length == sum(len(b"p%d" % i) for i in range(4)) + 4
-
-
-def test_confirmations_strictly_in_order() -> None:
-    c, _ = core()
-    for _ in range(3):
-        c.append(b"x")
-    # Entry 2 and 1 reach quorum before 0: nothing confirmed yet.
-    for b in "ab":
-        assert not completes(c.on_add_response(BookieId(b), 2, OK))
-        assert not completes(c.on_add_response(BookieId(b), 1, OK))
-    assert c.last_add_confirmed == -1
-    c.on_add_response(BookieId("c"), 0, OK)
-    assert completes(c.on_add_response(BookieId("a"), 0, OK)) == [(0, 2)]
-    assert c.last_add_confirmed == 2 and c.pending == 0
-
-
-def test_ack_from_outside_the_write_set_does_not_count() -> None:
-    c, _ = core(md(e=3, w=2, a=2))
-    c.append(b"x")  # write set a, b
-    assert not c.on_add_response(BookieId("c"), 0, OK)
-    assert not c.on_add_response(BookieId("zzz"), 0, OK)
-    assert not completes(c.on_add_response(BookieId("a"), 0, OK))
-    assert c.last_add_confirmed == -1
-    assert completes(c.on_add_response(BookieId("b"), 0, OK)) == [(0, 0)]
 
 
 def test_ensemble_change_replaces_bookie_drops_its_acks_and_resends() -> None:
     c, spares = core()
     for _ in range(3):
-        c.append(b"x")
+        append(c, b"x")
     c.on_add_response(BookieId("a"), 0, OK)
     c.on_add_response(BookieId("b"), 0, OK)  # entry 0 confirmed
     c.on_add_response(BookieId("c"), 1, OK)  # c acked entry 1 ...
@@ -121,13 +102,12 @@ def test_ensemble_change_replaces_bookie_drops_its_acks_and_resends() -> None:
     assert resent == {(1, ("x",)), (2, ("x",))}
     assert completes(c.on_add_response(BookieId("x"), 1, OK)) == [(1, 1)]
     # New appends go to the new ensemble.
-    _, (send,) = c.append(b"y")
-    assert send.bookies == ("a", "b", "x")
+    assert append(c, b"y")[2] == ("a", "b", "x")
 
 
 def test_change_with_no_confirmation_since_replaces_the_last_segment() -> None:
     c, _ = core()
-    c.append(b"x")
+    append(c, b"x")
     (wm,) = c.on_add_response(BookieId("a"), 0, Status.UNAVAILABLE)
     meta = wm.transform(c.metadata)
     assert meta.ensembles == ((0, ("x", "b", "c")),)
@@ -139,7 +119,7 @@ def test_change_with_no_confirmation_since_replaces_the_last_segment() -> None:
 
 def test_failure_during_change_is_queued_for_the_next_change() -> None:
     c, _ = core()
-    c.append(b"x")
+    append(c, b"x")
     (wm,) = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     assert not c.on_add_response(BookieId("b"), 0, Status.TIMEOUT)
     effects = c.on_metadata_written(wm.transform(c.metadata))
@@ -148,7 +128,7 @@ def test_failure_during_change_is_queued_for_the_next_change() -> None:
 
 def test_ensemble_change_refused_when_ledger_is_being_recovered() -> None:
     c, _ = core()
-    c.append(b"x")
+    append(c, b"x")
     (wm,) = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     recovering = dataclasses.replace(c.metadata, state=LedgerState.IN_RECOVERY)
     assert wm.needs_update(recovering)
@@ -166,7 +146,7 @@ def test_ensemble_change_refused_when_ledger_is_being_recovered() -> None:
 def test_fenced_bookie_fails_every_pending_append() -> None:
     c, _ = core()
     for _ in range(5):
-        c.append(b"x")
+        append(c, b"x")
     c.on_add_response(BookieId("a"), 0, OK)
     c.on_add_response(BookieId("b"), 0, OK)
     (fail,) = c.on_add_response(BookieId("b"), 3, Status.FENCED)
@@ -183,7 +163,7 @@ def test_fenced_bookie_fails_every_pending_append() -> None:
 
 def test_ensemble_changes_are_bounded() -> None:
     c, _ = core(ensemble_changes_max=1)
-    c.append(b"x")
+    append(c, b"x")
     (wm,) = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     c.on_metadata_written(wm.transform(c.metadata))
     (fail,) = c.on_add_response(BookieId("b"), 0, Status.TIMEOUT)
@@ -193,7 +173,7 @@ def test_ensemble_changes_are_bounded() -> None:
 def test_no_spare_bookie_waits_then_retries_the_same_bookie() -> None:
     c, spares = core(ensemble_changes_max=3)
     spares.names = []
-    c.append(b"x")
+    append(c, b"x")
     c.on_add_response(BookieId("b"), 0, OK)
     (timer,) = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     assert isinstance(timer, StartTimer) and timer.delay_s > 0
@@ -210,7 +190,7 @@ def test_no_spare_bookie_waits_then_retries_the_same_bookie() -> None:
 def test_no_spare_bookie_uses_one_that_appeared_meanwhile() -> None:
     c, spares = core()
     spares.names = []
-    c.append(b"x")
+    append(c, b"x")
     (timer,) = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     spares.names = ["x"]
     (wm,) = c.on_timer(timer.key)
@@ -221,7 +201,7 @@ def test_no_spare_bookie_uses_one_that_appeared_meanwhile() -> None:
 def test_no_spare_bookie_for_too_long_fails_appends() -> None:
     c, spares = core(ensemble_changes_max=2)
     spares.names = []
-    c.append(b"x")
+    append(c, b"x")
     effects = c.on_add_response(BookieId("a"), 0, Status.TIMEOUT)
     for _ in range(2):
         (timer,) = effects
@@ -233,8 +213,8 @@ def test_no_spare_bookie_for_too_long_fails_appends() -> None:
 
 def test_close_waits_for_pending_then_closes_at_lac() -> None:
     c, _ = core()
-    c.append(b"ab")
-    c.append(b"cde")
+    append(c, b"ab")
+    append(c, b"cde")
     assert not c.close()
     with pytest.raises(LedgerClosedError):
         c.append(b"late")
@@ -257,14 +237,22 @@ def test_close_waits_for_pending_then_closes_at_lac() -> None:
 
 def test_inflight_bounds() -> None:
     c, _ = core(entries_inflight_max=2, bytes_inflight_max=10_000)
-    assert c.has_capacity(10)
-    c.append(b"x")
-    c.append(b"x")
-    assert not c.has_capacity(10)
+    append(c, b"x")
+    append(c, b"x")
+    # No room: None, and nothing changed (no id taken, no length counted).
+    assert c.append(b"x") is None
+    assert (c.next_entry_id, c.pending) == (2, 2)
     c.on_add_response(BookieId("a"), 0, OK)
     c.on_add_response(BookieId("b"), 0, OK)
-    assert c.has_capacity(10)
-    assert not c.has_capacity(20_000)
+    assert c.append(b"y" * 20_000) is None  # over the byte bound with one in flight
+    assert append(c, b"y" * 10)[0] == 2
+    c.on_add_responses(BookieId("a"), [1, 2], OK)
+    c.on_add_responses(BookieId("b"), [1, 2], OK)
+    assert c.pending == 0
+    # With nothing in flight any single entry goes, however large.
+    entry_id, packed, _ = append(c, b"z" * 20_000)
+    assert entry_id == 3
+    assert unpack_entry(DIGEST, packed).length == 2 + 10 + 20_000
 
 
 @settings(max_examples=200, deadline=None)
@@ -278,8 +266,8 @@ def test_property_any_ack_order_confirms_in_order(quorums, n, data) -> None:  # 
     c, _ = core(md(e, w, a, bookies="abcde"))
     acks = []
     for _ in range(n):
-        entry_id, (send,) = c.append(b"p")
-        acks += [(b, entry_id) for b in send.bookies]
+        entry_id, _, bookies = append(c, b"p")
+        acks += [(b, entry_id) for b in bookies]
     order = data.draw(st.permutations(acks))
     confirmed_up_to = -1
     counts: dict[int, int] = {}
@@ -298,7 +286,7 @@ def test_property_any_ack_order_confirms_in_order(quorums, n, data) -> None:  # 
 
 def test_late_failure_of_a_confirmed_entry_still_replaces_the_bookie() -> None:
     c, spares = core()
-    c.append(b"x")
+    append(c, b"x")
     c.on_add_response(BookieId("a"), 0, OK)
     assert completes(c.on_add_response(BookieId("b"), 0, OK)) == [(0, 0)]
     # c times out on entry 0 after a and b confirmed it: c is dead or slow all the same.
@@ -309,8 +297,8 @@ def test_late_failure_of_a_confirmed_entry_still_replaces_the_bookie() -> None:
     # Every entry confirmed: the new segment starts at the next entry id.
     assert new.ensembles == ((0, ("a", "b", "c")), (1, ("a", "b", "x")))
     assert not [e for e in c.on_metadata_written(new) if isinstance(e, SendAdd)]
-    _, (send,) = c.append(b"y")
-    assert send.entry_id == 1 and set(send.bookies) == {"a", "b", "x"}
+    entry_id, _, bookies = append(c, b"y")
+    assert entry_id == 1 and set(bookies) == {"a", "b", "x"}
     # A second late error from the replaced bookie changes nothing.
     assert not c.on_add_response(BookieId("c"), 0, Status.UNAVAILABLE)
 
@@ -318,7 +306,7 @@ def test_late_failure_of_a_confirmed_entry_still_replaces_the_bookie() -> None:
 def test_late_failure_starts_the_segment_at_the_first_unconfirmed_entry() -> None:
     c, _ = core()
     for _ in range(3):
-        c.append(b"x")
+        append(c, b"x")
     for e in (0, 1):
         c.on_add_response(BookieId("a"), e, OK)
         c.on_add_response(BookieId("b"), e, OK)
@@ -332,7 +320,7 @@ def test_late_failure_starts_the_segment_at_the_first_unconfirmed_entry() -> Non
 
 def test_late_failure_after_close_is_ignored() -> None:
     c, _ = core()
-    c.append(b"x")
+    append(c, b"x")
     c.on_add_response(BookieId("a"), 0, OK)
     c.on_add_response(BookieId("b"), 0, OK)
     (wm,) = c.close()
@@ -350,22 +338,25 @@ def _confirmed(effects, into: list[int]) -> None:  # type: ignore[no-untyped-def
 
 @settings(max_examples=150, deadline=None)
 @given(
-    shape=st.sampled_from([(3, 3, 2), (3, 2, 2), (4, 3, 2), (5, 3, 3), (2, 2, 2), (5, 5, 3), (1, 1, 1), (11, 11, 6), (11, 4, 3)]),
+    shape=st.sampled_from([(3, 3, 2), (3, 2, 2), (4, 3, 2), (5, 3, 3), (2, 2, 2), (5, 5, 3), (1, 1, 1), (11, 11, 6), (11, 4, 3), (4, 2, 1)]),
     n=st.integers(1, 40),
     data=st.data(),
 )
 def test_batched_answers_confirm_like_single_ones(shape: tuple[int, int, int], n: int, data) -> None:  # type: ignore[no-untyped-def]
     """on_add_responses over any grouping and order of OK answers ends where the
-    same answers one by one end: same LAC, same entries confirmed, in order."""
+    same answers one by one end: same LAC, same entries confirmed, in order. Answers
+    come from every bookie of the ensemble, in and out of each entry's write set: the
+    LAC is the longest prefix whose every entry has Qa acks *from its write set*."""
     e, w, a = shape
-    single, _ = core(md(e, w, a, "abcdefghijk"))
-    batched, _ = core(md(e, w, a, "abcdefghijk"))
+    meta = md(e, w, a, "abcdefghijk")
+    single, _ = core(meta)
+    batched, _ = core(meta)
     answers: list[tuple[str, int]] = []
     for i in range(n):
-        entry_id, effects = single.append(b"p%d" % i)
-        assert batched.append(b"p%d" % i)[0] == entry_id
-        (send,) = effects
-        answers += [(b, entry_id) for b in send.bookies]  # type: ignore[union-attr]
+        entry_id, _, bookies = append(single, b"p%d" % i)
+        assert append(batched, b"p%d" % i)[0] == entry_id
+        assert bookies == meta.write_set(entry_id)
+        answers += [(b, entry_id) for b in meta.current_ensemble]
     answers = data.draw(st.permutations(answers))
     keep = data.draw(st.integers(0, len(answers)))
     answers = answers[:keep]
@@ -381,29 +372,142 @@ def test_batched_answers_confirm_like_single_ones(shape: tuple[int, int, int], n
         ids = [entry_id for _, entry_id in answers[i:j]]
         _confirmed(batched.on_add_responses(BookieId(answers[i][0]), ids, OK), done_batched)
         i = j
-    assert done_batched == done_single == list(range(len(done_single)))
-    assert batched.last_add_confirmed == single.last_add_confirmed
-    assert batched.pending == single.pending
+    counts = {x: sum(1 for b, y in answers if y == x and b in meta.write_set(x)) for x in range(n)}
+    prefix = -1
+    while prefix + 1 < n and counts[prefix + 1] >= a:
+        prefix += 1
+    assert done_batched == done_single == list(range(prefix + 1))
+    assert batched.last_add_confirmed == single.last_add_confirmed == prefix
+    assert batched.pending == single.pending == n - prefix - 1
 
 
 def test_batched_error_answers_start_one_change() -> None:
     c, spares = core()
     for _ in range(4):
-        c.append(b"x")
+        append(c, b"x")
     c.on_add_responses(BookieId("a"), [0, 1, 2, 3], OK)
     effects = c.on_add_responses(BookieId("b"), [3, 1, 0, 2], Status.UNAVAILABLE)
     assert [type(x) for x in effects] == [WriteMetadata] and len(spares.calls) == 1
     assert c.last_add_confirmed == -1
 
 
-def test_append_packed_matches_pack_entry_for_both_digests() -> None:
+@pytest.mark.parametrize("digest_type", ["crc32c", "hmac-sha256"])
+def test_append_packs_the_confirmed_lac_and_the_running_length(digest_type: str) -> None:
+    """Every packed entry carries the LAC confirmed when it was packed (never one
+    more) and the ledger's length through itself; close and ``length`` agree with the
+    sum of the confirmed payloads."""
     from scriba.entry import pack_entry
 
-    for digest in (make_digest("crc32c", b""), make_digest("hmac-sha256", b"pw")):
-        c = WriteCore(md(), digest=digest, choose_replacement=Spares())
-        c.on_add_responses(BookieId("a"), [], OK)
-        for i in range(3):
-            entry_id, packed, _ = c.append_packed(b"payload-%d" % i)
-            length = sum(len(b"payload-%d" % k) for k in range(i + 1))
-            assert packed == pack_entry(digest, 7, entry_id, -1, length, b"payload-%d" % i)
-            assert unpack_entry(digest, packed).payload == b"payload-%d" % i
+    digest = make_digest(digest_type, b"pw")
+    c = WriteCore(md(), digest=digest, choose_replacement=Spares())
+    payloads = [b"payload-%d" % i + b"x" * i for i in range(6)]
+    total = 0
+    for i, payload in enumerate(payloads):
+        lac = c.last_add_confirmed
+        entry_id, packed, _ = append(c, payload)
+        total += len(payload)
+        assert entry_id == i
+        assert packed == pack_entry(digest, 7, entry_id, lac, total, payload)
+        entry = unpack_entry(digest, packed)
+        assert (entry.last_add_confirmed, entry.length, entry.payload) == (lac, total, payload)
+        if i % 2 == 1:  # confirm every entry so far: the next one carries the new LAC
+            c.on_add_responses(BookieId("a"), list(range(i + 1)), OK)
+            c.on_add_responses(BookieId("c"), list(range(i + 1)), OK)
+            assert c.last_add_confirmed == i
+            assert c.length == total
+    (wm,) = c.close()
+    closed = wm.transform(c.metadata)
+    assert closed.last_entry_id == len(payloads) - 1
+    assert closed.length == c.length == sum(len(p) for p in payloads)
+
+
+def test_append_that_cannot_pack_changes_nothing() -> None:
+    c, _ = core()
+    with pytest.raises(TypeError):
+        c.append("text")  # type: ignore[arg-type]
+    assert (c.next_entry_id, c.pending) == (0, 0)
+    assert append(c, b"ok")[0] == 0
+    c.on_add_responses(BookieId("a"), [0], OK)
+    c.on_add_responses(BookieId("b"), [0], OK)
+    assert c.length == 2
+
+
+# --- ack accounting, through both answer handlers ----------------------------------------
+
+def _single(c: WriteCore, bookie: str, entry_id: int, status: int = OK):  # type: ignore[no-untyped-def]
+    return c.on_add_response(BookieId(bookie), entry_id, status)
+
+
+def _batched(c: WriteCore, bookie: str, entry_id: int, status: int = OK):  # type: ignore[no-untyped-def]
+    return c.on_add_responses(BookieId(bookie), [entry_id], status)
+
+
+HANDLERS = pytest.mark.parametrize("answer", [_single, _batched], ids=["single", "batched"])
+
+
+@HANDLERS
+def test_ack_from_outside_the_write_set_does_not_count(answer) -> None:  # type: ignore[no-untyped-def]
+    c, _ = core(md(e=3, w=2, a=2))
+    append(c, b"x")  # write set a, b
+    assert not answer(c, "c", 0)
+    assert not answer(c, "zzz", 0)
+    assert not completes(answer(c, "a", 0))
+    assert c.last_add_confirmed == -1
+    assert completes(answer(c, "b", 0)) == [(0, 0)]
+
+
+@HANDLERS
+def test_acks_from_the_slots_just_outside_the_write_set_do_not_count(answer) -> None:  # type: ignore[no-untyped-def]
+    # E4 W2 A2: entry 1's write set is slots 1, 2 (b, c); a (slot 0) is just before it
+    # and d (slot 3) just after it. Had either ack counted, entry 1 would be confirmed
+    # together with entry 0.
+    c, _ = core(md(e=4, w=2, a=2, bookies="abcd"))
+    for _ in range(2):
+        append(c, b"x")
+    assert not answer(c, "d", 1)  # just after: slot (1 + Qw) % E
+    assert not answer(c, "a", 1)  # just before: slot (1 - 1) % E
+    assert not completes(answer(c, "b", 1))  # one ack of the write set: not a quorum
+    answer(c, "a", 0)
+    assert completes(answer(c, "b", 0)) == [(0, 0)]  # entry 1 still has one valid ack
+    assert c.last_add_confirmed == 0
+    assert completes(answer(c, "c", 1)) == [(1, 1)]
+
+
+def test_batched_answer_counts_only_the_entries_whose_write_set_holds_the_bookie() -> None:
+    # E3 W2 A2: c holds entries 1 and 2 (write sets (b, c) and (c, a)), not entry 0.
+    c, _ = core(md(e=3, w=2, a=2))
+    for _ in range(3):
+        append(c, b"x")
+    assert not c.on_add_responses(BookieId("c"), [0, 1, 2], OK)
+    assert not completes(c.on_add_responses(BookieId("a"), [0], OK))  # entry 0: a only
+    assert c.last_add_confirmed == -1
+    assert completes(c.on_add_responses(BookieId("b"), [0, 1], OK)) == [(0, 1)]
+    assert completes(c.on_add_responses(BookieId("a"), [2], OK)) == [(2, 2)]
+
+
+@HANDLERS
+def test_confirmations_strictly_in_order(answer) -> None:  # type: ignore[no-untyped-def]
+    c, _ = core()
+    for _ in range(3):
+        append(c, b"x")
+    # Entry 2 and 1 reach quorum before 0: nothing confirmed yet.
+    for b in "ab":
+        assert not completes(answer(c, b, 2))
+        assert not completes(answer(c, b, 1))
+    assert c.last_add_confirmed == -1
+    answer(c, "c", 0)
+    assert completes(answer(c, "a", 0)) == [(0, 2)]
+    assert c.last_add_confirmed == 2 and c.pending == 0
+
+
+@HANDLERS
+def test_acks_of_a_replaced_bookie_no_longer_count(answer) -> None:  # type: ignore[no-untyped-def]
+    c, _ = core()
+    for _ in range(2):
+        append(c, b"x")
+    answer(c, "c", 1)
+    (wm,) = answer(c, "c", 0, Status.TIMEOUT)
+    assert isinstance(wm, WriteMetadata)
+    assert not answer(c, "c", 1)  # late ack of the bookie being replaced
+    assert not completes(answer(c, "a", 1))  # c's earlier ack was dropped
+    assert c.last_add_confirmed == -1

@@ -3,72 +3,106 @@
 Checks (violations are sentences naming the seed's facts):
 - confirmations leave in order (each range starts right after the previous one);
 - the writer's LAC and every bookie's stored LAC never decrease;
+- no bookie's LAC ever exceeds the writer's confirmed LAC (a piggybacked LAC is one
+  the writer had confirmed when it packed the entry);
 - no confirmed entry is lost: the closed ledger ends at or after every confirmed entry,
   and readers get each confirmed entry with the bytes appended;
 - nothing unexpected: every entry readers get was appended by the writer;
 - a fenced writer gets no confirmation after fencing completed beyond the closed end;
-- all readers and recoverers agree on the closed ledger's last entry and bytes.
+- all readers and recoverers agree on the closed ledger's last entry and bytes;
+- the closed ledger's length is the sum of the payloads appended up to its last entry.
+
+Negative controls: ``fencing=False`` and ``ack_early=True`` (bookie faults), and
+``writer_fault`` (``"lac_ahead"``: entries piggyback LAC + 1; ``"length_reset"``: the
+running length is not accumulated), each of which the checks must catch.
 
 Replay a seed: ``SCRIBA_SIM_SEED=123 .venv/bin/pytest tests/sim -k replay`` (add
 ``SCRIBA_SIM_RACE=1`` for a seed of the R3 race mode; the negative controls print
 ``SCRIBA_SIM_FENCING=0`` / ``SCRIBA_SIM_ACK_EARLY=1``).
+
+The world (bookies, network, metadata, driver, seeds) is the shared kit
+``scriba.testing.sim``; this module is the ledger's scenario and its checks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from sim_world import Net, SimBookie, SimDriver, SimMeta, SimTransport, World
 
 from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
-from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
-from scriba.errors import NotEnoughBookiesError, ScribaError
+from scriba.errors import ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata, LedgerState
 from scriba.testing.checkers import LogRead, check_acked_set, check_log
+from scriba.testing.sim import (
+    Net,
+    SeedReport,
+    SimBookie,
+    SimDriver,
+    SimMeta,
+    SimTransport,
+    World,
+    any_spare,
+)
 
-REPLAY = "SCRIBA_SIM_SEED={seed}{flags} .venv/bin/pytest tests/sim -k replay"
 LEDGER_ID = 1
 PASSWORD = b"sim"
 QUORUMS = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
 
 
 @dataclass
-class SimResult:
-    seed: int
-    violations: list[str] = field(default_factory=list)
+class SimResult(SeedReport):
     confirmed: int = -1
     closed_last: int | None = None
     events: int = 0
     ensemble_changes: int = 0
     writer_error: str = ""
-    description: str = ""
     race: bool = False
     fencing: bool = True
     ack_early: bool = False
+    writer_fault: str = ""
 
-    def explain(self) -> str:
-        lines = [f"seed {self.seed}: {self.description}"]
-        lines += [f"  violation: {v}" for v in self.violations[:10]]
-        flags = "".join(
-            f" {name}={value}"
-            for name, value, on in (
-                ("SCRIBA_SIM_RACE", 1, self.race),
-                ("SCRIBA_SIM_FENCING", 0, not self.fencing),
-                ("SCRIBA_SIM_ACK_EARLY", 1, self.ack_early),
-            )
-            if on
+    def __post_init__(self) -> None:
+        flags = (
+            ("SCRIBA_SIM_RACE", "1", self.race),
+            ("SCRIBA_SIM_FENCING", "0", not self.fencing),
+            ("SCRIBA_SIM_ACK_EARLY", "1", self.ack_early),
+            ("SCRIBA_SIM_WRITER_FAULT", self.writer_fault, bool(self.writer_fault)),
         )
-        lines.append(f"  replay: {REPLAY.format(seed=self.seed, flags=flags)}")
-        return "\n".join(lines)
+        self.replay_env = {name: value for name, value, on in flags if on}
+
+
+class _LacAheadWriteCore(WriteCore):
+    """Negative control: every entry piggybacks LAC + 1 (one the writer never confirmed)."""
+
+    def append(self, payload: bytes) -> Append | None:
+        self._lac += 1
+        try:
+            return super().append(payload)
+        finally:
+            self._lac -= 1
+
+
+class _LengthResetWriteCore(WriteCore):
+    """Negative control: the ledger length is not accumulated (each entry: its own size)."""
+
+    def append(self, payload: bytes) -> Append | None:
+        self._length = 0
+        return super().append(payload)
+
+
+WRITER_FAULTS: dict[str, type[WriteCore]] = {
+    "": WriteCore, "lac_ahead": _LacAheadWriteCore, "length_reset": _LengthResetWriteCore,
+}
 
 
 class Run:
     def __init__(
-        self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+        self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
+        writer_fault: str = "",
     ) -> None:
         self.seed = seed
         self.race = race  # R3: no faults; recovery lands while appends are in flight
@@ -94,13 +128,15 @@ class Run:
         self.meta = SimMeta(world, self.md, delay_s=(0.0002, 0.003))
         self.digest = make_digest("crc32c", PASSWORD)
         self.key = master_key(PASSWORD)
-        self.result = SimResult(seed, race=race, fencing=fencing, ack_early=ack_early)
+        self.result = SimResult(
+            seed, race=race, fencing=fencing, ack_early=ack_early, writer_fault=writer_fault
+        )
         # writer
         self.n_entries = rng.randint(10, 60)
         self.writer_closes = rng.random() < 0.2
         self.payloads: dict[int, bytes] = {}
-        self.writer = WriteCore(
-            self.md, digest=self.digest, choose_replacement=self._choose,
+        self.writer = WRITER_FAULTS[writer_fault](
+            self.md, digest=self.digest, choose_replacement=any_spare(world, self.bookie_ids),
             config=WriteConfig(
                 entries_inflight_max=rng.choice([1, 4, 16, 64]), ensemble_changes_max=16,
                 replacement_retry_s=0.01,
@@ -125,15 +161,9 @@ class Run:
             f"E{e}/W{w}/A{a}, {n_bookies} bookies, {self.n_entries} appends, drop_p={self.drop_p}, "
             f"fencing={'on' if fencing else 'OFF'}{', R3 race' if race else ''}"
             f"{', ACK BEFORE FSYNC' if ack_early else ''}"
+            f"{f', WRITER FAULT {writer_fault}' if writer_fault else ''}"
         )
         self.result.description = self.description
-
-    # --- placement stand-in: any bookie not excluded, seeded ---------------------------
-    def _choose(self, ensemble: tuple[BookieId, ...], index: int, exclude: frozenset[BookieId]) -> BookieId:
-        candidates = [b for b in self.bookie_ids if b not in exclude]
-        if not candidates:
-            raise NotEnoughBookiesError("sim: no spare bookie")
-        return self.world.rng.choice(candidates)
 
     # --- checks ----------------------------------------------------------------------
     def violation(self, text: str) -> None:
@@ -163,6 +193,11 @@ class Run:
                 key = (bookie.bookie_id, ledger_id)
                 if state.lac < self.bookie_lacs.get(key, -1):
                     self.violation(f"bookie {bookie.bookie_id} LAC went back to {state.lac}")
+                if state.lac > self.confirmed_last and state.lac != self.bookie_lacs.get(key):
+                    self.violation(
+                        f"bookie {bookie.bookie_id} LAC {state.lac} is beyond the writer's "
+                        f"confirmed LAC {self.confirmed_last}"
+                    )
                 self.bookie_lacs[key] = state.lac
 
     # --- actors ----------------------------------------------------------------------
@@ -170,12 +205,13 @@ class Run:
         w = self.writer
         while self.appended < self.n_entries and w.state is WriterState.OPEN:
             payload = b"seed%d-entry%d-" % (self.seed, self.appended) + b"x" * self.world.rng.randint(0, 40)
-            if not w.has_capacity(len(payload)):
+            sent = w.append(payload)  # the production append path (LedgerWriter's too)
+            if sent is None:  # no room in flight
                 break
-            entry_id, effects = w.append(payload)
-            self.payloads[entry_id] = payload
+            self.payloads[sent[0]] = payload
             self.appended += 1
-            self.writer_driver.execute(effects)
+            self.writer_driver.send_add(*sent)
+            self._step()
             if self.world.rng.random() < 0.3:
                 break  # pace the writer
         if self.appended < self.n_entries and w.state is WriterState.OPEN:
@@ -327,10 +363,19 @@ class Run:
             self.violation("readers disagree on the ledger's bytes")
         if last >= 0 and record.length != expected_length:
             self.violation(f"closed length {record.length} != last entry's length {expected_length}")
+        appended_length = sum(len(self.payloads[e]) for e in range(last + 1) if e in self.payloads)
+        if record.length != appended_length:
+            self.violation(
+                f"closed length {record.length} != {appended_length}, the sum of the payloads "
+                f"appended through entry {last}"
+            )
 
 
 def run_seed(
-    seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False
+    seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
+    writer_fault: str = "",
 ) -> SimResult:
-    return Run(seed, fencing=fencing, race=race, ack_early=ack_early).run()
+    return Run(
+        seed, fencing=fencing, race=race, ack_early=ack_early, writer_fault=writer_fault
+    ).run()
 

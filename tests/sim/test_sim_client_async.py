@@ -1,24 +1,27 @@
 """The asyncio drivers and the public Client against in-process bookies and memory://.
 
 Fast stand-ins for real processes (those run in tests/client/test_client_api.py):
-``InMemoryLedgerStorage`` per bookie behind ``StorageTransport``; the metadata store
-is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitions) in seconds.
+``InMemoryLedgerStorage`` per bookie behind ``scriba.testing.sim.StorageTransport``;
+the metadata store is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitions) in seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
-from sim_async import StorageTransport, register_bookies
 
 import scriba.meta
 from scriba.client import Client, ClientConfig, SyncClient
 from scriba.client.driver import DriverConfig
 from scriba.client.registry import BookieRegistry
+from scriba.client.transport import AddCallback, LacResult
 from scriba.client.write_core import WriteConfig
 from scriba.errors import (
     DigestMismatchError,
@@ -30,9 +33,10 @@ from scriba.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from scriba.ids import BookieId
+from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerState
 from scriba.meta.store import MetadataStore
+from scriba.testing.sim import StorageTransport, register_bookies
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CONFIG = ClientConfig(
@@ -41,10 +45,70 @@ CONFIG = ClientConfig(
 )
 
 
+class RecordingTransport(StorageTransport):
+    """``StorageTransport`` that logs each add and read as ``(kind, bookie, flag)``: the
+    recovery flag of adds, the fence flag of LAC and entry reads (False for ranges)."""
+
+    def __init__(self, bookie_ids: list[str], **kwargs: Any) -> None:
+        super().__init__(bookie_ids, **kwargs)
+        self.calls: list[tuple[str, BookieId, bool]] = []
+
+    def add(
+        self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, master_key: bytes,
+        entry: bytes, on_response: AddCallback, *, recovery: bool = False,
+    ) -> None:
+        self.calls.append(("add", bookie_id, recovery))
+        super().add(bookie_id, ledger_id, entry_id, master_key, entry, on_response, recovery=recovery)
+
+    async def read_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, *, fence: bool = False,
+        master_key: bytes = b"", timeout_s: float | None = None,
+    ) -> LacResult:
+        self.calls.append(("read_lac", bookie_id, fence))
+        return await super().read_lac(
+            bookie_id, ledger_id, fence=fence, master_key=master_key, timeout_s=timeout_s
+        )
+
+    async def read_entry(
+        self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, *,
+        fence: bool = False, master_key: bytes = b"", timeout_s: float | None = None,
+    ) -> bytes:
+        self.calls.append(("read_entry", bookie_id, fence))
+        return await super().read_entry(
+            bookie_id, ledger_id, entry_id, fence=fence, master_key=master_key, timeout_s=timeout_s
+        )
+
+    async def read_range(self, bookie_id: BookieId, *args: Any, **kwargs: Any) -> list[bytes]:
+        self.calls.append(("read_range", bookie_id, False))
+        return await super().read_range(bookie_id, *args, **kwargs)
+
+
+@pytest.fixture
+def recoveries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every recovery attempt ``open_ledger`` makes: "ok" or "failed: <error>". A test
+    that expects one attempt per recovery fails when a first attempt failed and a retry
+    (or the old writer's explicit LAC) covered it up."""
+    module = importlib.import_module("scriba.client.client")
+    real = module.recover_ledger
+    outcomes: list[str] = []
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            record = await real(*args, **kwargs)
+        except Exception as exc:
+            outcomes.append(f"failed: {exc!r}")
+            raise
+        outcomes.append("ok")
+        return record
+
+    monkeypatch.setattr(module, "recover_ledger", counted)
+    return outcomes
+
+
 @dataclass
 class Env:
     store: MetadataStore
-    transport: StorageTransport
+    transport: RecordingTransport
     client: Client
 
     async def second_client(self) -> Client:
@@ -57,7 +121,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     store = await scriba.meta.connect(f"memory://client-{uuid.uuid4().hex[:10]}")
     await register_bookies(store, BOOKIES)
-    transport = StorageTransport(BOOKIES)
+    transport = RecordingTransport(BOOKIES)
     client = await Client.connect(store.uri, store=store, transport=transport, config=CONFIG)
     try:
         yield Env(store, transport, client)
@@ -73,11 +137,14 @@ async def test_sim_client_write_read_close(env: Env) -> None:
     ids = await asyncio.gather(*(w.append_async(b"e%04d" % i) for i in range(1, 300)))
     assert ids == list(range(1, 300))
     assert w.last_add_confirmed == 299
+    total = len(b"first") + sum(len(b"e%04d" % i) for i in range(1, 300))
+    assert w.length == total
     await w.close()
+    assert w.length == w.metadata.length == total
     with pytest.raises(LedgerClosedError):
         await w.append(b"late")
     r = await env.client.open_ledger(w.ledger_id, password=b"pw")
-    assert r.is_closed and r.metadata.last_entry_id == 299
+    assert r.is_closed and r.metadata.last_entry_id == 299 and r.metadata.length == total
     assert r.metadata.custom_metadata == {"app": "t"}
     got = [e async for e in r.read(0, 299)]
     assert [e.payload for e in got] == [b"first"] + [b"e%04d" % i for i in range(1, 300)]
@@ -103,7 +170,7 @@ async def test_sim_client_wrong_password_rejected_before_bookies(env: Env) -> No
     assert [e.payload async for e in r.read()] == [b"x"]
 
 
-async def test_sim_client_r1_old_writer_fenced_50_of_50(env: Env) -> None:
+async def test_sim_client_r1_old_writer_fenced_50_of_50(env: Env, recoveries: list[str]) -> None:
     other = await env.second_client()
     fenced = 0
     for trial in range(50):
@@ -122,10 +189,11 @@ async def test_sim_client_r1_old_writer_fenced_50_of_50(env: Env) -> None:
         # every append the writer saw confirmed is in the recovered ledger
         assert w.last_add_confirmed <= r.metadata.last_entry_id
     assert fenced == 50
+    assert recoveries == ["ok"] * 50  # each recovery succeeded at its first attempt
     await other.close()
 
 
-async def test_sim_client_r2_concurrent_recoveries_agree_100(env: Env) -> None:
+async def test_sim_client_r2_concurrent_recoveries_agree_100(env: Env, recoveries: list[str]) -> None:
     clients = [await env.second_client() for _ in range(3)]
     for rep in range(100):
         w = await env.client.create_ledger(3, 3, 2, password=b"pw")
@@ -141,6 +209,7 @@ async def test_sim_client_r2_concurrent_recoveries_agree_100(env: Env) -> None:
         contents = [[e.payload async for e in r.read()] for r in readers]
         assert all(c == contents[0] for c in contents)
         await w.abort()
+    assert recoveries and all(r == "ok" for r in recoveries), recoveries  # no retried attempt
     for c in clients:
         await c.close()
 
@@ -414,3 +483,81 @@ async def test_sim_reader_corrupt_copy_in_a_range_is_read_from_another_replica(e
     payloads = [e.payload async for e in r.read()]
     assert payloads == [b"e%d" % i for i in range(n)]
     assert env.transport.entry_reads <= 1  # only the bad entry, from the next replica
+
+
+async def test_sim_recovery_fences_every_bookie_of_the_last_ensemble_before_any_read(
+    env: Env, recoveries: list[str]
+) -> None:
+    w = await env.client.create_ledger(3, 3, 2)
+    for i in range(5):
+        await w.append(b"a%d" % i)
+    victim = w.metadata.current_ensemble[0]
+    env.transport.down.add(victim)
+    await w.append(b"after the change")  # the last segment no longer holds the victim
+    env.transport.down.discard(victim)
+    await asyncio.gather(*(w.append_async(b"b%d" % i) for i in range(5)))
+    last_ensemble = w.metadata.current_ensemble
+    assert len(w.metadata.ensembles) == 2 and victim not in last_ensemble
+    await w.abort()  # abandoned, open
+    env.transport.calls.clear()
+    other = await env.second_client()
+    r = await other.open_ledger(w.ledger_id)
+    calls = env.transport.calls
+    first_read = next(i for i, c in enumerate(calls) if c[0] in ("read_entry", "read_range"))
+    lac_reads = [c for c in calls[:first_read] if c[0] == "read_lac"]
+    assert sorted(b for _, b, _ in lac_reads) == sorted(last_ensemble)
+    assert all(fence for _, _, fence in lac_reads), lac_reads
+    reads = [c for c in calls if c[0] in ("read_entry", "read_range")]
+    assert reads and all(kind == "read_entry" and fence for kind, _, fence in reads), reads
+    assert all(env.transport.storages[b].lac_state(w.ledger_id).fenced for b in last_ensemble)
+    assert r.metadata.last_entry_id == 10 and recoveries == ["ok"]
+    await other.close()
+
+
+@pytest.mark.parametrize("seed", range(16))
+async def test_sim_abandoned_writer_is_recovered_by_the_production_driver(
+    seed: int, recoveries: list[str]
+) -> None:
+    """A writer abandoned mid-stream (confirmed entries, entries in flight, no close, no
+    explicit LAC) is recovered by ``open_ledger``: in one attempt, rewriting its tail with
+    the recovery flag, closed at or after its confirmed LAC, with the length of what it
+    holds and every payload as appended."""
+    rng = random.Random(seed)
+    e, w, a = rng.choice([(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 2), (2, 2, 1), (5, 3, 2)])
+    ids = [f"ab{i}" for i in range(e + 1)]
+    store = await scriba.meta.connect(f"memory://abandoned-{uuid.uuid4().hex[:8]}")
+    await register_bookies(store, ids)
+    transport = RecordingTransport(ids)
+    clients = [
+        await Client.connect(store.uri, store=store, transport=transport, config=CONFIG)
+        for _ in range(2)
+    ]
+    try:
+        writer = await clients[0].create_ledger(e, w, a, password=b"ab")
+        payloads = [b"s%d-e%d-" % (seed, i) + b"x" * rng.randint(0, 50) for i in range(rng.randint(1, 40))]
+        n_awaited = rng.randint(1, len(payloads))
+        assert await asyncio.gather(
+            *(writer.append_async(p) for p in payloads[:n_awaited])
+        ) == list(range(n_awaited))
+        in_flight = [writer.append_async(p) for p in payloads[n_awaited:]]
+        for _ in range(rng.randint(0, 3)):
+            await asyncio.sleep(0)
+        confirmed = writer.last_add_confirmed
+        await writer.abort()
+        transport.calls.clear()
+        r = await clients[1].open_ledger(writer.ledger_id, password=b"ab")
+        last = r.metadata.last_entry_id
+        assert recoveries == ["ok"], "recovery needed more than one attempt"
+        assert confirmed <= last < len(payloads)
+        assert [x.payload async for x in r.read()] == payloads[: last + 1]
+        assert r.metadata.length == sum(len(p) for p in payloads[: last + 1])
+        # The tail above every bookie's LAC (at least the last confirmed entry: its LAC
+        # rides only on a later entry) was re-written, with the recovery flag.
+        rewrites = [c for c in transport.calls if c[0] == "add"]
+        assert rewrites and all(recovery for _, _, recovery in rewrites), rewrites
+        await asyncio.gather(*in_flight, return_exceptions=True)
+    finally:
+        for c in clients:
+            await c.close()
+        await transport.close()
+        await store.close()

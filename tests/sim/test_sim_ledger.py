@@ -14,42 +14,37 @@ import time
 import pytest
 from sim_scenario import run_seed
 
+from scriba.testing.sim import check_seeds, env_flag, random_seed, replay_seed
+
 SIM_SEEDS_CI = 1000
 SIM_SEEDS_SOAK = 20_000
 CHUNK = 50
-SOAK = os.environ.get("SCRIBA_SOAK") == "1"
+SOAK = env_flag("SCRIBA_SOAK", default=False)
 SEEDS_TOTAL = SIM_SEEDS_SOAK if SOAK else SIM_SEEDS_CI
-
-
-def _run_chunk(first: int, count: int) -> None:
-    failures = []
-    for seed in range(first, first + count):
-        result = run_seed(seed)
-        if result.violations:
-            failures.append(result.explain())
-    assert not failures, "simulation violations:\n" + "\n".join(failures)
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS_TOTAL, CHUNK))
 def test_sim_seeds(first: int) -> None:
-    _run_chunk(first, min(CHUNK, SEEDS_TOTAL - first))
+    check_seeds(run_seed, range(first, min(first + CHUNK, SEEDS_TOTAL)))
 
 
 def test_sim_random_seed_printed() -> None:
-    seed = int.from_bytes(os.urandom(4), "big")
+    seed = random_seed()
     print(f"random simulation seed {seed}")  # shown with -rA / on failure
     result = run_seed(seed)
     assert not result.violations, result.explain()
 
 
-@pytest.mark.skipif("SCRIBA_SIM_SEED" not in os.environ, reason="set SCRIBA_SIM_SEED to replay")
+@pytest.mark.skipif(replay_seed() is None, reason="set SCRIBA_SIM_SEED to replay")
 def test_sim_replay() -> None:
-    seed = int(os.environ["SCRIBA_SIM_SEED"])
+    seed = replay_seed()
+    assert seed is not None
     result = run_seed(
         seed,
-        race=os.environ.get("SCRIBA_SIM_RACE") == "1",
-        fencing=os.environ.get("SCRIBA_SIM_FENCING", "1") != "0",
-        ack_early=os.environ.get("SCRIBA_SIM_ACK_EARLY") == "1",
+        race=env_flag("SCRIBA_SIM_RACE", default=False),
+        fencing=env_flag("SCRIBA_SIM_FENCING", default=True),
+        ack_early=env_flag("SCRIBA_SIM_ACK_EARLY", default=False),
+        writer_fault=os.environ.get("SCRIBA_SIM_WRITER_FAULT", ""),
     )
     print(result.explain())
     assert not result.violations, result.explain()
@@ -67,6 +62,23 @@ def test_sim_negative_control_ack_before_fsync_is_caught() -> None:
     caught = [r for r in (run_seed(seed, ack_early=True) for seed in range(200)) if r.violations]
     assert caught, "ack-before-fsync went unnoticed for 200 seeds: the checkers are too weak"
     assert any("lost" in v for r in caught for v in r.violations)
+
+
+def test_sim_negative_control_lac_ahead_of_the_writer_is_caught() -> None:
+    """A writer that piggybacks LAC + 1 must trip "no bookie's LAC exceeds the writer's"."""
+    results = [run_seed(seed, writer_fault="lac_ahead") for seed in range(20)]
+    caught = [r for r in results if any("beyond the writer's confirmed LAC" in v for v in r.violations)]
+    assert len(caught) >= 15, "a piggybacked LAC + 1 went unnoticed"
+    assert "SCRIBA_SIM_WRITER_FAULT=lac_ahead" in caught[0].explain()
+
+
+def test_sim_negative_control_length_not_accumulated_is_caught() -> None:
+    """A writer that does not accumulate the ledger length must trip the length check
+    (the closed length agrees with the last entry's header: only the payload sum shows it)."""
+    results = [run_seed(seed, writer_fault="length_reset") for seed in range(20)]
+    caught = [r for r in results if any("the sum of the payloads" in v for v in r.violations)]
+    assert len(caught) >= 15, "a length that is not accumulated went unnoticed"
+    assert not any("!= last entry's length" in v for r in results for v in r.violations)
 
 
 def test_sim_is_deterministic() -> None:

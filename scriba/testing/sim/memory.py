@@ -1,11 +1,21 @@
 """In-process bookies for the asyncio client: ``InMemoryLedgerStorage`` behind a transport.
 
+The in-memory twin of ``scriba.client.grpc_transport`` (as hashicorp/raft keeps
+``InmemTransport`` beside its network transport): the real ``Client``, writers,
+readers and recovery run against it in one process, no bookie processes, no sockets.
+
 ``StorageTransport`` implements ``BookieTransport`` over one in-memory storage per
-bookie (the bookie helper's twin of the disk storage: same admission, fencing and
+bookie (the bookie's twin of the disk storage: same admission, fencing and
 master-key rules), batching adds per bookie as the gRPC transport does. Knobs:
-``down`` (bookies that answer UNAVAILABLE), ``add_delay_s`` (a slow bookie).
-``register_bookies`` publishes their registrations in a ``memory://`` store so a
-``Client`` finds them.
+``down`` (bookies that answer UNAVAILABLE), ``add_delay_s`` (a slow bookie),
+``corrupt`` (a bit flip at rest). ``register_bookies`` publishes their registrations
+in a ``memory://`` store so a ``Client`` finds them::
+
+    store = await scriba.meta.connect("memory://demo")
+    await register_bookies(store, ["bk0", "bk1", "bk2"])
+    transport = StorageTransport(["bk0", "bk1", "bk2"])
+    async with Client.connect(store.uri, store=store, transport=transport) as client:
+        writer = await client.create_ledger(3, 3, 2)
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """A deterministic world for the ledger cores: one seed drives everything.
 
-- ``World``: simulated time and an event heap (ties broken by insertion order).
+- ``World``: simulated time and an event heap (ties broken by insertion order), the
+  seeded ``rng`` every random choice must come from, and ``clock`` (a
+  ``scriba.clock.Clock`` on simulated time) for cores that take one.
 - ``Net``: messages delayed by a seeded random amount (so they reorder) and dropped
   with probability ``drop_p``.
 - ``SimBookie``: a journal that acknowledges adds only after a simulated fsync; a
@@ -13,11 +15,16 @@
   between its read and its write, as ``scriba.meta.update_metadata`` runs it.
 - ``SimTransport``: the client side: every request gets exactly one answer, a timeout
   when nothing came back in time.
-- ``SimDriver``: carries out the cores' effects in this world.
+- ``SimDriver``: carries out the cores' effects in this world (``send_add`` is the
+  writer's send of one appended entry to its write set, as ``LedgerWriter`` does it).
+
+Nothing here reads the real clock or an unseeded random source, so a run is a pure
+function of its seed.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections.abc import Callable
@@ -37,13 +44,16 @@ from scriba.client.effects import (
     WriteMetadata,
 )
 from scriba.client.transport import LacResult
+from scriba.client.write_core import ChooseReplacement
 from scriba.entry import HEADER
-from scriba.errors import BadVersionError, ScribaError, Status
+from scriba.errors import BadVersionError, NotEnoughBookiesError, ScribaError, Status
 from scriba.ids import BookieId, EntryId
 from scriba.meta.records import LedgerMetadata
 
 
 class World:
+    """Simulated time, the event heap and the seeded random source of one run."""
+
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -51,12 +61,15 @@ class World:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self.events = 0
+        self.clock = SimClock(self)
 
     def at(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` ``delay_s`` simulated seconds from now."""
         self._seq += 1
         heapq.heappush(self._heap, (self.now + delay_s, self._seq, fn, args))
 
     def run(self, until_s: float, after_event: Callable[[], None] | None = None) -> None:
+        """Run events up to simulated time ``until_s``; ``after_event`` (a checker) after each."""
         heap = self._heap
         while heap and heap[0][0] <= until_s:
             when, _, fn, args = heapq.heappop(heap)
@@ -72,7 +85,25 @@ class World:
         return not self._heap
 
 
+class SimClock:
+    """``scriba.clock.Clock`` on a world's simulated time."""
+
+    WALL_EPOCH_S = 1_700_000_000.0
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def monotonic(self) -> float:
+        return self._world.now
+
+    def wall(self) -> float:
+        return self._world.now + self.WALL_EPOCH_S
+
+
 class Net:
+    """Delivers calls after a seeded delay in ``delay_s`` (so they reorder); drops with
+    probability ``drop_p`` (change it mid-run to heal)."""
+
     def __init__(self, world: World, *, delay_s: tuple[float, float], drop_p: float) -> None:
         self.world = world
         self.delay_s = delay_s
@@ -362,6 +393,19 @@ class SimTransport:
         self.net.send(self.bookies[bookie_id].read_entry, ledger_id, entry_id, fence, master_key, reply)
 
 
+def any_spare(world: World, bookie_ids: list[BookieId]) -> ChooseReplacement:
+    """A placement stand-in for ``WriteCore``: any bookie not excluded, chosen by the
+    world's seed; ``NotEnoughBookiesError`` when none is left."""
+
+    def choose(ensemble: tuple[BookieId, ...], index: int, exclude: frozenset[BookieId]) -> BookieId:
+        candidates = [b for b in bookie_ids if b not in exclude]
+        if not candidates:
+            raise NotEnoughBookiesError("sim: no spare bookie")
+        return world.rng.choice(candidates)
+
+    return choose
+
+
 class SimDriver:
     """Executes one core's effects in the world; hooks report what happened."""
 
@@ -413,17 +457,30 @@ class SimDriver:
         entry_ids = self._acks.pop(key)
         self.execute(self.core.on_add_responses(key[0], entry_ids, key[1]))
 
+    def send_add(
+        self, entry_id: int, packed: bytes, bookies: tuple[BookieId, ...], *, recovery: bool = False
+    ) -> None:
+        """One entry to the bookies of its write set (``WriteCore.append``'s send, or a
+        ``SendAdd`` effect); answers go back to the core."""
+        core = self.core
+        on_response = (
+            self._on_add if self.ack_window_s is not None
+            else lambda b, _l, e, s: self.execute(core.on_add_response(b, e, s))
+        )
+        for bookie_id in bookies:
+            self.transport.add(
+                bookie_id, self.ledger_id, entry_id, self.master_key, packed, on_response,
+                recovery=recovery,
+            )
+
+    def _on_entry(self, bookie_id: BookieId, entry_id: int, data: bytes | None, status: Status) -> None:
+        self.execute(self.core.on_entry(bookie_id, entry_id, data, status))
+
     def _one(self, effect: Any) -> None:
         core = self.core
         t = self.transport
         if isinstance(effect, SendAdd):
-            for bookie_id in effect.bookies:
-                t.add(
-                    bookie_id, self.ledger_id, effect.entry_id, self.master_key, effect.entry,
-                    self._on_add if self.ack_window_s is not None
-                    else lambda b, _l, e, s: self.execute(core.on_add_response(b, e, s)),
-                    recovery=effect.recovery,
-                )
+            self.send_add(effect.entry_id, effect.entry, effect.bookies, recovery=effect.recovery)
         elif isinstance(effect, CompleteAppends):
             if self.on_complete is not None:
                 self.on_complete(effect.first, effect.last)
@@ -449,7 +506,7 @@ class SimDriver:
             for entry_id in effect.entry_ids:
                 t.read_entry(
                     b, self.ledger_id, entry_id, effect.fence, self.master_key,
-                    lambda data, status, e=entry_id: self.execute(core.on_entry(b, e, data, status)),
+                    functools.partial(self._on_entry, b, entry_id),
                 )
         elif isinstance(effect, StartTimer):
             key = effect.key

@@ -1,0 +1,69 @@
+"""Positions in a stream: ``(segment_seq, entry_id, slot)``.
+
+A record's position never changes: ``segment_seq`` numbers the stream's segments
+from 0 (never reused, also after truncation), ``entry_id`` is the ledger entry of
+that segment that holds the record's record set, ``slot`` its index in the set.
+Positions are totally ordered (tuple order), hashable, printable as
+``"3:1200:0"`` and parsed back by :meth:`Position.parse`.
+
+A reader started at position ``p`` returns the records whose positions are
+``>= p``; so ``p.successor()`` (the next slot) is the position to resume after
+``p``, whether or not that slot exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from scriba.errors import InvalidPositionError
+
+POSITION_PART_MAX: Final = (1 << 63) - 1
+_TEXT = re.compile(r"(\d{1,19}):(\d{1,19}):(\d{1,19})")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    segment_seq: int
+    entry_id: int
+    slot: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("segment_seq", "entry_id", "slot"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= POSITION_PART_MAX:
+                raise InvalidPositionError(
+                    f"position {name} must be an int in [0, 2**63), got {value!r}"
+                )
+
+    def __str__(self) -> str:
+        return f"{self.segment_seq}:{self.entry_id}:{self.slot}"
+
+    @classmethod
+    def parse(cls, text: str | Position) -> Position:
+        """``"SEG:ENTRY:SLOT"`` (three decimal integers) -> ``Position``."""
+        if isinstance(text, Position):
+            return text
+        if not isinstance(text, str):
+            raise InvalidPositionError(f"position must be 'SEG:ENTRY:SLOT', got {text!r}")
+        match = _TEXT.fullmatch(text.strip())
+        if match is None:
+            raise InvalidPositionError(
+                f"position {text!r} does not parse: expected SEG:ENTRY:SLOT, e.g. '3:1200:0'"
+            )
+        return cls(*(int(g) for g in match.groups()))
+
+    def successor(self) -> Position:
+        """The next slot: where a reader resumes after this record."""
+        return Position(self.segment_seq, self.entry_id, self.slot + 1)
+
+    def segment_start(self) -> Position:
+        return Position(self.segment_seq, 0, 0)
+
+    @staticmethod
+    def start_of(segment_seq: int) -> Position:
+        return Position(segment_seq, 0, 0)
+
+
+ZERO: Final = Position(0, 0, 0)
