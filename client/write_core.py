@@ -458,8 +458,10 @@ class WriteCore:
         return (done,)
 
     def _on_add_error(self, bookie_id: BookieId, entry_id: int, status: Status) -> Effects:
-        if self._state is WriterState.CLOSED:
-            return NO_EFFECTS  # a late answer after the close: nothing left to protect
+        if self._state is WriterState.CLOSED or self._error is not None:
+            # A late answer after the close, or after a failure (also while a failed writer
+            # closes): every append past the lac is failed already, nothing is left to protect.
+            return NO_EFFECTS
         if ADD_ANSWERS[status] is AddAnswer.REQUEST_ERROR:  # any bookie would refuse it
             if status is Status.FENCED:
                 error: ScribaError = LedgerFencedError(
@@ -473,8 +475,6 @@ class WriteCore:
                     status, f"ledger {self._ledger_id}: bookie {bookie_id} refused entry {entry_id}"
                 )
             return self._fail(error)
-        if self._state is WriterState.FAILED:
-            return NO_EFFECTS
         if self._state is WriterState.CLOSING and self._closing_sent:
             return NO_EFFECTS  # every entry is settled and the close is being written
         if bookie_id not in self._index or bookie_id in self._failing:

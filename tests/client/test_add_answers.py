@@ -152,3 +152,27 @@ def test_a_late_request_error_still_fails_the_writer(status: Status, error: type
     else:
         with pytest.raises(error):
             core.close()
+
+
+@pytest.mark.parametrize("handler", list(HANDLERS))
+@pytest.mark.parametrize(
+    "late", [Status.UNAUTHORIZED, Status.BAD_REQUEST, Status.FENCED, Status.TIMEOUT], ids=lambda s: s.name
+)
+def test_late_answers_after_a_failure_change_nothing_while_it_closes(late: Status, handler: str) -> None:
+    """A writer failed by one bookie's refusal, then closed by its owner: the other bookies'
+    answers to the same (already failed) entries arrive during the close. They must not
+    fail the entries again (the driver holds no futures for them any more) nor start an
+    ensemble change; the close completes."""
+    core, spares = writer_core()
+    for payload in (b"zero", b"one"):
+        core.append(payload)
+    (fail,) = core.on_add_response(BookieId("a"), 0, Status.BAD_REQUEST)
+    assert isinstance(fail, FailAppends) and (fail.first, fail.last) == (0, 1)
+    (close,) = core.close()
+    assert isinstance(close, WriteMetadata) and close.purpose == "close"
+    assert list(HANDLERS[handler](core, late)) == []
+    assert list(core.on_add_responses(BookieId("c"), [0, 1], Status.OK)) == []
+    assert core.state is WriterState.CLOSING and spares.calls == 0
+    closed = close.transform(core.metadata)
+    assert list(core.on_metadata_written(closed)) == []
+    assert core.state is WriterState.CLOSED and closed.last_entry_id == -1
