@@ -181,10 +181,8 @@ class LedgerWriter:
         or the writer failed, and ``TooManyRequestsError`` if ``appends_waiting_max``
         appends already wait for room in flight (use ``append`` to wait instead).
         """
-        if type(payload) is not bytes:
-            payload = as_payload(payload)
-        if len(payload) + self._entry_overhead > self._limits.entry_size_max:
-            raise self._too_large(len(payload))
+        if type(payload) is not bytes or len(payload) + self._entry_overhead > self._limits.entry_size_max:
+            payload = self.check_payload(payload)  # a copy of a bytes-like payload, or raises
         if self._closing:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
         core = self._core
