@@ -43,6 +43,7 @@ _crc_value = google_crc32c.value
 Location = tuple[int, int, int]  # log id, record offset, entry length
 Span = tuple[int, int, int, Sequence[int]]  # log id, first index, stop index, offsets (+ end)
 LOC: Final = struct.Struct(">IQI")  # a Location packed, as the index stores it
+_IDS: Final = struct.Struct(">Qq")  # ledger id, entry id: the front of a packed entry
 Record = tuple[int, int, int, bytes]  # ledger, entry, record offset, entry bytes
 
 
@@ -238,25 +239,47 @@ class EntryLogs:
 
     def read(self, loc: Location, ledger_id: int, entry_id: int) -> bytes:
         log_id, offset, n = loc
-        raw = self._fio.pread(self._reader(log_id), REC_HEADER_SIZE + n, offset)
-        if len(raw) != REC_HEADER_SIZE + n:
-            raise CorruptEntryError(
-                f"ledger {ledger_id} entry {entry_id}: log {log_id} too short at {offset}"
+        entries, error = self.read_span(log_id, (offset, offset + REC_HEADER_SIZE + n), ledger_id, entry_id)
+        if error is not None:
+            raise error
+        return entries[0]
+
+    def read_span(
+        self, log_id: int, offsets: Sequence[int], ledger_id: int, first_entry_id: int
+    ) -> tuple[list[bytes], CorruptEntryError | None]:
+        """Entries ``first_entry_id ..`` of a ledger whose records sit back to back at
+        ``offsets`` (then the end of the last), with ONE ``pread``: the entries that
+        verify, in order, up to the first that does not, and the error for that one
+        (None: all verified). Each record's length, checksum and ids are checked."""
+        base = offsets[0]
+        fd = self._reader(log_id)
+        raw = self._fio.pread(fd, offsets[-1] - base, base)
+        out: list[bytes] = []
+        unpack_rec = REC_HEADER.unpack_from
+        unpack_ids = _IDS.unpack_from
+        eid = first_entry_id
+        end = offsets[0] - base
+        size = len(raw)
+        for stop in offsets[1:]:
+            start, end = end, stop - base
+            n = end - start - REC_HEADER_SIZE
+            if end > size:
+                problem = "log too short"
+            else:
+                got_n, crc = unpack_rec(raw, start)
+                data = raw[start + REC_HEADER_SIZE : end]
+                if got_n != n or _crc_value(data) != crc:
+                    problem = "checksum failed"
+                elif n < _IDS.size or unpack_ids(data) != (ledger_id, eid):
+                    problem = "holds another entry"
+                else:
+                    out.append(data)
+                    eid += 1
+                    continue
+            return out, CorruptEntryError(
+                f"ledger {ledger_id} entry {eid}: log {log_id} at {start + base}: {problem}"
             )
-        got_n, crc = REC_HEADER.unpack_from(raw)
-        data = raw[REC_HEADER_SIZE:]
-        if got_n != n or _crc_value(data) != crc:
-            raise CorruptEntryError(
-                f"ledger {ledger_id} entry {entry_id}: checksum failed in log {log_id} at {offset}"
-            )
-        if (
-            int.from_bytes(data[0:8], "big") != ledger_id
-            or int.from_bytes(data[8:16], "big", signed=True) != entry_id
-        ):
-            raise CorruptEntryError(
-                f"ledger {ledger_id} entry {entry_id}: log {log_id} at {offset} holds another entry"
-            )
-        return data
+        return out, None
 
     def scan(self, log_id: int) -> tuple[list[Record], bool]:
         """(ledger, entry, record offset, entry bytes) of a log's records in order, and

@@ -50,7 +50,6 @@ _LEDGER_LOG: Final = struct.Struct(">QI")
 LOG_META_VERSION: Final = 1
 _RUN: Final = struct.Struct(">IIQQ")  # log id, count, first record offset, stride (0: offsets follow)
 _U64: Final = struct.Struct(">Q")
-_U64_PAIR: Final = struct.Struct(">QQ")
 RUN_ENTRIES_MAX: Final = 4096  # entries per run record (an explicit-offsets value: 32 KiB)
 _U64_ARRAY_OK: Final = array("Q").itemsize == 8
 
@@ -94,21 +93,48 @@ def run_records(
 
 def _run_location(raw: bytes, index: int, ledger_id: int, entry_id: int) -> Location | None:
     """The location of the ``index``-th entry of a run record (None: past its end)."""
+    got = _run_span(raw, index, 1, ledger_id, entry_id)
+    if got is None:
+        return None
+    log_id, offsets = got
+    return log_id, offsets[0], offsets[1] - offsets[0] - REC_HEADER_SIZE
+
+
+def _run_span(
+    raw: bytes, index: int, count_max: int, ledger_id: int, entry_id: int
+) -> tuple[int, Sequence[int]] | None:
+    """Log id and record offsets of up to ``count_max`` entries of a run record from its
+    ``index``-th, then the end of the last (len = count + 1); None: past its end."""
     body = _open(raw, f"run of ledger {ledger_id} holding entry {entry_id}")
     try:
         log_id, count, base, stride = _RUN.unpack_from(body)
         if index >= count:
             return None
+        stop = min(count, index + count_max)
         if stride:
             if len(body) != _RUN.size:
                 raise struct.error("run value size")
-            return log_id, base + index * stride, stride - REC_HEADER_SIZE
+            return log_id, range(base + index * stride, base + stop * stride + 1, stride)
         if len(body) != _RUN.size + 8 * (count + 1):
             raise struct.error("run value size")
-        start, end = _U64_PAIR.unpack_from(body, _RUN.size + 8 * index)
-        return log_id, start, end - start - REC_HEADER_SIZE
+        return log_id, struct.unpack_from(f">{stop - index + 1}Q", body, _RUN.size + 8 * index)
     except struct.error:
         raise CorruptEntryError(f"index: bad run for ledger {ledger_id} entry {entry_id}") from None
+
+
+def _seek_run(cur: lmdb.Cursor, key: bytes) -> int | None:
+    """Put ``cur`` (on ``runs``) on the run record of ``key``'s ledger that starts at or
+    before ``key``'s entry; that run's first entry id (None: the ledger has none there)."""
+    found = cur.set_range(key)
+    if not (found and cur.key() == key):
+        found = cur.prev() if found else cur.last()
+    if not found:
+        return None
+    run_key = cur.key()
+    if run_key[:8] != key[:8]:
+        return None
+    first: int = _KEY.unpack(run_key)[1]
+    return first
 
 
 def _run_singles(key: bytes, raw: bytes) -> list[tuple[bytes, bytes]]:
@@ -137,21 +163,15 @@ def _locate(
     txn: lmdb.Transaction, runs: lmdb.Cursor, ledger_id: int, entry_id: int
 ) -> tuple[Location, bytes | None] | None:
     key = _KEY.pack(ledger_id, entry_id)
-    found = runs.set_range(key)
-    if not (found and runs.key() == key):
-        found = runs.prev() if found else runs.last()
+    first = _seek_run(runs, key)
     corrupt: CorruptEntryError | None = None
-    if found:
-        run_key = bytes(runs.key())  # the transaction has buffers=False: no copy
-        if run_key[:8] == key[:8]:
-            first = _KEY.unpack(run_key)[1]
-            if first <= entry_id:
-                try:
-                    loc = _run_location(bytes(runs.value()), entry_id - first, ledger_id, entry_id)
-                except CorruptEntryError as exc:
-                    loc, corrupt = None, exc  # an entry re-added since has its own record
-                if loc is not None:
-                    return loc, run_key
+    if first is not None:
+        try:
+            loc = _run_location(bytes(runs.value()), entry_id - first, ledger_id, entry_id)
+        except CorruptEntryError as exc:
+            loc, corrupt = None, exc  # an entry re-added since has its own record
+        if loc is not None:
+            return loc, bytes(runs.key())  # the transaction has buffers=False: no copy
     raw = txn.get(key)
     if raw is None:
         if corrupt is not None:
@@ -220,6 +240,22 @@ class LedgerIndex:
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
         got = self.locate(ledger_id, entry_id)
         return None if got is None else got[0]
+
+    def span(self, ledger_id: int, entry_id: int, count_max: int) -> tuple[int, Sequence[int]] | None:
+        """Where up to ``count_max`` consecutive entries from ``entry_id`` sit back to back
+        in one entry log, as one run record has them: (log id, record offsets then the
+        end of the last). None when no readable run record holds ``entry_id`` (look it up
+        alone with :meth:`locate`, which also tells a corrupt record from a missing one)."""
+        key = _KEY.pack(ledger_id, entry_id)
+        with self._env.begin(db=self._runs, buffers=False) as txn:
+            cur = txn.cursor()
+            first = _seek_run(cur, key)
+            if first is None:
+                return None
+            try:
+                return _run_span(cur.value(), entry_id - first, count_max, ledger_id, entry_id)
+            except CorruptEntryError:
+                return None
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[Location, bytes | None] | None:
         """The entry's location and the key of the run record holding it (None: its own)."""

@@ -19,6 +19,10 @@ refuse the whole message (too many adds, not serving: ``_refuse``) -> decode it 
 storage columns, answering malformed adds (``add_decoding``) -> bound the connection's
 in-flight bytes -> store (``storage.add_columns``) -> answer (``_admit``).
 
+Reads: unary (``ReadEntry``, ``ReadLac``) or server-streamed (``ReadRange``: chunks of
+consecutive entries bounded in entries and bytes; a client that asks ``packed`` gets
+each chunk's entries as one run, serialized here with one copy of the entries).
+
 Invariant: an add is answered OK only when ``storage.add_batch`` said OK for it,
 and only while the bookie accepts adds (registered, not shutting down).
 """
@@ -48,6 +52,7 @@ from scriba.ids import LEDGER_ID_MAX
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
+from scriba.proto.packed import encode_packed_chunk
 
 log = get_logger(__name__)
 
@@ -114,6 +119,7 @@ class BookieService(pb_grpc.BookieServicer):
         long_poll_timeout_ms_max: int,
         read_range_entries_max: int,
         read_range_bytes_max: int,
+        packed_reads: bool = True,
     ) -> None:
         self._storage = storage
         self._state = state
@@ -124,6 +130,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._long_poll_s_max = long_poll_timeout_ms_max / 1000.0
         self._range_entries_max = read_range_entries_max
         self._range_bytes_max = read_range_bytes_max
+        self.packed_reads = packed_reads  # False: answer as a bookie that predates `packed`
         self._connections: set[_Connection] = set()
         self._batches: set[asyncio.Task[None]] = set()  # every add batch still with storage
 
@@ -357,8 +364,12 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def ReadRange(
         self, request: pb.ReadRangeRequest, context: Any
-    ) -> AsyncIterator[pb.ReadRangeResponse]:
+    ) -> AsyncIterator[pb.ReadRangeResponse | bytes]:
+        """Chunks of consecutive entries; with ``packed``, each OK chunk is a serialized
+        packed ``ReadRangeResponse`` (see ``scriba.proto.packed``; ``new_grpc_server``
+        sends bytes as they are), else a message with one ``entries`` element each."""
         started = time.perf_counter()
+        packed = request.packed and self.packed_reads
         lid = request.ledger_id
         first = request.first_entry_id
         last = request.last_entry_id
@@ -393,7 +404,10 @@ class BookieService(pb_grpc.BookieServicer):
                 )
                 status = _NO_SUCH_ENTRY
                 break
-            yield pb.ReadRangeResponse(status=_OK, first_entry_id=next_id, entries=entries)
+            if packed:
+                yield encode_packed_chunk(next_id, entries)
+            else:
+                yield pb.ReadRangeResponse(status=_OK, first_entry_id=next_id, entries=entries)
             next_id += len(entries)
         self._metrics.observe_read("range", status, time.perf_counter() - started)
 
@@ -500,8 +514,38 @@ def grpc_server_options(message_bytes_max: int) -> list[tuple[str, Any]]:
     ]
 
 
+class _Handlers:
+    """Takes the method handlers the generated ``add_BookieServicer_to_server`` registers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def _serialize_range_chunk(chunk: pb.ReadRangeResponse | bytes) -> bytes:
+    """A ReadRange chunk on the wire: packed chunks come serialized already."""
+    return chunk if type(chunk) is bytes else chunk.SerializeToString()  # type: ignore[union-attr]
+
+
 def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.Server:
+    """The server with the generated handlers, ReadRange's serializer letting bytes through."""
     server = grpc.aio.server(options=grpc_server_options(message_bytes_max))
-    pb_grpc.add_BookieServicer_to_server(service, server)
+    taken = _Handlers()
+    pb_grpc.add_BookieServicer_to_server(service, taken)
+    handlers = taken.handlers
+    read_range = handlers["ReadRange"]
+    handlers["ReadRange"] = grpc.unary_stream_rpc_method_handler(
+        read_range.unary_stream,
+        request_deserializer=read_range.request_deserializer,
+        response_serializer=_serialize_range_chunk,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
+    server.add_registered_method_handlers(taken.service, handlers)
     return server
 

@@ -45,7 +45,9 @@ import shutil
 import struct
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,7 +61,7 @@ from scriba.bookie.entry_log_meta import LogMetaTable
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
 from scriba.bookie.ledger_index import LedgerIndex, index_records
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, RunAdd, admit_runs, read_consecutive
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, RunAdd, admit_runs
 from scriba.bookie.log_compactor import Reclaimer
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
@@ -526,11 +528,55 @@ class DiskLedgerStorage:
     def read_range(
         self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
     ) -> list[bytes]:
-        return read_consecutive(
-            self.read_entry(ledger_id, first),
-            lambda eid: self._lookup(ledger_id, eid),
-            first, last, max_entries, max_bytes,
-        )
+        """Consecutive entries from ``first``, a stretch at a time: a slice of a write-cache
+        run, or the records an index run record holds back to back in one ``pread``
+        (entries outside runs one by one). An entry corrupt at rest ends the range after
+        the entries before it (the next range read from it raises ``CorruptEntryError``)."""
+        self._state(ledger_id)
+        out: list[bytes] = []
+        nbytes = 0
+        eid = first
+        count_max = min(last - first + 1, max_entries)
+        while len(out) < count_max:
+            want = count_max - len(out)
+            error: CorruptEntryError | None = None
+            got = self._cache.run_from(ledger_id, eid, want)
+            if not got and self._flushing is not None:
+                got = self._flushing.run_from(ledger_id, eid, want)
+            if not got:
+                got, error = self._read_logged(ledger_id, eid, want)
+            if not got:
+                if out:
+                    break
+                if error is not None:
+                    raise error
+                raise NoSuchEntryError(f"ledger {ledger_id} entry {eid} not stored")
+            ends = list(accumulate(map(len, got), initial=nbytes))
+            fit = max(bisect_right(ends, max_bytes) - 1, 0 if out else 1)
+            out += got[:fit] if fit < len(got) else got
+            if fit < len(got) or error is not None:
+                break
+            nbytes = ends[-1]
+            eid += len(got)
+        return out
+
+    def _read_logged(
+        self, ledger_id: int, entry_id: int, count_max: int
+    ) -> tuple[list[bytes], CorruptEntryError | None]:
+        """Up to ``count_max`` consecutive entries from ``entry_id`` out of the entry logs:
+        those that verify, and the error of the corrupt one that ends them (if any)."""
+        try:
+            span = self._index.span(ledger_id, entry_id, count_max)
+            if span is not None:
+                return self._logs.read_span(span[0], span[1], ledger_id, entry_id)
+            data = self._lookup(ledger_id, entry_id)
+        except CorruptEntryError as exc:
+            return [], exc
+        except lmdb.Error as exc:
+            raise StorageError(f"index read failed: {exc}") from exc
+        except OSError as exc:
+            raise StorageError(f"entry log read failed: {exc}") from exc
+        return ([] if data is None else [data]), None
 
     def lac_state(self, ledger_id: int) -> LacState:
         return self._state(ledger_id).snapshot()

@@ -156,7 +156,8 @@ class LedgerStorage(Protocol):
     def read_range(
         self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
     ) -> list[bytes]:
-        """Consecutive entries from ``first``; stops at a gap or a bound (at least one entry)."""
+        """Consecutive entries from ``first``; stops at a gap, a bound or an entry corrupt at
+        rest (at least one entry: NoSuchLedger/NoSuchEntry/CorruptEntry for ``first``)."""
         ...
 
     def lac_state(self, ledger_id: int) -> LacState: ...

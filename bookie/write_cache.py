@@ -10,7 +10,8 @@ Per ledger the entries are kept as *runs* -- lists of entries with consecutive i
 increasing order of first id -- plus a dict for entries that arrived out of order. The
 common add (a batch of new consecutive entries of one ledger) extends the last run with
 one list operation; a flush takes whole runs (no sort, no lookup per entry); a read is a
-list index (the last run) or a bisect over the run starts. Invariant: runs and the dict
+list index (the last run) or a bisect over the run starts, and a range read one list
+slice per run. Invariant: runs and the dict
 never hold the same id twice, and the runs of a ledger do not overlap.
 """
 
@@ -47,6 +48,22 @@ class LedgerEntries:
                         return run[k]
         extra = self.extra
         return extra.get(entry_id) if extra else None
+
+    def run_from(self, entry_id: int, count_max: int) -> list[bytes]:
+        """Up to ``count_max`` consecutive entries from ``entry_id`` held in one run (one
+        list slice), or the out-of-order entry ``entry_id`` alone; [] when not held."""
+        starts = self.starts
+        if starts:
+            i = len(starts) - 1
+            if entry_id < starts[i]:
+                i = bisect_right(starts, entry_id) - 1
+            if i >= 0:
+                k = entry_id - starts[i]
+                run = self.runs[i]
+                if k < len(run):
+                    return run[k : k + count_max]
+        data = self.extra.get(entry_id) if self.extra else None
+        return [] if data is None else [data]
 
     def append_run(self, first: int, entries: Sequence[bytes]) -> None:
         """Consecutive entries from ``first``; caller guarantees ``first > self.last``."""
@@ -97,6 +114,11 @@ class WriteCache:
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         entries = self.ledgers.get(ledger_id)
         return None if entries is None else entries.get(entry_id)
+
+    def run_from(self, ledger_id: int, entry_id: int, count_max: int) -> list[bytes]:
+        """Consecutive entries from ``entry_id`` (see :meth:`LedgerEntries.run_from`)."""
+        entries = self.ledgers.get(ledger_id)
+        return [] if entries is None else entries.run_from(entry_id, count_max)
 
     def has(self, ledger_id: int, entry_id: int) -> bool:
         entries = self.ledgers.get(ledger_id)

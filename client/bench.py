@@ -280,7 +280,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scriba.client.shell import resolve_metadata
+    from scriba.shell import resolve_metadata
 
     cfg = BenchConfig(
         metadata_uri=resolve_metadata(args.metadata),

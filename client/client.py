@@ -31,7 +31,7 @@ from scriba.client.write_core import ChooseReplacement, WriteConfig, WriteCore
 from scriba.client.writer import LedgerWriter
 from scriba.clock import Clock, SystemClock
 from scriba.config import require
-from scriba.entry import make_digest, master_key, password_hash
+from scriba.entry import Digest, make_digest, master_key, password_hash
 from scriba.errors import (
     ConfigError,
     KeyExistsError,
@@ -54,6 +54,7 @@ from scriba.meta.records import (
     ledger_key,
 )
 from scriba.meta.store import MetadataStore
+from scriba.retry import RetryPolicy, retry_async
 
 log = get_logger(__name__)
 
@@ -67,7 +68,7 @@ class ClientConfig:
     registry_sync_s: float = 10.0
     failed_bookie_quarantine_s: float = 30.0  # replacements avoid bookies failed this recently
     recovery_attempts_max: int = 3  # open_ledger retries a recovery that failed retriably
-    recovery_retry_s: float = 0.2
+    recovery_retry_s: float = 0.2  # the first backoff window; it doubles per retry (scriba.retry)
     driver: DriverConfig = field(default_factory=DriverConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
@@ -278,7 +279,7 @@ class Client:
             placement_options=dict(policy.options),
         )
         try:
-            await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
+            version = await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
         except KeyExistsError:
             raise ScribaError(f"ledger id {ledger_id} allocated twice (metadata store bug)") from None
         core = WriteCore(
@@ -290,6 +291,7 @@ class Client:
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
             master_key=master_key(password), config=self._config.driver, limits=self._registry,
+            record_version=version,
         )
         log.info("ledger_created", ledger_id=ledger_id, ensemble=list(ensemble))
         return writer
@@ -306,27 +308,38 @@ class Client:
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         digest = make_digest(metadata.digest_type.value, password)
         key = master_key(password)
-        attempt = 0
-        while recovery and not metadata.is_closed:
-            attempt += 1
-            try:
-                metadata = await recover_ledger(
-                    metadata, digest=digest, store=self._store, transport=self._transport,
-                    master_key=key, config=self._config.driver,
-                    recovery_config=self._config.recovery,
-                )
-            except ScribaError as exc:
-                if not exc.retriable or attempt >= self._config.recovery_attempts_max:
-                    raise
-                log.warning("recovery_retry", ledger_id=ledger_id, attempt=attempt, error=str(exc))
-                await asyncio.sleep(self._config.recovery_retry_s * attempt)
-                metadata = await read_ledger_metadata(
-                    self._store, ledger_id, self._config.driver.metadata_timeout_s
-                )
+        if recovery and not metadata.is_closed:
+            metadata = await self._recover(metadata, digest, key)
         return LedgerReader(
             metadata, store=self._store, transport=self._transport, digest=digest,
             master_key=key, read_order=self._read_order(metadata),
             config=self._config.driver, read_config=self._config.read,
+        )
+
+    async def _recover(self, metadata: LedgerMetadata, digest: Digest, key: bytes) -> LedgerMetadata:
+        """Recover and close, retrying a recovery that failed retriably (from a fresh read)."""
+        ledger_id = metadata.ledger_id
+        first = [metadata]  # the first attempt starts from the record read by open_ledger
+
+        async def attempt() -> LedgerMetadata:
+            current = first.pop() if first else await read_ledger_metadata(
+                self._store, ledger_id, self._config.driver.metadata_timeout_s
+            )
+            if current.is_closed:  # another recovery finished meanwhile
+                return current
+            return await recover_ledger(
+                current, digest=digest, store=self._store, transport=self._transport,
+                master_key=key, config=self._config.driver, recovery_config=self._config.recovery,
+            )
+
+        def on_retry(attempt: int, error: BaseException, delay_s: float) -> None:
+            log.warning("recovery_retry", ledger_id=ledger_id, attempt=attempt, error=str(error))
+
+        cfg = self._config
+        policy = RetryPolicy(cfg.recovery_attempts_max, cfg.recovery_retry_s, cfg.recovery_retry_s * 8)
+        return await retry_async(
+            attempt, policy=policy, what=f"recover ledger {ledger_id}", clock=self._clock,
+            rng=self._rng, on_retry=on_retry,
         )
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:

@@ -24,7 +24,7 @@ from scriba.errors import (
 )
 from scriba.log import get_logger
 from scriba.meta.records import LEDGER_CODEC, LedgerMetadata, ledger_key
-from scriba.meta.store import MetadataStore
+from scriba.meta.store import MetadataStore, Versioned
 from scriba.meta.update import read_record, update_metadata
 
 log = get_logger(__name__)
@@ -58,12 +58,29 @@ def as_scriba_error(exc: BaseException) -> ScribaError:
 async def update_record(
     store: MetadataStore, ledger_id: int, effect: WriteMetadata, timeout_s: float
 ) -> LedgerMetadata:
+    record = await update_versioned_record(store, ledger_id, effect, timeout_s)
+    return record.value
+
+
+async def update_versioned_record(
+    store: MetadataStore,
+    ledger_id: int,
+    effect: WriteMetadata,
+    timeout_s: float,
+    *,
+    current: Versioned[LedgerMetadata] | None = None,
+) -> Versioned[LedgerMetadata]:
+    """``update_record`` starting from ``current``, a record the caller read or wrote itself.
+
+    The first compare-and-set then goes out without reading the record back; if someone
+    else wrote it since, that CAS loses and the loop reads the winner's record.
+    """
     async with asyncio.timeout(timeout_s):
-        record = await update_metadata(
-            store, ledger_key(ledger_id), LEDGER_CODEC, effect.needs_update, effect.transform
+        record: Versioned[LedgerMetadata] = await update_metadata(
+            store, ledger_key(ledger_id), LEDGER_CODEC, effect.needs_update, effect.transform,
+            current=current,
         )
-    value: LedgerMetadata = record.value
-    return value
+    return record
 
 
 async def read_ledger_metadata(

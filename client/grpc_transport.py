@@ -39,8 +39,10 @@ use dials afresh.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
+from itertools import accumulate
 from typing import Any, Final
 
 import grpc
@@ -51,10 +53,12 @@ from scriba.client.transport import (
     AddCallback,
     AddRunCallback,
     BookieInfo,
+    EntryRun,
     LacResult,
     TransportConfig,
 )
 from scriba.errors import (
+    InternalError,
     NoSuchEntryError,
     ScribaError,
     Status,
@@ -66,6 +70,7 @@ from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
+from scriba.proto.packed import run_ends
 
 log = get_logger(__name__)
 
@@ -149,6 +154,7 @@ class GrpcBookieTransport:
         self._resolve = resolve
         self.add_timeout_s = config.add_timeout_s
         self.read_timeout_s = config.read_timeout_s
+        self.packed_reads = config.packed_reads  # ask range reads as runs (False: as an old client)
         self.inflight_bytes_max = config.inflight_bytes_max
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -544,6 +550,29 @@ class GrpcBookieTransport:
         max_bytes: int = 4 * 1024 * 1024,
         timeout_s: float | None = None,
     ) -> list[bytes]:
+        entries: list[bytes] = []
+        runs = self.read_runs(
+            bookie_id, ledger_id, first_entry_id, last_entry_id,
+            max_entries=max_entries, max_bytes=max_bytes, timeout_s=timeout_s,
+        )
+        async with contextlib.aclosing(runs):
+            async for run in runs:
+                entries += run.entries()
+        return entries
+
+    async def read_runs(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        first_entry_id: EntryId,
+        last_entry_id: EntryId,
+        *,
+        max_entries: int = 1024,
+        max_bytes: int = 4 * 1024 * 1024,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[EntryRun, None]:
+        """One ReadRange stream, each chunk yielded as a run as it arrives (packed chunks
+        as they came; a chunk of an old bookie's ``entries`` joined into one)."""
         conn, stub = self._stub(bookie_id)
         request = pb.ReadRangeRequest(
             ledger_id=ledger_id,
@@ -551,29 +580,30 @@ class GrpcBookieTransport:
             last_entry_id=last_entry_id,
             max_entries=max_entries,
             max_bytes=max_bytes,
+            packed=self.packed_reads,
         )
-        entries: list[bytes] = []
+        got = 0
         call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
         try:
             async for chunk in call:
-                if chunk.status == 0:
-                    entries.extend(chunk.entries)
-                    if len(entries) >= max_entries:
+                run = _chunk_run(chunk, bookie_id, ledger_id, first_entry_id + got, max_entries - got)
+                if run is not None:
+                    got += len(run)
+                    yield run
+                if chunk.status != 0:
+                    if got:  # a short answer: the caller goes on from the next entry
                         break
-                    continue
-                entries.extend(chunk.entries)
-                if entries:  # a short answer: the caller goes on from the next entry
+                    raise error_for_status(
+                        chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id)
+                    )
+                if got >= max_entries:
                     break
-                raise error_for_status(
-                    chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id + len(entries))
-                )
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(conn, exc, "read_range") from None
         finally:
             call.cancel()
-        if not entries and first_entry_id <= last_entry_id:
+        if not got and first_entry_id <= last_entry_id:
             raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
-        return entries[:max_entries]
 
     async def read_lac(
         self,
@@ -674,6 +704,30 @@ class GrpcBookieTransport:
             await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
             if self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _chunk_run(
+    chunk: pb.ReadRangeResponse, bookie_id: BookieId, ledger_id: int, next_id: int, count_max: int
+) -> EntryRun | None:
+    """A ReadRange chunk's entries as a run of at most ``count_max`` (None: it has none);
+    ``InternalError`` when a packed chunk does not add up or starts elsewhere."""
+    sizes = chunk.sizes
+    if sizes or chunk.packed_entries:
+        blob = chunk.packed_entries
+        ends = run_ends(sizes, len(blob))
+        problem = "" if ends is not None else f"{len(sizes)} sizes do not add up to {len(blob)} bytes"
+    elif chunk.entries:
+        entries = list(chunk.entries)
+        blob = b"".join(entries)
+        ends = list(accumulate(map(len, entries)))
+        problem = ""
+    else:
+        return None
+    if not problem and chunk.first_entry_id != next_id:
+        problem = f"chunk starts at entry {chunk.first_entry_id}, expected {next_id}"
+    if ends is None or problem:
+        raise InternalError(_message(f"malformed range answer: {problem}", bookie_id, ledger_id, next_id))
+    return EntryRun(EntryId(next_id), ends[:count_max] if len(ends) > count_max else ends, blob)
 
 
 def _describe(exc: BaseException) -> str:

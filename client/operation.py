@@ -1,12 +1,15 @@
 """The driver of one-shot cores (recovery, range reads, LAC reads) and ``recover_ledger``.
 
 An ``Operation`` runs one core whose inputs arrive from tasks, transport callbacks and
-timers through one queue, so the core sees one event at a time.
+timers through one queue, so the core sees one event at a time. Consecutive ids asked of
+one bookie are one range read; with a transport that reads runs, each answer chunk
+reaches the core as one event (``on_run``), not one per entry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +26,7 @@ from scriba.client.effects import (
     WriteMetadata,
 )
 from scriba.client.recovery_core import RecoveryConfig, RecoveryCore
-from scriba.client.transport import BookieTransport, LacResult
+from scriba.client.transport import BookieTransport, EntryRun, LacResult
 from scriba.entry import Digest
 from scriba.errors import (
     CorruptEntryError,
@@ -159,13 +162,26 @@ class Operation:
     async def _read_run(self, bookie_id: BookieId, next_id: int, last: int) -> None:
         """Range reads of ``next_id..last`` from one replica.
 
-        A short answer continues with a range read from the next entry. An entry that
-        is corrupt at rest is reported alone and the range goes on after it; any other
-        error (missing, unavailable, timeout) reports every remaining entry at once,
-        so the core asks the next replica for them together (again a range read).
+        With a transport that reads runs (``read_runs``), each run goes to the core as it
+        arrives, whole (``on_run``, or split for a core without it). A short answer
+        continues with a range read from the next entry. An entry that is corrupt at
+        rest is reported alone and the range goes on after it; any other error
+        (missing, unavailable, timeout) reports every remaining entry at once, so the
+        core asks the next replica for them together (again a range read).
         """
+        read_runs = getattr(self._transport, "read_runs", None)
         while next_id <= last:
             try:
+                if read_runs is not None:
+                    runs = read_runs(
+                        bookie_id, self._ledger_id, EntryId(next_id), EntryId(last),
+                        max_entries=last - next_id + 1, timeout_s=self._config.read_timeout_s,
+                    )
+                    async with contextlib.aclosing(runs):
+                        async for run in runs:
+                            next_id += len(run)
+                            self._report_run(bookie_id, run)
+                    continue
                 got = await self._transport.read_range(
                     bookie_id, self._ledger_id, EntryId(next_id), EntryId(last),
                     max_entries=last - next_id + 1, timeout_s=self._config.read_timeout_s,
@@ -189,6 +205,15 @@ class Operation:
             first = next_id
             next_id += len(got)
             self._report_many(bookie_id, [(first + i, d, Status.OK) for i, d in enumerate(got)])
+
+    def _report_run(self, bookie_id: BookieId, run: EntryRun) -> None:
+        """One event for a run of entries (split into answers for a core without runs)."""
+        on_run = getattr(self._core, "on_run", None)
+        if on_run is not None:
+            self._post(lambda: on_run(bookie_id, run))
+            return
+        first = run.first_entry_id
+        self._report_many(bookie_id, [(first + i, d, Status.OK) for i, d in enumerate(run.entries())])
 
     async def _read_one(self, bookie_id: BookieId, entry_id: EntryId, fence: bool) -> None:
         try:

@@ -1,11 +1,11 @@
 """``scriba shell``: operator commands against a running cluster.
 
-``list-bookies``, ``list-ledgers``, ``ledger-metadata ID``, ``read-ledger ID``,
-``delete-ledger ID``, ``recover-ledger ID``, ``simple-test`` (write, read back,
-verify, report), ``placement-explain`` and ``placement-check``. Every listing takes
-``--json``. The metadata store comes from ``--metadata``, else ``$SCRIBA_METADATA``,
-else the sandbox running in ``./sandbox-data``. Failures are typed
-``scriba.errors`` printed as one line by the CLI (exit code 1).
+The client layer's verbs, registered through :data:`SHELL_VERBS` (the command and
+what every verb shares live in :mod:`scriba.shell`): ``list-bookies``,
+``list-ledgers``, ``ledger-metadata ID``, ``read-ledger ID``, ``delete-ledger ID``,
+``recover-ledger ID``, ``simple-test`` (write, read back, verify, report),
+``placement-explain`` and ``placement-check``. Every listing takes ``--json``.
+Failures are typed ``scriba.errors`` printed as one line by the CLI (exit code 1).
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from scriba.errors import ConfigError, NoSuchKeyError, NoSuchLedgerError, ScribaError
@@ -30,36 +27,11 @@ from scriba.meta.records import (
     ledger_key,
 )
 from scriba.meta.store import MetadataStore
+from scriba.shell import ShellVerb, bounded, emit, table
 
-ENV_METADATA = "SCRIBA_METADATA"
 SIMPLE_TEST_PASSWORD = b"scriba-simple-test"
 SIMPLE_TEST_WINDOW = 256  # appends in flight
 READ_LEDGER_ENTRIES_MAX = 100_000
-COMMAND_TIMEOUT_S = 300.0
-
-
-# --- metadata resolution -----------------------------------------------------------
-
-
-def resolve_metadata(uri: str | None, cwd: Path | None = None) -> str:
-    """``--metadata``, else ``$SCRIBA_METADATA``, else ``./sandbox-data/sandbox.json``."""
-    if uri:
-        return uri
-    env = os.environ.get(ENV_METADATA)
-    if env:
-        return env
-    from scriba.sandbox import DEFAULT_DATA_DIR, SANDBOX_FILE
-
-    path = (cwd or Path.cwd()) / DEFAULT_DATA_DIR / SANDBOX_FILE
-    try:
-        doc = json.loads(path.read_text())
-        found: str = doc["metadata_uri"]
-        return found
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(
-            f"no metadata store given: pass --metadata URI, set {ENV_METADATA}, "
-            f"or start `scriba sandbox` in this directory (no {path})"
-        ) from None
 
 
 async def _open_store(uri: str) -> MetadataStore:
@@ -125,15 +97,6 @@ def ledger_summary(m: LedgerMetadata) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    if not rows:
-        return "(none)"
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
-    return "\n".join(lines)
-
-
 def _payload_view(payload: bytes) -> dict[str, Any]:
     try:
         return {"payload": payload.decode("utf-8"), "encoding": "utf-8"}
@@ -144,11 +107,24 @@ def _payload_view(payload: bytes) -> dict[str, Any]:
 # --- simple test ----------------------------------------------------------------------
 
 
+def check_simple_test_options(*, ensemble: int, write: int, ack: int, entries: int, size: int) -> None:
+    """ConfigError naming the option unless each count is >= 1 and ``size`` >= 0."""
+    for name, value, least in (("ensemble", ensemble, 1), ("write", write, 1), ("ack", ack, 1),
+                               ("entries", entries, 1), ("size", size, 0)):
+        if value < least:
+            raise ConfigError(f"--{name}: must be at least {least}, got {value}")
+
+
 async def simple_test(
     uri: str, *, ensemble: int = 3, write: int = 3, ack: int = 2, entries: int = 1000, size: int = 100,
     keep: bool = False,
 ) -> dict[str, Any]:
-    """Write ``entries`` entries, read them back, compare, delete the ledger; a report dict."""
+    """Write ``entries`` entries, read them back, compare, delete the ledger; a report dict.
+
+    ConfigError (before anything is written) unless every count is at least 1 and the
+    payload size at least 0: a test of nothing must not pass.
+    """
+    check_simple_test_options(ensemble=ensemble, write=write, ack=ack, entries=entries, size=size)
     client = await _connect_client(uri)
     report: dict[str, Any] = {
         "metadata_uri": uri, "ensemble_size": ensemble, "write_quorum_size": write,
@@ -173,11 +149,10 @@ async def simple_test(
         report["written"] = written
         reader = await client.open_ledger(writer.ledger_id, password=SIMPLE_TEST_PASSWORD, recovery=False)
         read = mismatched = 0
-        if entries:
-            async for e in reader.read(0, entries - 1):
-                if e.entry_id != read or e.payload != payloads[read]:
-                    mismatched += 1
-                read += 1
+        async for e in reader.read(0, entries - 1):
+            if e.entry_id != read or e.payload != payloads[read]:
+                mismatched += 1
+            read += 1
         t_total = time.monotonic() - t0
         report.update(
             read=read,
@@ -209,7 +184,7 @@ def format_simple_test(report: dict[str, Any]) -> str:
 def simple_test_report(uri: str, **kw: Any) -> tuple[bool, str]:
     """Run simple-test synchronously (for ``scriba sandbox --simple-test``)."""
     try:
-        report = asyncio.run(_bounded(simple_test(uri, **kw)))
+        report = asyncio.run(bounded(simple_test(uri, **kw)))
     except ScribaError as exc:
         return False, f"simple-test FAILED: {type(exc).__name__}: {exc}"
     return bool(report["ok"]), format_simple_test(report)
@@ -246,78 +221,6 @@ def _explain_module() -> Any:
     return explain
 
 
-# --- the command -----------------------------------------------------------------------
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("shell", help="operator commands (list, read, recover, simple-test, placement)")
-    p.add_argument("--metadata", default=None, help=f"metadata URI (default ${ENV_METADATA} or ./sandbox-data)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
-
-    def add(name: str, help_text: str, func: Callable[[argparse.Namespace, str], Awaitable[int]]) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_text)
-        # accept --json / --metadata after the command as well
-        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-        sp.add_argument("--metadata", default=argparse.SUPPRESS, help="metadata URI")
-        sp.set_defaults(func=_runner(func))
-        return sp
-
-    add("list-bookies", "bookies registered now", cmd_list_bookies)
-    add("list-ledgers", "every ledger with its state", cmd_list_ledgers)
-    sp = add("ledger-metadata", "one ledger's metadata record", cmd_ledger_metadata)
-    sp.add_argument("ledger_id", type=int)
-    sp = add("read-ledger", "print a ledger's entries", cmd_read_ledger)
-    sp.add_argument("ledger_id", type=int)
-    sp.add_argument("--from", dest="first", type=int, default=0)
-    sp.add_argument("--to", dest="last", type=int, default=None)
-    sp.add_argument("--password", default=None)
-    sp = add("delete-ledger", "delete a ledger", cmd_delete_ledger)
-    sp.add_argument("ledger_id", type=int)
-    sp.add_argument("--password", default=None)
-    sp = add("recover-ledger", "fence, recover and close a ledger", cmd_recover_ledger)
-    sp.add_argument("ledger_id", type=int)
-    sp.add_argument("--password", default=None)
-    sp = add("simple-test", "write entries, read them back, verify", cmd_simple_test)
-    sp.add_argument("--ensemble", type=int, default=3)
-    sp.add_argument("--write", type=int, default=3)
-    sp.add_argument("--ack", type=int, default=2)
-    sp.add_argument("--entries", type=int, default=1000)
-    sp.add_argument("--size", type=int, default=100, help="payload bytes per entry")
-    sp.add_argument("--keep", action="store_true", help="keep the test ledger")
-    sp = add("placement-explain", "the ensemble a policy would pick now, and why", cmd_placement_explain)
-    sp.add_argument("--ensemble", type=int, default=3)
-    sp.add_argument("--write", type=int, default=3)
-    sp.add_argument("--ack", type=int, default=2)
-    sp.add_argument("--policy", default="random")
-    sp.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option")
-    sp = add("placement-check", "adherence of ledgers' ensembles to their policies", cmd_placement_check)
-    sp.add_argument("ledger_id", type=int, nargs="?", default=None)
-    sp.add_argument("--all", action="store_true")
-
-
-async def _bounded(coro: Awaitable[Any]) -> Any:
-    async with asyncio.timeout(COMMAND_TIMEOUT_S):
-        return await coro
-
-
-def _runner(func: Callable[[argparse.Namespace, str], Awaitable[int]]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        uri = resolve_metadata(args.metadata)
-        result: int = asyncio.run(_bounded(func(args, uri)))
-        return result
-
-    return run
-
-
-def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
-    else:
-        print(text)
-
-
 async def _with_store(uri: str, fn: Callable[[MetadataStore], Awaitable[Any]]) -> Any:
     store = await _open_store(uri)
     try:
@@ -329,7 +232,7 @@ async def _with_store(uri: str, fn: Callable[[MetadataStore], Awaitable[Any]]) -
 async def cmd_list_bookies(args: argparse.Namespace, uri: str) -> int:
     bookies = await _with_store(uri, list_bookies)
     rows = [bookie_json(b) for b in sorted(bookies, key=lambda b: b.bookie_id)]
-    _emit(args, rows, _table(rows, ["bookie_id", "address", "region", "zone", "rack", "mode"]))
+    emit(args, rows, table(rows, ["bookie_id", "address", "region", "zone", "rack", "mode"]))
     return 0
 
 
@@ -337,7 +240,7 @@ async def cmd_list_ledgers(args: argparse.Namespace, uri: str) -> int:
     ledgers = await _with_store(uri, list_ledgers)
     rows = [ledger_summary(m) for m in ledgers]
     cols = ["ledger_id", "state", "ensemble_size", "write_quorum_size", "ack_quorum_size", "last_entry_id", "length", "segments"]
-    _emit(args, rows, _table(rows, cols))
+    emit(args, rows, table(rows, cols))
     return 0
 
 
@@ -365,7 +268,7 @@ async def cmd_read_ledger(args: argparse.Namespace, uri: str) -> int:
     finally:
         await client.close()
     text = "\n".join(f"{r['entry_id']}\t{r['payload'] if r['encoding'] == 'utf-8' else '0x' + r['payload']}" for r in rows)
-    _emit(args, rows, text or "(no entries)")
+    emit(args, rows, text or "(no entries)")
     return 0
 
 
@@ -384,7 +287,7 @@ async def cmd_delete_ledger(args: argparse.Namespace, uri: str) -> int:
         await client.delete_ledger(LedgerId(args.ledger_id))
     finally:
         await client.close()
-    _emit(args, {"ledger_id": args.ledger_id, "deleted": True}, f"ledger {args.ledger_id} deleted")
+    emit(args, {"ledger_id": args.ledger_id, "deleted": True}, f"ledger {args.ledger_id} deleted")
     return 0
 
 
@@ -397,19 +300,16 @@ async def cmd_recover_ledger(args: argparse.Namespace, uri: str) -> int:
         await client.close()
     m = await _with_store(uri, lambda s: ledger_metadata(s, args.ledger_id))
     doc = {"ledger_id": args.ledger_id, "state": m.state.value, "last_entry_id": m.last_entry_id, "length": m.length}
-    _emit(args, doc, f"ledger {args.ledger_id} recovered: {m.state.value}, last entry {m.last_entry_id}, {m.length} bytes")
+    emit(args, doc, f"ledger {args.ledger_id} recovered: {m.state.value}, last entry {m.last_entry_id}, {m.length} bytes")
     return 0
 
 
 async def cmd_simple_test(args: argparse.Namespace, uri: str) -> int:
-    for name in ("ensemble", "write", "ack", "entries", "size"):
-        if getattr(args, name) < (0 if name in ("entries", "size") else 1):
-            raise ConfigError(f"--{name}: must be positive")
     report = await simple_test(
         uri, ensemble=args.ensemble, write=args.write, ack=args.ack, entries=args.entries, size=args.size,
         keep=args.keep,
     )
-    _emit(args, report, format_simple_test(report))
+    emit(args, report, format_simple_test(report))
     return 0 if report["ok"] else 1
 
 
@@ -420,7 +320,7 @@ async def cmd_placement_explain(args: argparse.Namespace, uri: str) -> int:
     policy = make_policy(args.policy, _placement_options(args.option))
     bookies = await _with_store(uri, list_bookies)
     doc = explain.explain_new_ensemble(policy, _topology(bookies), args.ensemble, args.write, args.ack)
-    _emit(args, doc, explain.format_explain_text(doc))
+    emit(args, doc, explain.format_explain_text(doc))
     return 0 if doc.get("ok") else 1
 
 
@@ -447,6 +347,63 @@ async def cmd_placement_check(args: argparse.Namespace, uri: str) -> int:
         docs.append({"ledger_id": int(m.ledger_id), "policy": m.placement_policy,
                      "options": dict(m.placement_options), "segments": rows})
         texts.append(f"ledger {m.ledger_id} policy {m.placement_policy}:\n" + explain.format_check_text(m.ledger_id, rows))
-    _emit(args, docs, "\n".join(texts) or "(no ledgers)")
+    emit(args, docs, "\n".join(texts) or "(no ledgers)")
     failing = any(row["adherence"] == "FAIL" for d in docs for row in d["segments"])
     return 1 if failing else 0
+
+
+# --- the verbs ---------------------------------------------------------------------------
+
+
+def _ledger_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ledger_id", type=int)
+
+
+def _ledger_id_password(p: argparse.ArgumentParser) -> None:
+    _ledger_id(p)
+    p.add_argument("--password", default=None)
+
+
+def _read_ledger_args(p: argparse.ArgumentParser) -> None:
+    _ledger_id_password(p)
+    p.add_argument("--from", dest="first", type=int, default=0)
+    p.add_argument("--to", dest="last", type=int, default=None)
+
+
+def _quorum_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ensemble", type=int, default=3)
+    p.add_argument("--write", type=int, default=3)
+    p.add_argument("--ack", type=int, default=2)
+
+
+def _simple_test_args(p: argparse.ArgumentParser) -> None:
+    _quorum_args(p)
+    p.add_argument("--entries", type=int, default=1000, help="entries to write (at least 1)")
+    p.add_argument("--size", type=int, default=100, help="payload bytes per entry")
+    p.add_argument("--keep", action="store_true", help="keep the test ledger")
+
+
+def _placement_explain_args(p: argparse.ArgumentParser) -> None:
+    _quorum_args(p)
+    p.add_argument("--policy", default="random")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option")
+
+
+def _placement_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ledger_id", type=int, nargs="?", default=None)
+    p.add_argument("--all", action="store_true")
+
+
+SHELL_VERBS = (
+    ShellVerb("list-bookies", "bookies registered now", cmd_list_bookies),
+    ShellVerb("list-ledgers", "every ledger with its state", cmd_list_ledgers),
+    ShellVerb("ledger-metadata", "one ledger's metadata record", cmd_ledger_metadata, _ledger_id),
+    ShellVerb("read-ledger", "print a ledger's entries", cmd_read_ledger, _read_ledger_args),
+    ShellVerb("delete-ledger", "delete a ledger", cmd_delete_ledger, _ledger_id_password),
+    ShellVerb("recover-ledger", "fence, recover and close a ledger", cmd_recover_ledger, _ledger_id_password),
+    ShellVerb("simple-test", "write entries, read them back, verify", cmd_simple_test, _simple_test_args),
+    ShellVerb("placement-explain", "the ensemble a policy would pick now, and why", cmd_placement_explain,
+              _placement_explain_args),
+    ShellVerb("placement-check", "adherence of ledgers' ensembles to their policies", cmd_placement_check,
+              _placement_check_args),
+)

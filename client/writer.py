@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from scriba.client.driver import DriverConfig, as_scriba_error, update_record
+from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
 from scriba.client.effects import (
     CompleteAppends,
     Effects,
@@ -53,7 +53,7 @@ from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.meta.records import LedgerMetadata
-from scriba.meta.store import MetadataStore
+from scriba.meta.store import MetadataStore, Versioned
 
 log = get_logger(__name__)
 
@@ -96,8 +96,12 @@ class LedgerWriter:
         master_key: bytes,
         config: DriverConfig | None = None,
         limits: EntryLimits | None = None,
+        record_version: int | None = None,
     ) -> None:
         self._core = core
+        # The ledger record as this writer last wrote it (its creator passes the version it
+        # created): a metadata update starts from it instead of reading it back.
+        self._record = Versioned(core.metadata, record_version) if record_version is not None else None
         self._store = store
         self._transport = transport
         self._master_key = master_key
@@ -322,16 +326,20 @@ class LedgerWriter:
 
     async def _write_metadata(self, effect: WriteMetadata) -> None:
         try:
-            record = await update_record(
-                self._store, self._ledger_id, effect, self._config.metadata_timeout_s
+            written = await update_versioned_record(
+                self._store, self._ledger_id, effect, self._config.metadata_timeout_s,
+                current=self._record,
             )
         except BaseException as exc:
+            self._record = None  # outcome unknown: the next update reads the record first
             if isinstance(exc, asyncio.CancelledError):
                 raise
             error = as_scriba_error(exc)
             self._log.warning("metadata_write_failed", purpose=effect.purpose, error=str(error))
             effects = self._core.on_metadata_failed(error)
         else:
+            self._record = written
+            record = written.value
             if effect.purpose == "ensemble_change":
                 self._log.info("ensemble_changed", ensembles=[list(e) for _, e in record.ensembles][-1])
             effects = self._core.on_metadata_written(record)

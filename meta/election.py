@@ -7,7 +7,7 @@ new leader's token is larger than every earlier one's. Writers fence with it
 (e.g. a leader-only record that refuses smaller tokens).
 
 States of one campaign: CAMPAIGNING (create failed: watch the record until it is
-gone, then try again) -> LEADING (the record holds our nonce) -> LOST (the
+gone, then try again; store errors are retried with backoff, ``scriba.retry``) -> LEADING (the record holds our nonce) -> LOST (the
 record vanished or changed, the session was LOST, or SUSPENDED for longer than
 ``suspended_grace_s``; ``Leadership.lost`` is set) or RESIGNED.
 Inputs: the store's watch events and session states. Outputs: the
@@ -31,18 +31,24 @@ from scriba.errors import (
     BadRequestError,
     BadVersionError,
     KeyExistsError,
-    MetadataUnavailableError,
     NoSuchKeyError,
     SessionExpiredError,
 )
 from scriba.log import get_logger
 from scriba.meta.store import EventKind, MetadataStore, SessionState, Versioned
+from scriba.retry import RetryPolicy, is_retriable, retry_async
 
 log = get_logger(__name__)
 
 SUSPENDED_GRACE_S: Final = 1.0
 SESSION_WAIT_S: Final = 1.0
-CAMPAIGN_RETRY_S: Final = 0.1
+CAMPAIGN_RETRY: Final = RetryPolicy(attempts_max=120, delay_s_min=0.1, delay_s_max=1.0).validate()
+"""A campaign rides out about a minute and a half of store trouble, then raises."""
+
+
+def _transient(error: BaseException) -> bool:
+    """Worth another try: the store is unreachable, or its session is being replaced."""
+    return is_retriable(error) or isinstance(error, SessionExpiredError)
 
 
 def election_key(name: str) -> str:
@@ -104,28 +110,39 @@ class Election:
         return self._leadership
 
     async def campaign(self, candidate: str, value: bytes = b"") -> Leadership:
-        """Wait until this candidate leads (wrap in ``asyncio.timeout`` to bound the wait)."""
+        """Wait until this candidate leads (wrap in ``asyncio.timeout`` to bound the wait).
+
+        Raises ``MetadataUnavailableError`` / ``SessionExpiredError`` only after the store
+        failed :data:`CAMPAIGN_RETRY`'s attempts in a row.
+        """
         if self._leadership is not None and not self._leadership.lost.is_set():
             raise BadRequestError(f"election {self.name}: {self._leadership.candidate} already leads here")
         claim = _Claim(candidate, uuid.uuid4().hex, value)
+        # Hand-written outer loop: waiting for a vacancy is not an error to back off from.
         while True:
-            await self._wait_connected()
-            try:
-                await self.store.create(self.key, claim.to_bytes(), ephemeral=True)
-            except KeyExistsError:
-                await self._wait_vacant()
-                continue
-            except (SessionExpiredError, MetadataUnavailableError) as exc:
-                log.info("campaign_retry", election=self.name, error=str(exc))
-                await asyncio.sleep(CAMPAIGN_RETRY_S)
-                continue
-            try:
-                record = await self.store.get(self.key)
-            except NoSuchKeyError:
-                continue  # our session died between create and get
-            if _Claim.from_bytes(record.value).nonce != claim.nonce:
-                continue
-            return self._lead(claim, record)
+            record = await retry_async(
+                lambda: self._claim(claim), policy=CAMPAIGN_RETRY, what=f"campaign {self.name}",
+                retry_if=_transient, on_retry=self._log_retry,
+            )
+            if record is not None:
+                return self._lead(claim, record)
+            await self._wait_vacant()
+
+    async def _claim(self, claim: _Claim) -> Versioned[bytes] | None:
+        """One try: the leader record if it is ours now, else None (someone else leads)."""
+        await self._wait_connected()
+        try:
+            await self.store.create(self.key, claim.to_bytes(), ephemeral=True)
+        except KeyExistsError:
+            pass  # another leads -- or we do, if an earlier try's answer was lost
+        try:
+            record = await self.store.get(self.key)
+        except NoSuchKeyError:
+            return None  # the leader (or our session) went meanwhile: the vacancy wait sees it
+        return record if _Claim.from_bytes(record.value).nonce == claim.nonce else None
+
+    def _log_retry(self, attempt: int, error: BaseException, delay_s: float) -> None:
+        log.info("campaign_retry", election=self.name, attempt=attempt, error=str(error))
 
     def _lead(self, claim: _Claim, record: Versioned[bytes]) -> Leadership:
         leadership = Leadership(claim.candidate, record.created, record.version, claim.nonce)

@@ -7,8 +7,8 @@ no lease keep-alive stream and one shared watch stream without resume.
 
 Mapping: key = ``PREFIX/`` + key; ``version`` = mod_revision, ``created`` =
 create_revision (both store-wide revisions, strictly increasing); create, CAS
-set and conditional delete are etcd transactions; ids come from a CAS'd counter
-at ``ids/<name>``.
+set and conditional delete are etcd transactions; ids come from ranges reserved
+by CAS on a counter at ``ids/<name>`` (``scriba.meta.id_ranges``).
 
 Session: one lease (TTL = the session timeout) kept alive by a background task
 over a LeaseKeepAlive stream every TTL/3. Ephemerals are put with that lease.
@@ -20,9 +20,11 @@ Watch: read the current state at revision R (paged, every page at R), deliver it
 SYNCED, then watch from R+1; after a broken stream resume from the last revision
 delivered + 1; if that revision was compacted, re-read and deliver the difference.
 
-Retries: reads and the id allocator retry UNAVAILABLE within the request
-deadline; other writes retry only errors that prove nothing was applied ("no
-leader"), otherwise raise ``MetadataUnavailableError`` (outcome unknown).
+Retries (``scriba.retry``, bounded, jittered): reads retry UNAVAILABLE within the
+request deadline; writes retry only errors that prove nothing was applied ("no
+leader"), otherwise raise ``MetadataUnavailableError`` (outcome unknown). The watch
+and the lease keep-alive are long-lived streams that resume by hand (their own
+outage bound, or the store's life), not calls to retry.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import asyncio
 import builtins
 import ipaddress
 import math
-import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -40,6 +41,7 @@ import grpc
 import grpc.aio
 from aetcd import rpc  # type: ignore[import-untyped]
 
+from scriba.clock import SystemClock
 from scriba.errors import (
     BadRequestError,
     BadVersionError,
@@ -53,6 +55,7 @@ from scriba.errors import (
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
     Check,
@@ -68,6 +71,7 @@ from scriba.meta.store import (
     is_direct_child,
 )
 from scriba.meta.uri import MetadataUri, parse_uri
+from scriba.retry import RetryPolicy, retry_async
 
 log = get_logger(__name__)
 
@@ -77,11 +81,10 @@ REQUEST_TIMEOUT_S: Final = 10.0
 RPC_ATTEMPTS_MAX: Final = 20
 RETRY_DELAY_S_MIN: Final = 0.05
 RETRY_DELAY_S_MAX: Final = 0.5
+RPC_RETRY: Final = RetryPolicy(RPC_ATTEMPTS_MAX, RETRY_DELAY_S_MIN, RETRY_DELAY_S_MAX).validate()
 LIST_PAGE_MAX: Final = 500
 LIST_LIMIT_MAX: Final = 10_000
 TXN_OPS_MAX: Final = 128
-ALLOCATE_ATTEMPTS_MAX: Final = 1000
-ID_MAX: Final = (1 << 63) - 1
 WATCH_OUTAGE_S_MAX: Final = 60.0
 CLOSE_REVOKE_TIMEOUT_S: Final = 1.0
 MESSAGE_BYTES_MAX: Final = 512 * 1024 * 1024
@@ -167,6 +170,8 @@ class EtcdStore:
         self._session_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._calls: set[grpc.aio.Call] = set()
+        self._ids = IdRanges(self)
+        self._clock = SystemClock()
         self._closed = False
 
     # --- opening, closing ---------------------------------------------------
@@ -271,27 +276,29 @@ class EtcdStore:
     ) -> R:
         """One unary call with a deadline; retries what is safe to retry within it."""
         self._check_open()
-        loop = asyncio.get_running_loop()
         budget_s = timeout_s if timeout_s is not None else self.request_timeout_s
-        deadline = loop.time() + budget_s
-        delay_s = RETRY_DELAY_S_MIN
-        last: grpc.aio.AioRpcError | None = None
-        for _ in range(RPC_ATTEMPTS_MAX):
-            remaining_s = deadline - loop.time()
+        deadline = self._clock.monotonic() + budget_s
+
+        async def attempt() -> R:
+            remaining_s = deadline - self._clock.monotonic()
             if remaining_s <= 0:
-                break
-            try:
-                return await method(request, timeout=remaining_s, wait_for_ready=True)
-            except grpc.aio.AioRpcError as exc:
-                last = exc
-                retry = exc.code() == grpc.StatusCode.UNAVAILABLE and (idempotent or _safe_to_retry_write(exc))
-                if not retry:
-                    raise self._error(what, exc) from None
-            await asyncio.sleep(min(delay_s, max(0.0, deadline - loop.time())))
-            delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
-        if last is not None:
-            raise self._error(what, last) from None
-        raise MetadataUnavailableError(f"{what}: etcd at {self.hosts_text}: no answer within {budget_s:.1f}s")
+                raise MetadataUnavailableError(f"{what}: etcd at {self.hosts_text}: no answer within {budget_s:.1f}s")
+            return await method(request, timeout=remaining_s, wait_for_ready=True)
+
+        def worth_retrying(exc: BaseException) -> bool:
+            # Narrower than the error tree's flag: an UNAVAILABLE write may have been applied.
+            return (
+                isinstance(exc, grpc.aio.AioRpcError)
+                and exc.code() == grpc.StatusCode.UNAVAILABLE
+                and (idempotent or _safe_to_retry_write(exc))
+            )
+
+        try:
+            return await retry_async(
+                attempt, policy=RPC_RETRY, what=what, deadline=deadline, retry_if=worth_retrying, clock=self._clock
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(what, exc) from None
 
     def _versioned(self, kv: Any) -> Versioned[bytes]:
         return Versioned(bytes(kv.value), kv.mod_revision, kv.create_revision)
@@ -449,26 +456,9 @@ class EtcdStore:
             raise BadVersionError("txn check failed: " + "; ".join(found or ["a checked key changed"]))
 
     async def allocate_id(self, name: str) -> int:
-        """CAS on ``ids/<name>``; safe to retry after an unknown outcome (an id may be skipped, never reused)."""
-        invariant("/" not in name and name != "", f"id sequence name {name!r} must be one path segment")
-        kb = self._k(check_key(f"ids/{name}"))
-        current, mod = 0, 0
-        for attempt in range(ALLOCATE_ATTEMPTS_MAX):
-            if current >= ID_MAX:
-                raise BadRequestError(f"id sequence {name!r} is exhausted")
-            request = rpc.TxnRequest(
-                compare=[self._cmp(kb, rpc.Compare.MOD, rpc.Compare.EQUAL, mod_revision=mod)],
-                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=kb, value=str(current + 1).encode()))],
-                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=kb))],
-            )
-            resp = await self._rpc(f"allocate_id {name}", self._kv.Txn, request, idempotent=True)
-            if resp.succeeded:
-                return current + 1
-            kvs = resp.responses[0].response_range.kvs
-            current, mod = (int(kvs[0].value), kvs[0].mod_revision) if kvs else (0, 0)
-            if attempt:
-                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-        raise BadVersionError(f"allocate_id {name}: gave up after {ALLOCATE_ATTEMPTS_MAX} conflicts")
+        """From a range this client reserved (``scriba.meta.id_ranges``)."""
+        self._check_open()
+        return await self._ids.allocate(name)
 
     # --- watch ----------------------------------------------------------------
 
@@ -507,6 +497,8 @@ class EtcdStore:
         next_revision = revision + 1
         outage_since: float | None = None
         delay_s = RETRY_DELAY_S_MIN
+        # Hand-written, not scriba.retry: a stream that resumes from its revision for as long as
+        # its reader wants it, bounded by the outage time rather than by attempts.
         while not self._closed:
             call = self._watch.Watch(metadata=_WATCH_METADATA, wait_for_ready=True)
             self._calls.add(call)
@@ -602,6 +594,8 @@ class EtcdStore:
 
     async def _session_loop(self) -> None:
         """Keep the lease alive; on loss grant a new one. Runs until close()."""
+        # Hand-written, not scriba.retry: this loop must outlive any outage (it reports
+        # SUSPENDED / LOST meanwhile), so it has no attempt bound.
         delay_s = RETRY_DELAY_S_MIN
         while not self._closed:
             if self._lease_id is None:

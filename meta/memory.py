@@ -1,8 +1,8 @@
 """``memory://NAME``: the in-process metadata store, with the real drivers' semantics.
 
 Every :class:`MemoryStore` opened with the same NAME in one process shares one
-:class:`_Space` (the "server"): records, a store-wide revision, watchers and
-id counters. Each store is one client with its own session, so ephemerals of one
+:class:`_Space` (the "server"): records (id counters among them), a store-wide
+revision and watchers. Each store is one client with its own session, so ephemerals of one
 store vanish when that store closes or its session is expired
 (:meth:`MemoryStore.expire_session_for_test`) while the others keep theirs.
 
@@ -36,6 +36,7 @@ from scriba.errors import (
     SessionExpiredError,
 )
 from scriba.invariant import invariant
+from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
     Check,
@@ -54,7 +55,6 @@ from scriba.meta.uri import MetadataUri, parse_uri
 
 WATCH_QUEUE_MAX: Final = 10_000
 LIST_LIMIT_MAX: Final = 10_000
-ID_MAX: Final = (1 << 63) - 1
 TXN_OPS_MAX: Final = 128
 
 
@@ -164,6 +164,7 @@ class MemoryStore:
         self._space = _SPACES.setdefault(parsed.path, _Space(parsed.path))
         self._session = BasicSession(self._new_session_id())
         self._watchers: set[_Watcher] = set()
+        self._ids = IdRanges(self)
         self._closed = False
 
     @classmethod
@@ -317,15 +318,9 @@ class MemoryStore:
         self._space.apply(planned)
 
     async def allocate_id(self, name: str) -> int:
+        """From a range this store reserved, as on the real drivers (``scriba.meta.id_ranges``)."""
         self._check_open()
-        key = check_key(f"ids/{name}")
-        invariant("/" not in name, f"id sequence name {name!r} must be one path segment")
-        record = self._space.records.get(key)
-        current = int(record.value) if record is not None else 0
-        if current >= ID_MAX:
-            raise BadRequestError(f"id sequence {name!r} is exhausted")
-        self._space.apply([(key, str(current + 1).encode(), None)])
-        return current + 1
+        return await self._ids.allocate(name)
 
     async def expire_session_for_test(self) -> None:
         """Expire the session as a server would: ephemerals go, then LOST, then CONNECTED anew."""

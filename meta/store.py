@@ -143,7 +143,9 @@ class MetadataStore(Protocol):
         ...
 
     async def allocate_id(self, name: str) -> int:
-        """A unique id from the 63-bit sequence ``name`` (never 0, never reused)."""
+        """A unique id from the 63-bit sequence ``name``: never 0, never reused (even after
+        crashes), strictly increasing per store. Not dense: each store reserves ranges
+        (``scriba.meta.id_ranges``) and what a closed or crashed store left unused is skipped."""
         ...
 
     async def close(self) -> None:

@@ -2,7 +2,8 @@
 
 Learned from BookKeeper's ``MetadataUpdateLoop``: read the record, ask
 ``needs_update``; if it does, derive a new record with ``transform`` (records are
-immutable), write it with the version read; on a lost race re-read and repeat.
+immutable), write it with the version read; on a lost race re-read and repeat (after a short
+jittered pause, at most ``attempts_max`` times: ``scriba.retry``).
 Every writer of records (ledger close, ensemble change, recovery, bookie state)
 goes through :func:`update_metadata`.
 """
@@ -10,10 +11,12 @@ goes through :func:`update_metadata`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from dataclasses import replace
+from typing import Final, Protocol, TypeVar
 
 from scriba.errors import BadVersionError
 from scriba.meta.store import MetadataStore, Versioned
+from scriba.retry import RetryPolicy, retry_async
 
 T = TypeVar("T")
 
@@ -25,6 +28,12 @@ class Codec(Protocol[T]):
 
 
 UPDATE_ATTEMPTS_MAX = 32
+CAS_RETRY: Final = RetryPolicy(attempts_max=UPDATE_ATTEMPTS_MAX, delay_s_min=0.001, delay_s_max=0.05)
+"""Lost races are retried after a short jittered pause (windows of 1 to 50 ms), so racers spread out."""
+
+
+class _LostRace(Exception):
+    """Our compare-and-set lost (only this is retried: ``transform``'s own errors abort)."""
 
 
 async def read_record(store: MetadataStore, key: str, codec: Codec[T]) -> Versioned[T]:
@@ -47,15 +56,26 @@ async def update_metadata(
     ``transform`` may raise to abort (e.g. the ledger is already CLOSED). Raises
     ``BadVersionError`` only after ``attempts_max`` lost races in a row.
     """
-    record = current if current is not None else await read_record(store, key, codec)
-    for _ in range(attempts_max):
+    record = current
+
+    async def attempt() -> Versioned[T]:
+        nonlocal record
+        if record is None:
+            record = await read_record(store, key, codec)
         if not needs_update(record.value):
             return record
         new_value = transform(record.value)
         try:
             version = await store.set(key, codec.to_bytes(new_value), expected_version=record.version)
         except BadVersionError:
-            record = await read_record(store, key, codec)
-            continue
+            record = None  # lost the race: the next attempt reads the winner's record
+            raise _LostRace from None
         return Versioned(new_value, version, record.created)
-    raise BadVersionError(f"{key}: gave up after {attempts_max} conflicting updates")
+
+    policy = replace(CAS_RETRY, attempts_max=attempts_max).validate()
+    try:
+        return await retry_async(
+            attempt, policy=policy, what=f"update {key}", retry_if=lambda e: isinstance(e, _LostRace)
+        )
+    except _LostRace:
+        raise BadVersionError(f"{key}: gave up after {attempts_max} conflicting updates") from None

@@ -21,9 +21,15 @@ fired (re-arming the watch in the same read), compares with what it has delivere
 re-reads everything it covers and diffs, so no change is missed; intermediate
 versions may be coalesced, but per key the order and the last value are right.
 
-Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ``allocate_id``
-uses the version a znode ``ids/<name>/<epoch>`` gets from an unconditional write
-(atomic, one round trip), combined with the epoch into 63 bits; never 0.
+Retries: reads retry connection drops within ``op_timeout_s`` through ``scriba.retry``.
+The create / delete / parent and watch-arming loops stay hand-written: the store did
+answer, and each pass takes the step that answer calls for (create the parent, turn a
+container into a record, look again), so there is no error to back off from; they are
+bounded by ``WRITE_ATTEMPTS_MAX``.
+
+Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
+CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
+where the older per-id epoch znodes ``ids/<name>/<epoch>`` exist starts above them.
 """
 
 from __future__ import annotations
@@ -45,13 +51,13 @@ from scriba.errors import (
     BadVersionError,
     InternalError,
     KeyExistsError,
-    MetadataError,
     MetadataUnavailableError,
     NoSuchKeyError,
     SessionExpiredError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
     Check,
@@ -66,6 +72,7 @@ from scriba.meta.store import (
     check_value,
 )
 from scriba.meta.uri import MetadataUri, parse_uri
+from scriba.retry import RetryPolicy, retry_async
 
 log = get_logger(__name__)
 
@@ -80,11 +87,9 @@ WATCHES_MAX: Final = 4096
 TXN_OPS_MAX: Final = 128
 TXN_ATTEMPTS_MAX: Final = 16
 WRITE_ATTEMPTS_MAX: Final = 8
-ID_EPOCH_IDS_MAX: Final = (1 << 31) - (1 << 16)  # below the int32 wrap of stat.version, with room
-ID_EPOCHS_MAX: Final = 1 << 32
-ID_SEQUENCES_CACHED_MAX: Final = 1024
 CONTAINER_CACHE_MAX: Final = 10_000
 RETRY_DELAY_S_MAX: Final = 0.5
+READ_RETRY: Final = RetryPolicy(attempts_max=64, delay_s_min=0.02, delay_s_max=RETRY_DELAY_S_MAX).validate()
 CLOSE_TIMEOUT_S: Final = 10.0
 EXPIRE_TIMEOUT_S: Final = 30.0
 
@@ -221,7 +226,7 @@ class ZooKeeperStore:
         self._session: BasicSession | None = None
         self._watches: set[_Watch] = set()
         self._containers: set[str] = set()  # container znodes known to exist
-        self._id_epochs: dict[str, int] = {}  # id sequence -> its current epoch
+        self._ids = IdRanges(self, floor=self._legacy_id_floor)
         self._closed = False
 
     # --- opening and the session ------------------------------------------------------
@@ -411,16 +416,15 @@ class ZooKeeperStore:
     async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A read, retried across connection drops until ``op_timeout_s`` has passed."""
         deadline = time.monotonic() + self.op_timeout_s
-        delay_s = 0.02
-        while True:
+
+        async def attempt() -> Any:
             remaining = deadline - time.monotonic()
-            try:
-                return await self._kz(what, fn, *args, timeout_s=max(0.05, remaining), **kwargs)
-            except MetadataUnavailableError:
-                if self._closed or time.monotonic() + delay_s >= deadline:
-                    raise
-            await asyncio.sleep(delay_s)  # back off while kazoo reconnects
-            delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
+            return await self._kz(what, fn, *args, timeout_s=max(0.05, remaining), **kwargs)
+
+        def worth_retrying(exc: BaseException) -> bool:  # back off while kazoo reconnects
+            return isinstance(exc, MetadataUnavailableError) and not self._closed
+
+        return await retry_async(attempt, policy=READ_RETRY, what=what, deadline=deadline, retry_if=worth_retrying)
 
     async def _get_node(self, path: str, *, watch: bool = False) -> _Node | None:
         client = self._client
@@ -449,6 +453,7 @@ class ZooKeeperStore:
         """Create ``path`` and its ancestors as containers where missing."""
         parts = path.strip("/").split("/")
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 for i in range(1, len(parts) + 1):
@@ -489,6 +494,7 @@ class ZooKeeperStore:
             raise SessionExpiredError(f"{key}: the session is lost; a new one is being opened")
         path = self._path(key)
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 _, stat = await self._kz(
@@ -541,6 +547,7 @@ class ZooKeeperStore:
         self._check_open()
         path = self._path(check_key(key))
         client = self._client
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             node = await self._get_node(path)
             if node is None or node[0] == CONTAINER:
@@ -620,6 +627,7 @@ class ZooKeeperStore:
         synced = False
         delay_s = 0.02
         try:
+            # Hand-written: a watch lives as long as its reader, re-syncing after every outage.
             while not self._closed:
                 try:
                     if watch.resync:
@@ -653,6 +661,7 @@ class ZooKeeperStore:
     async def _watch_children(self, watch: _Watch) -> _Keys:
         """Keys under the watched prefix now, with a child watch (or an exists watch) armed."""
         client, parent, watcher = self._client, watch.path, self._on_zk_event
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
                 names = await self._read(
@@ -670,6 +679,7 @@ class ZooKeeperStore:
     async def _watch_key_node(self, watch: _Watch) -> _Node | None:
         """The watched key's znode, with a data watch (or an exists watch if absent) armed."""
         client, path, watcher = self._client, watch.path, self._on_zk_event
+        # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             node = await self._get_node(path, watch=True)
             if node is not None:
@@ -728,6 +738,7 @@ class ZooKeeperStore:
                 final[check_key(write.key)] = None
         for check in checks:
             check_key(check.key)
+        # Hand-written: a failed guard means read again and rebuild the multi at once.
         for _ in range(TXN_ATTEMPTS_MAX):
             if await self._txn_attempt(checks, final):
                 return
@@ -804,51 +815,24 @@ class ZooKeeperStore:
             owners.append(check)
 
     async def allocate_id(self, name: str) -> int:
-        """``(epoch << 31) | version`` of ``ids/<name>/<epoch>`` after an unconditional write.
-
-        Each write gives the znode a new version (atomic, one round trip, no retries under
-        contention). A version is 32-bit, so once an epoch's znode passes
-        ``ID_EPOCH_IDS_MAX`` writes the next epoch's znode takes over: 2**32 epochs of
-        2**31 ids fill the 63-bit space; ids never repeat while ``ids/`` is kept.
-        """
+        """From a range this client reserved (``scriba.meta.id_ranges``)."""
         self._check_open()
-        invariant("/" not in name, f"id sequence name {name!r} must be one path segment")
-        base = self._path(check_key(f"ids/{name}"))
-        client = self._client
-        for _ in range(WRITE_ATTEMPTS_MAX):
-            epoch = self._id_epochs.get(name)
-            if epoch is None:
-                epoch = await self._latest_id_epoch(base)
-            path = f"{base}/{epoch:010d}"
-            try:
-                stat = await self._kz(f"allocate_id {name}", client.set_async, path, b"", -1)
-            except kz.NoNodeError:
-                await self._ensure_path(path)
-                self._id_epochs.pop(name, None)
-                continue
-            if len(self._id_epochs) >= ID_SEQUENCES_CACHED_MAX:
-                self._id_epochs.clear()
-            if 0 < stat.version < ID_EPOCH_IDS_MAX:
-                self._id_epochs[name] = epoch
-                return (epoch << 31) | int(stat.version)
-            if epoch + 1 >= ID_EPOCHS_MAX:
-                raise MetadataError(f"id sequence {name!r} is exhausted (2**63 ids)")
-            try:  # this epoch is used up: open the next one
-                await self._kz(
-                    f"allocate_id {name}", client.create_async, f"{base}/{epoch + 1:010d}", b""
-                )
-            except kz.NodeExistsError:
-                pass
-            self._id_epochs[name] = epoch + 1
-        raise MetadataUnavailableError(f"allocate_id {name}: {base} keeps changing")
+        return await self._ids.allocate(name)
 
-    async def _latest_id_epoch(self, base: str) -> int:
+    async def _legacy_id_floor(self, name: str) -> int:
+        """Where a sequence's counter starts: above every id the epoch scheme handed out.
+
+        Before id ranges, ids were ``(epoch << 31) | version`` of the znodes
+        ``ids/<name>/<epoch>``; a new counter starts past the newest epoch, so none of
+        those ids is handed out again.
+        """
+        base = self._path(f"ids/{name}")
         try:
-            names = await self._read(f"allocate_id {base}", self._client.get_children_async, base)
+            names = await self._read(f"allocate_id {name}", self._client.get_children_async, base)
         except kz.NoNodeError:
             return 0
         epochs = [int(n) for n in names if n.isdigit()]
-        return max(epochs, default=0)
+        return (max(epochs) + 1) << 31 if epochs else 0
 
     # --- session tools and closing -------------------------------------------------
 

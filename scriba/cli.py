@@ -3,13 +3,18 @@
 Each command module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` to a callable taking the parsed ``argparse.Namespace`` and returning an
 exit code. Modules are imported lazily so ``scriba --help`` stays fast and a
-missing optional part only breaks its own command.
+missing optional part only breaks its own command. The command modules are found by
+name, so this module imports no layer (tests/test_layers.py holds it to that); the
+layers' ``scriba shell`` verbs are found the same way by :mod:`scriba.shell`.
+
+Logging: the commands log at info level unless ``--log-level`` says otherwise; a
+program that embeds the library and configures nothing gets warnings only
+(:mod:`scriba.log`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
@@ -17,12 +22,13 @@ from scriba import __version__
 from scriba.errors import ScribaError
 from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
 from scriba.log import configure
+from scriba.shell import import_if_present
 
 # command modules, in the order ``scriba --help`` lists them
 COMMAND_MODULES = (
     "scriba.sandbox",          # scriba sandbox
     "scriba.bookie.cli",       # scriba bookie run|format
-    "scriba.client.shell",     # scriba shell <command>
+    "scriba.shell",            # scriba shell <verb> (verbs registered by each layer)
     "scriba.client.bench",     # scriba bench
     "scriba.demo",             # scriba demo (metadata API demo)
     "scriba.testing.faults_cli",  # scriba faults-proxy
@@ -36,13 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and name.startswith(exc.name):
-                continue  # that part is not built yet
-            raise
-        module.register(sub)
+        module = import_if_present(name)
+        if module is not None:  # else that part is not built yet
+            module.register(sub)
     return parser
 
 

@@ -9,13 +9,23 @@ stops everything it started, by PID, and waits for each exit.
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
 is held (``flock``) from LOCKING to exit and names the sandbox's PID, so a second
 sandbox on the same dir refuses with a clear message; the kernel drops the lock if
-the process dies. A sandbox always starts fresh: it clears the ``etcd`` and
-``bookie-*`` dirs a previous sandbox left in DIR (with ``--metadata`` it keeps the
-bookies' data, whose cookies that store holds).
+the process dies.
+
+Data survives a stop and start, as a development server's should (Pulsar
+standalone's and etcd's do): a sandbox on a DIR used before restarts its etcd from
+``DIR/etcd`` (same ports, same data) and bookie ``bookie-N`` from ``DIR/bookie-N``
+(same id, data, journal and cookie; new ports, which clients learn from its
+registration), so every ledger written before can be read after. ``--fresh`` wipes
+the ``etcd`` and ``bookie-*`` dirs first. With ``--metadata`` the store is the
+user's: the bookies' dirs are always kept (the store holds their cookies, and a
+wiped bookie would be refused), and ``--fresh`` is refused.
 
 ``--detach`` runs the same sandbox in the background (log in ``DIR/sandbox.log``)
 and returns once it serves; ``--stop`` ends a detached one. ``--simple-test`` runs
-``scriba shell simple-test`` against the fresh sandbox and exits with its result.
+``scriba shell simple-test`` against the sandbox and exits with its result. Every
+child runs in its own directory under DIR and is started so that the caller's
+working directory cannot shadow the installed package
+(:func:`~scriba.embedded.process.python_module_argv`).
 """
 
 from __future__ import annotations
@@ -38,13 +48,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from scriba.embedded.process import ServerStartError, python_module_argv
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
+from scriba.shell import SANDBOX_DIR_DEFAULT, SANDBOX_FILE
 
 log = get_logger(__name__)
 
-DEFAULT_DATA_DIR = "sandbox-data"
-SANDBOX_FILE = "sandbox.json"
+DEFAULT_DATA_DIR = SANDBOX_DIR_DEFAULT
 LOCK_FILE = "sandbox.lock"
 LOG_FILE = "sandbox.log"
 REGION = "region-1"
@@ -69,12 +80,19 @@ class SandboxOptions:
     bookies: int = 4
     zones: int = 3
     metadata: str | None = None
+    fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
             raise ConfigError(f"--bookies: {self.bookies} is not in 1..{BOOKIES_MAX}")
         if not 1 <= self.zones <= ZONES_MAX:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
+        if self.fresh and self.metadata:
+            raise ConfigError(
+                "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
+                "only the bookies' dirs would leave a broken cluster; wipe the store yourself, "
+                "or use another --data dir"
+            )
 
 
 def zone_name(index: int) -> str:
@@ -191,27 +209,41 @@ class Sandbox:
                 while _pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
 
-    def _clear_previous(self) -> None:
+    def _prepare_data_dir(self) -> bool:
+        """Reap a killed sandbox's orphans, drop its stale description, wipe with ``--fresh``.
+
+        True when data of an earlier sandbox is kept (the etcd dir or a bookie dir exists).
+        """
         self._reap_orphans()
-        # With our own etcd everything starts fresh. With an external store (--metadata) the
-        # bookies' data stays: the store keeps their cookies, and a wiped bookie would be refused.
-        external = bool(self.options.metadata)
-        for child in self.data_dir.iterdir():
-            if child.is_dir() and (child.name == "etcd" or (child.name.startswith("bookie-") and not external)):
-                shutil.rmtree(child)
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / SANDBOX_FILE).unlink()
+        previous = [c for c in self.data_dir.iterdir()
+                    if c.is_dir() and (c.name == "etcd" or c.name.startswith("bookie-"))]
+        if self.options.fresh:  # validate() refused --fresh with an external store
+            for child in previous:
+                shutil.rmtree(child)
+            return False
+        return bool(previous)
 
     def start(self, out: IO[str]) -> None:
         from scriba.embedded.bookie import BookieProcess
 
-        self._clear_previous()
+        kept = self._prepare_data_dir()
+        if kept:
+            print(f"keeping the data in {self.data_dir} (ledgers written before stay; --fresh wipes it)",
+                  file=out, flush=True)
         if not self.options.metadata:
             from scriba.embedded.etcd import EtcdCluster
 
             print(f"starting etcd in {self.data_dir / 'etcd'} ...", file=out, flush=True)
             self.etcd = EtcdCluster(self.data_dir / "etcd", 1)
-            self.etcd.start(timeout_s=START_TIMEOUT_S)
+            try:
+                self.etcd.start(timeout_s=START_TIMEOUT_S)
+            except ServerStartError as exc:
+                if not kept:
+                    raise
+                raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
+                                       f"program holds one now, stop it or start with --fresh)") from None
             self.metadata_uri = self.etcd.uri("scriba")
         n, zones = self.options.bookies, self.options.zones
         print(f"starting {n} bookies over {min(n, zones)} zones ...", file=out, flush=True)
@@ -312,12 +344,16 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sandbox",
         help="run etcd + bookies on this machine",
-        description="Start an embedded etcd and N bookie processes over zones; Ctrl-C stops everything.",
+        description="Start an embedded etcd and N bookie processes over zones; Ctrl-C stops everything. "
+                    "The data dir is kept across a stop and start (ledgers written before stay "
+                    "readable); --fresh wipes it first.",
     )
     p.add_argument("--bookies", type=int, default=4, help="bookie processes to start (default 4)")
     p.add_argument("--zones", type=int, default=3, help="zones to spread them over (default 3)")
     p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
+    p.add_argument("--fresh", action="store_true",
+                   help="wipe the etcd and bookie data a previous sandbox left in --data (default: keep it)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
@@ -329,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
     data_dir = (args.data or default_data_dir()).resolve()
     if args.stop:
         return stop_detached(data_dir)
-    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, metadata=args.metadata)
+    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, metadata=args.metadata,
+                             fresh=args.fresh)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -401,14 +438,17 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if holder is not None:
         raise SandboxBusyError(f"a sandbox (pid {holder}) is already running on {data_dir}")
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "scriba.cli", "sandbox", "--data", str(data_dir),
-            "--bookies", str(args.bookies), "--zones", str(args.zones)]
+    argv = python_module_argv("scriba.cli", "sandbox", "--data", str(data_dir),
+                              "--bookies", str(args.bookies), "--zones", str(args.zones))
     if args.metadata:
         argv += ["--metadata", args.metadata]
+    if args.fresh:
+        argv.append("--fresh")
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=data_dir,
         )
     deadline = time.monotonic() + DETACH_TIMEOUT_S
     while time.monotonic() < deadline:

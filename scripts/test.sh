@@ -10,3 +10,8 @@ fi
 .venv/bin/mypy scriba meta placement bookie client stream
 .venv/bin/python -m scriba.proto.generate --check
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+# The mutation gate (tests/mutants.toml): every listed mutant of the safety rules must be
+# killed by the fast tests it names. Runs with the whole suite; SCRIBA_MUTATION=0 skips it.
+if [ $# -eq 0 ] && [ "${SCRIBA_MUTATION:-1}" != 0 ]; then
+  .venv/bin/python -m scriba.testing.mutation tests/mutants.toml --jobs 2
+fi

@@ -9,14 +9,19 @@ it reports one). ``stop()`` is SIGTERM (graceful: deregister, flush); ``kill()``
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
 
-from scriba.embedded.process import ServerProcess, ServerStartError, free_port, port_open
+from scriba.embedded.process import (
+    ServerProcess,
+    ServerStartError,
+    free_port,
+    port_open,
+    python_module_argv,
+)
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
@@ -40,7 +45,7 @@ class BookieProcess:
         extra_args: Sequence[str] = (),
         journal_dir: Path | None = None,
     ) -> None:
-        self.base_dir = Path(base_dir)
+        self.base_dir = Path(base_dir).absolute()  # the child runs in it: argv paths must not be relative
         self.metadata_uri = metadata_uri
         self.port = port if port is not None else free_port()
         self.http_port = http_port if http_port is not None else free_port()
@@ -51,7 +56,7 @@ class BookieProcess:
         self.zone = zone
         self.rack = rack
         self.data_dir = self.base_dir / "data"
-        self.journal_dir = journal_dir if journal_dir is not None else self.base_dir / "journal"
+        self.journal_dir = Path(journal_dir).absolute() if journal_dir is not None else self.base_dir / "journal"
         self.log_path = self.base_dir / "bookie.log"
         self.env = dict(env) if env is not None else {}
         self.extra_args = list(extra_args)
@@ -60,8 +65,8 @@ class BookieProcess:
         )
 
     def argv(self) -> list[str]:
-        return [
-            sys.executable, "-m", "scriba.bookie.cli", "run",
+        return python_module_argv(
+            "scriba.bookie.cli", "run",
             "--metadata", self.metadata_uri,
             "--data", str(self.data_dir),
             "--journal", str(self.journal_dir),
@@ -72,17 +77,17 @@ class BookieProcess:
             "--rack", self.rack,
             "--http", self.http_address,
             *self.extra_args,
-        ]
+        )
 
     def format_argv(self, *, force: bool = True) -> list[str]:
-        return [
-            sys.executable, "-m", "scriba.bookie.cli", "format",
+        return python_module_argv(
+            "scriba.bookie.cli", "format",
             "--metadata", self.metadata_uri,
             "--data", str(self.data_dir),
             "--journal", str(self.journal_dir),
             "--id", self.bookie_id,
             *(["--force"] if force else []),
-        ]
+        )
 
     @property
     def process(self) -> ServerProcess:

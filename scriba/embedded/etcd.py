@@ -74,7 +74,7 @@ class EtcdCluster:
         """``fast_election`` shortens heartbeat and election timeout (tests, the sandbox);
         ``False`` runs etcd's own defaults, as a user's production cluster would."""
         invariant(members >= 1, f"an etcd cluster needs at least one member, got {members}")
-        self.base_dir = Path(base_dir)
+        self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
         self._fast_election = fast_election
         self.binary = find_etcd_binary()

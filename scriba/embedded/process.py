@@ -3,6 +3,12 @@
 One :class:`ServerProcess` per child: its own log file and PID, readiness waited
 for with a deadline, stopped only by its own PID (and waited for, so its data dir
 can be reused at once). Used by the sandbox and by ``scriba.testing.cluster``.
+
+A child never runs in the caller's working directory: it gets its own (the directory
+of its log, which is its data dir, unless told otherwise), and Python children start
+with :func:`python_module_argv` (``python -P -m ...``), which puts neither the working
+directory nor any script's directory on ``sys.path``. So a folder named ``scriba``
+where the user happens to stand cannot shadow the installed package.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,6 +27,11 @@ from scriba.errors import ScribaError
 
 class ServerStartError(ScribaError):
     """A child server did not become ready; the message names its log file."""
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """``python -P -m MODULE ARGS...`` with this interpreter (``-P``: no unsafe sys.path entry)."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,7 +79,7 @@ class ServerProcess:
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
-        self.cwd = cwd
+        self.cwd = cwd  # None: the log's directory (never the caller's working directory)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,6 +99,7 @@ class ServerProcess:
             raise ServerStartError(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env or {})}
+        cwd = self.cwd if self.cwd is not None else self.log_path.parent.absolute()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 self.argv,
@@ -94,7 +107,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                cwd=self.cwd,
+                cwd=cwd,
                 start_new_session=True,  # a Ctrl-C to the parent does not hit children first
             )
 

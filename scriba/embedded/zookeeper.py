@@ -152,7 +152,7 @@ class ZooKeeperEnsemble:
 
     def __init__(self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1") -> None:
         invariant(members in (1, 3), f"a ZooKeeper ensemble here has 1 or 3 members, got {members}")
-        self.base_dir = Path(base_dir)
+        self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
         self.java = find_java()
         self.classpath = find_zookeeper_classpath()

@@ -156,7 +156,7 @@ class ReadEntryResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., entry: _Optional[bytes] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "max_entries", "max_bytes", "flags", "master_key")
+    __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "max_entries", "max_bytes", "flags", "master_key", "packed")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class ReadRangeRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry_id: int
     last_entry_id: int
@@ -171,19 +172,24 @@ class ReadRangeRequest(_message.Message):
     max_bytes: int
     flags: int
     master_key: bytes
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    packed: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class ReadRangeResponse(_message.Message):
-    __slots__ = ("status", "first_entry_id", "entries", "message")
+    __slots__ = ("status", "first_entry_id", "entries", "message", "sizes", "packed_entries")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     status: Status
     first_entry_id: int
     entries: _containers.RepeatedScalarFieldContainer[bytes]
     message: str
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., first_entry_id: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., message: _Optional[str] = ...) -> None: ...
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    packed_entries: bytes
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., first_entry_id: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., message: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., packed_entries: _Optional[bytes] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
     __slots__ = ("ledger_id", "flags", "master_key", "long_poll", "previous_lac", "timeout_ms", "piggyback_entry")

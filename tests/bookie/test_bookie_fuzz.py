@@ -77,9 +77,10 @@ requests = st.one_of(
               st.lists(add_request(), max_size=2), st.lists(add_run(), min_size=1, max_size=3)),
     st.builds(lambda lid, e, f, k: ("read", pb.ReadEntryRequest(ledger_id=lid, entry_id=e, flags=f, master_key=k)),
               u64, i64, u32, keys),
-    st.builds(lambda lid, a, b, n, m, f, k: ("range", pb.ReadRangeRequest(
-        ledger_id=lid, first_entry_id=a, last_entry_id=b, max_entries=n, max_bytes=m, flags=f, master_key=k)),
-        u64, i64, i64, u32, st.one_of(st.integers(0, 2000), u64), u32, keys),
+    st.builds(lambda lid, a, b, n, m, f, k, p: ("range", pb.ReadRangeRequest(
+        ledger_id=lid, first_entry_id=a, last_entry_id=b, max_entries=n, max_bytes=m, flags=f, master_key=k,
+        packed=p)),
+        u64, i64, i64, u32, st.one_of(st.integers(0, 2000), u64), u32, keys, st.booleans()),
     st.builds(lambda lid, f, k, lp, p, t, pg: ("lac", pb.ReadLacRequest(
         ledger_id=lid, flags=f, master_key=k, long_poll=lp, previous_lac=p, timeout_ms=t, piggyback_entry=pg)),
         u64, u32, keys, st.booleans(), i64, u32, st.booleans()),
@@ -141,6 +142,11 @@ def test_every_rpc_answers_generated_requests_with_a_status(tmp_path: Path, stor
             assert len(replies) == 2 * (len(msg.adds) + sum(len(r.entry_ids) for r in runs))  # type: ignore[attr-defined]
         else:
             assert replies, f"{kind}: no reply"
+        if kind == "range":
+            for chunk in replies:  # a packed chunk adds up, and carries no `entries`
+                assert sum(chunk.sizes) == len(chunk.packed_entries)  # type: ignore[attr-defined]
+                assert not (chunk.sizes and chunk.entries)  # type: ignore[attr-defined]
+                assert msg.packed or not chunk.sizes  # type: ignore[attr-defined]
         for reply in replies:
             assert reply.status in WIRE_STATUSES, f"{kind}: status {reply.status}"  # type: ignore[attr-defined]
             if reply.status != pb.OK:  # type: ignore[attr-defined]
@@ -157,3 +163,61 @@ def test_every_rpc_answers_generated_requests_with_a_status(tmp_path: Path, stor
         loop.run_until_complete(bookie.stop())
         loop.close()
         asyncio.set_event_loop(None)
+
+
+@st.composite
+def range_chunk(draw: st.DrawFn) -> pb.ReadRangeResponse:
+    """A ReadRange chunk as any bookie might send it: packed (adding up or not), in
+    entries, both or neither, at the expected first entry or elsewhere."""
+    datas = draw(st.lists(packed(), max_size=5))
+    sizes = [len(d) for d in datas]
+    if draw(st.integers(0, 3)) == 0:
+        sizes = draw(st.lists(st.integers(0, 400), max_size=6))
+    form = draw(st.sampled_from(["packed", "entries", "both", "none"]))
+    return pb.ReadRangeResponse(
+        status=draw(st.sampled_from([pb.OK, pb.OK, pb.NO_SUCH_ENTRY, pb.CORRUPT])),
+        first_entry_id=draw(st.sampled_from([2, 2, 2, 0, 3])),
+        sizes=sizes if form in ("packed", "both") else [],
+        packed_entries=b"".join(datas) if form in ("packed", "both") else b"",
+        entries=datas if form in ("entries", "both") else [],
+    )
+
+
+@settings(max_examples=EXAMPLES * 3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(range_chunk(), st.integers(1, 6))
+def test_the_client_reads_any_range_chunk_or_refuses_it(chunk: pb.ReadRangeResponse, count_max: int) -> None:
+    """The reader's side of the packed answer: a chunk becomes a run of at most
+    ``count_max`` entries whose slices are exactly the entries sent, or InternalError;
+    the read core then delivers only entries whose digest and header check out."""
+    from scriba.client.grpc_transport import _chunk_run
+    from scriba.client.read_core import ReadCore
+    from scriba.errors import InternalError
+    from scriba.ids import BookieId, EntryId, LedgerId
+    from scriba.meta.records import LedgerMetadata, LedgerState
+
+    wire = pb.ReadRangeResponse.FromString(chunk.SerializeToString())
+    try:
+        run = _chunk_run(wire, BookieId("b"), 3, 2, count_max)
+    except InternalError:
+        assert wire.first_entry_id != 2 or sum(wire.sizes) != len(wire.packed_entries)
+        return
+    if not (wire.sizes or wire.packed_entries or wire.entries):
+        assert run is None
+        return
+    assert run is not None and run.first_entry_id == 2
+    sent = list(wire.entries) if not (wire.sizes or wire.packed_entries) else [
+        wire.packed_entries[sum(wire.sizes[:i]) : sum(wire.sizes[: i + 1])] for i in range(len(wire.sizes))
+    ]
+    assert run.entries() == sent[:count_max]
+    a, b = BookieId("a"), BookieId("b")
+    md = LedgerMetadata(
+        ledger_id=LedgerId(3), ensemble_size=2, write_quorum_size=2, ack_quorum_size=1,
+        ensembles=((EntryId(0), (a, b)),), state=LedgerState.CLOSED, last_entry_id=EntryId(9), length=0,
+    )
+    core = ReadCore(md, 2, 9, digest=Crc32cDigest(), read_order=lambda ws: list(ws))
+    core.start()
+    for effect in core.on_run(b, run):
+        for e in getattr(effect, "entries", ()):
+            assert pack_entry(Crc32cDigest(), 3, e.entry_id, e.last_add_confirmed, e.length, e.payload) == sent[
+                e.entry_id - 2
+            ]

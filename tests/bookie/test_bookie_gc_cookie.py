@@ -111,6 +111,23 @@ async def test_new_bookie_gets_cookies_then_must_match(store: MetadataStore, tmp
     assert await verify_or_create(store, "b1", [data, journal], [data]) == fresh
 
 
+async def test_a_disk_from_an_earlier_instance_of_the_same_bookie_is_refused(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """Same bookie id, older instance (the bookie was re-formatted since): its data is stale."""
+    import shutil
+
+    data, journal, old = tmp_path / "data", tmp_path / "journal", tmp_path / "old-journal"
+    first = await verify_or_create(store, "a", [data, journal], [data])
+    shutil.copytree(journal, old)
+    fresh = await format_bookie(store, "a", [data, journal], [data], force=True)
+    assert fresh.bookie_id == first.bookie_id and fresh.instance_id != first.instance_id
+    shutil.rmtree(journal)
+    shutil.copytree(old, journal)
+    with pytest.raises(CookieMismatchError, match=f"{journal}.*instance {first.instance_id}"):
+        await verify_or_create(store, "a", [data, journal], [data])
+
+
 async def test_interrupted_first_start_is_completed(store: MetadataStore, tmp_path: Path) -> None:
     data = tmp_path / "data"
     cookie = await verify_or_create(store, "b9", [data], [data])

@@ -145,6 +145,21 @@ async def test_fence_blocks_normal_adds_accepts_recovery_and_checks_the_key(make
     assert no_key.status == Status.BAD_REQUEST
 
 
+async def test_entry_and_range_reads_with_the_fence_flag_fence(make_bookie) -> None:
+    """Recovery reads carry the fence flag: the read itself must fence the ledger."""
+    bk = await make_bookie()
+    assert all(r.status == Status.OK for r in await send(bk.stub, [[add(11, i) for i in range(2)]]))
+    assert all(r.status == Status.OK for r in await send(bk.stub, [[add(12, i) for i in range(2)]]))
+    one = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=11, entry_id=1, flags=pb.FENCE,
+                                                      master_key=KEY))
+    assert one.status == Status.OK and one.entry == entry(11, 1)
+    assert [r.status for r in await send(bk.stub, [[add(11, 2)]])] == [Status.FENCED]
+    answers = [r async for r in bk.stub.ReadRange(pb.ReadRangeRequest(
+        ledger_id=12, first_entry_id=0, last_entry_id=1, flags=pb.FENCE, master_key=KEY))]
+    assert answers and all(a.status == Status.OK for a in answers)
+    assert [r.status for r in await send(bk.stub, [[add(12, 2)]])] == [Status.FENCED]
+
+
 async def test_master_key_mismatch_is_unauthorized(make_bookie) -> None:
     bk = await make_bookie()
     out = await send(bk.stub, [[add(9, 0)], [add(9, 1, key=master_key(b"other"))]])

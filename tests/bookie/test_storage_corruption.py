@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_storage_range_reads import flip_in_entry_log
 
 from scriba.bookie import entry_log as el
 from scriba.bookie.storage import open_storage
@@ -70,14 +71,7 @@ async def test_entry_log_bit_flips_never_served(flushed: Path, seed: int) -> Non
 
 
 async def test_every_byte_of_one_record_is_covered(flushed: Path, tmp_path: Path) -> None:
-    log = sorted((flushed / "ledgers" / "entrylogs").glob("*" + el.SUFFIX))[0]
-    s = await open_storage(config(flushed))
-    try:
-        loc = s._index.get(1, 7)
-    finally:
-        await s.close()
-    assert loc is not None
-    _, offset, n = loc
+    log, (_, offset, n) = await flip_in_entry_log(flushed, 1, 7, -1)  # (where it is; flips nothing)
     for pos in range(offset, offset + el.REC_HEADER_SIZE + n, 7):
         d = tmp_path / f"b{pos}"
         shutil.copytree(flushed, d)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,7 +17,11 @@ import pytest
 from scriba.embedded.process import port_open
 
 SCRIBA = [sys.executable, "-m", "scriba.cli"]
+# the installed entry point, as a user runs it (its own dir, not the cwd, is on sys.path)
+SCRIBA_INSTALLED = [str(Path(sys.executable).with_name("scriba"))] if Path(sys.executable).with_name("scriba").is_file() \
+    else [sys.executable, "-P", "-m", "scriba.cli"]
 START_TIMEOUT_S = 60.0
+SHADOW_INIT = 'raise ImportError("the working directory shadowed the installed scriba package")\n'
 
 
 def _alive(pid: int) -> bool:
@@ -182,6 +187,134 @@ def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None
                 os.kill(pid, signal.SIGKILL)
 
 
+def shadowing_cwd(tmp_path: Path) -> Path:
+    """A working directory holding a folder named ``scriba`` that breaks any import of it."""
+    cwd = tmp_path / "work"
+    (cwd / "scriba").mkdir(parents=True)
+    (cwd / "scriba" / "__init__.py").write_text(SHADOW_INIT)
+    return cwd
+
+
+def _cwd_of(pid: int) -> Path:
+    return Path(os.readlink(f"/proc/{pid}/cwd"))
+
+
+async def _write_ledger(uri: str, n: int) -> tuple[int, list[bytes]]:
+    from scriba.client import Client
+
+    payloads = [f"kept across restarts {i}".encode() for i in range(n)]
+    async with Client.connect(uri) as client:
+        writer = await client.create_ledger(3, 3, 2, password=b"pw")
+        for p in payloads:
+            await writer.append(p)
+        await writer.close()
+        return int(writer.ledger_id), payloads
+
+
+async def _read_ledger(uri: str, ledger_id: int) -> list[bytes]:
+    from scriba.client import Client
+
+    async with Client.connect(uri) as client:
+        reader = await client.open_ledger(ledger_id, password=b"pw", recovery=False)
+        out = [bytes(e.payload) async for e in reader.read(0)]
+        await reader.close()
+        return out
+
+
+async def _ledgers(uri: str) -> list[int]:
+    from scriba.client import Client
+
+    async with Client.connect(uri) as client:
+        return [int(i) for i in await client.list_ledgers()]
+
+
+@pytest.mark.slow
+def test_sandbox_keeps_data_across_a_restart_and_fresh_wipes_it(tmp_path: Path) -> None:
+    """Run from a working directory that would shadow the package (children must not care);
+    a ledger written before a stop is readable after the next start, cookies and etcd data
+    unchanged; ``--fresh`` starts empty."""
+    cwd = shadowing_cwd(tmp_path)
+    data = tmp_path / "sb"
+
+    def sandbox(*extra: str) -> dict[str, Any]:
+        done = subprocess.run([*SCRIBA_INSTALLED, "sandbox", "--data", str(data), "--bookies", "3", *extra],
+                              capture_output=True, text=True, timeout=120, cwd=cwd)
+        assert done.returncode == 0, done.stdout + done.stderr + (data / "sandbox.log").read_text(errors="replace")
+        doc = _read_json(data / "sandbox.json")
+        assert doc is not None
+        return doc
+
+    def stop(doc: dict[str, Any]) -> None:
+        pids = [*_pids(doc), doc["pid"]]
+        done = subprocess.run([*SCRIBA_INSTALLED, "sandbox", "--stop", "--data", str(data)],
+                              capture_output=True, text=True, timeout=60, cwd=cwd)
+        assert done.returncode == 0, done.stdout + done.stderr
+        _wait_for(lambda: not any(_alive(p) for p in pids), 20, "every sandbox process exiting")
+
+    first = sandbox("--detach")
+    try:
+        assert _cwd_of(first["pid"]) == data.resolve()  # the detached sandbox runs in its data dir
+        for b in first["bookies"]:
+            assert _cwd_of(b["pid"]) == Path(b["data_dir"]).parent  # each bookie in its own dir
+        assert all(_cwd_of(p) == (data / "etcd").resolve() for p in first["etcd"]["pids"])
+        ledger_id, payloads = asyncio.run(_write_ledger(first["metadata_uri"], 50))
+    finally:
+        stop(first)
+    cookies = {p: p.read_bytes() for p in data.glob("bookie-*/*/COOKIE")}
+    assert len(cookies) >= 3, sorted(data.rglob("COOKIE"))
+
+    second = sandbox("--detach")
+    try:
+        assert second["metadata_uri"] == first["metadata_uri"], "etcd restarted on its data and ports"
+        assert "keeping the data" in (data / "sandbox.log").read_text()
+        assert asyncio.run(_read_ledger(second["metadata_uri"], ledger_id)) == payloads
+        assert {p: p.read_bytes() for p in data.glob("bookie-*/*/COOKIE")} == cookies
+    finally:
+        stop(second)
+
+    third = sandbox("--detach", "--fresh")
+    try:
+        assert asyncio.run(_ledgers(third["metadata_uri"])) == []
+        assert {p: p.read_bytes() for p in data.glob("bookie-*/*/COOKIE")} != cookies
+    finally:
+        stop(third)
+
+
+@pytest.mark.slow
+def test_sandbox_kept_etcd_whose_port_is_taken_says_so_and_fresh_starts(tmp_path: Path) -> None:
+    import socket
+
+    data = tmp_path / "sb"
+    args = [*SCRIBA, "sandbox", "--data", str(data), "--bookies", "3"]
+    first = subprocess.run([*args, "--detach"], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    doc = _read_json(data / "sandbox.json")
+    assert doc is not None
+    port = int(doc["metadata_uri"].split("//")[1].split("/")[0].rsplit(":", 1)[1])
+    stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True, text=True,
+                             timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    _wait_for(lambda: not any(_alive(p) for p in [*_pids(doc), doc["pid"]]), 20, "the first sandbox exiting")
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        refused = subprocess.run([*args, "--simple-test"], capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "ServerStartError" in refused.stderr and "--fresh" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        fresh = subprocess.run([*args, "--fresh", "--simple-test"], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr  # a fresh etcd takes free ports
+    assert "simple-test PASSED" in fresh.stdout and "keeping the data" not in fresh.stdout
+
+
+def test_sandbox_help_says_data_is_kept_and_fresh_wipes() -> None:
+    done = subprocess.run([*SCRIBA, "sandbox", "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "--fresh" in text and "kept across a stop and start" in text and "wipe" in text
+
+
 def test_sandbox_bad_options_and_stop_without_sandbox(tmp_path: Path) -> None:
     bad = subprocess.run([*SCRIBA, "sandbox", "--data", str(tmp_path / "x"), "--bookies", "0"],
                          capture_output=True, text=True, timeout=30)
@@ -189,3 +322,26 @@ def test_sandbox_bad_options_and_stop_without_sandbox(tmp_path: Path) -> None:
     idle = subprocess.run([*SCRIBA, "sandbox", "--data", str(tmp_path / "y"), "--stop"],
                           capture_output=True, text=True, timeout=30)
     assert idle.returncode == 1 and "no sandbox is running" in idle.stdout
+    external = subprocess.run([*SCRIBA, "sandbox", "--data", str(tmp_path / "z"), "--fresh",
+                               "--metadata", "etcd://127.0.0.1:1/x"], capture_output=True, text=True, timeout=30)
+    assert external.returncode == 1 and "--fresh with --metadata" in external.stderr
+    assert "Traceback" not in external.stderr and not (tmp_path / "z").exists()
+
+
+def test_launcher_children_ignore_a_shadowing_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test kit's launcher, used from a directory holding a ``scriba/`` folder, starts a
+    bookie that imports the installed package and runs in its own dir (relative paths given
+    to the launcher still mean the caller's directory)."""
+    from scriba.testing.cluster import BookieCluster
+
+    monkeypatch.chdir(shadowing_cwd(tmp_path))
+    cluster = BookieCluster(Path("bookies"), "memory://launcher-shadow")
+    try:
+        bookie = cluster.add_bookie(timeout_s=60)
+        assert bookie.pid is not None and bookie.serving()
+        assert _cwd_of(bookie.pid) == (tmp_path / "work" / "bookies" / "bookie-0").resolve()
+        assert bookie.data_dir.is_relative_to(tmp_path / "work" / "bookies")
+        assert (bookie.data_dir / "COOKIE").is_file()
+    finally:
+        cluster.stop_all()

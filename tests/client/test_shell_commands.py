@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from scriba.client.shell import resolve_metadata
 from scriba.embedded.process import free_port
 from scriba.errors import ConfigError
+from scriba.shell import resolve_metadata
 
 SCRIBA = [sys.executable, "-m", "scriba.cli", "--log-level", "error"]
 
@@ -143,3 +143,93 @@ def test_shell_without_metadata_says_how_to_fix(tmp_path: Path) -> None:
     done = shell(None, "list-bookies", env=env, cwd=tmp_path)
     one_line_error(done, "ConfigError")
     assert "scriba sandbox" in done.stderr
+
+
+# --- the verb registry (scriba.shell) ----------------------------------------------------------
+
+
+def test_shell_finds_each_layers_verbs_by_name_and_skips_layers_not_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A layer above the client registers a verb through its own module; the client's verbs
+    stay; a listed layer that does not exist yet is skipped."""
+    import argparse
+
+    from scriba.shell import VERB_MODULES, register
+
+    pkg = tmp_path / "upperlayer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "shell.py").write_text(
+        "from scriba.shell import ShellVerb\n"
+        "seen = []\n"
+        "async def run(args, uri):\n"
+        "    seen.append((args.name, uri))\n"
+        "    return 7\n"
+        "def arguments(p):\n"
+        "    p.add_argument('name')\n"
+        "SHELL_VERBS = (ShellVerb('upper-verb', 'a verb of a layer above the client', run, arguments),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parser = argparse.ArgumentParser(prog="scriba")
+    register(parser.add_subparsers(dest="command"),
+             modules=(*VERB_MODULES[:1], "upperlayer.shell", "scriba.notbuiltyet.shell"))
+    args = parser.parse_args(["shell", "--metadata", "memory://verbs", "upper-verb", "it"])
+    assert args.func(args) == 7
+    import upperlayer.shell as upper  # type: ignore[import-not-found]
+
+    assert upper.seen == [("it", "memory://verbs")]
+    assert parser.parse_args(["shell", "list-bookies", "--json"]).json is True
+    with pytest.raises(SystemExit):
+        parser.parse_args(["shell", "--help"])
+    help_text = capsys.readouterr().out
+    assert "upper-verb" in help_text and "simple-test" in help_text
+    assert help_text.index("simple-test") < help_text.index("upper-verb"), "lower layers list first"
+
+
+def test_shell_refuses_a_verb_registered_twice_and_a_broken_verb_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scriba.invariant import InvariantViolation
+    from scriba.shell import import_if_present, load_verbs
+
+    (tmp_path / "twice.py").write_text(
+        "from scriba.shell import ShellVerb\n"
+        "async def run(args, uri):\n"
+        "    return 0\n"
+        "SHELL_VERBS = (ShellVerb('list-bookies', 'again', run),)\n"
+    )
+    (tmp_path / "broken.py").write_text("import scriba_dependency_that_is_missing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvariantViolation, match="list-bookies"):
+        load_verbs(("scriba.client.shell", "twice"))
+    assert import_if_present("scriba.notbuiltyet.shell") is None
+    assert import_if_present("scriba.client.nosuchmodule") is None
+    with pytest.raises(ModuleNotFoundError, match="scriba_dependency_that_is_missing"):
+        load_verbs(("broken",))
+
+
+@pytest.mark.parametrize("entries", ["0", "-5"])
+def test_simple_test_refuses_zero_and_negative_entries_alike(entries: str) -> None:
+    """Nothing is written (the store is not even reached): a test of no entries must not pass."""
+    done = shell(f"etcd://127.0.0.1:{free_port()}/nothing", "simple-test", "--entries", entries)
+    one_line_error(done, "ConfigError")
+    assert f"--entries: must be at least 1, got {entries}" in done.stderr
+
+
+def test_simple_test_options_checked_before_anything_happens() -> None:
+    from scriba.client.shell import check_simple_test_options
+
+    check_simple_test_options(ensemble=1, write=1, ack=1, entries=1, size=0)
+    for name in ("ensemble", "write", "ack", "entries"):
+        kw = {"ensemble": 3, "write": 3, "ack": 2, "entries": 10, "size": 10, name: 0}
+        with pytest.raises(ConfigError, match=f"--{name}: must be at least 1, got 0"):
+            check_simple_test_options(**kw)
+    with pytest.raises(ConfigError, match="--size: must be at least 0, got -1"):
+        check_simple_test_options(ensemble=3, write=3, ack=2, entries=1, size=-1)
+    with pytest.raises(ConfigError, match="--entries"):
+        asyncio.run(_simple_test_without_store())
+
+
+async def _simple_test_without_store() -> None:
+    from scriba.client.shell import simple_test
+
+    await simple_test("memory://never-reached", entries=0)

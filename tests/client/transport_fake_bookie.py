@@ -2,8 +2,10 @@
 
 Knobs: ``add_delay_s`` (answer batches late), ``silent`` (swallow adds: a
 blackhole), ``status_for`` (force a status per entry), ``fenced`` ledgers,
-``split_answers`` (answer a run in two parts, ids in reverse order). Adds sent in
-runs are answered in runs, one answer per run and status.
+``split_answers`` (answer a run in two parts, ids in reverse order), ``range_chunks``
+(a canned ReadRange answer). Adds sent in runs are answered in runs, one answer per run
+and status. Range reads are answered in ``entries``, as by a bookie that predates
+``packed``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class FakeBookie(pb_grpc.BookieServicer):
         self.lac: dict[int, int] = {}
         self.run_entry_ids: list[list[int]] = []  # entry ids of every run received
         self.split_answers = False  # answer each run in two parts, out of order
+        self.range_requests: list[Any] = []  # every ReadRangeRequest received
+        self.range_chunks: list[Any] | None = None  # canned ReadRange answer (else from entries)
 
     def _add_one(self, a: Any) -> pb.AddResponse:
         if self.status_for is not None:
@@ -103,6 +107,12 @@ class FakeBookie(pb_grpc.BookieServicer):
         )
 
     async def ReadRange(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Answers in ``entries`` only, as a bookie that predates ``packed`` (or ``range_chunks``)."""
+        self.range_requests.append(request)
+        if self.range_chunks is not None:
+            for chunk in self.range_chunks:
+                yield chunk
+            return
         if request.ledger_id not in self.keys:
             yield pb.ReadRangeResponse(status=pb.NO_SUCH_LEDGER)
             return

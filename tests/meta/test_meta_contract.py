@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import sys
 import time
+from asyncio.subprocess import Process
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -361,6 +363,87 @@ async def test_allocate_id_is_unique_under_concurrent_allocators(make_store: Sto
     assert await stores[0].allocate_id("other") != 0
 
 
+async def test_allocate_id_is_unique_and_increasing_per_client_under_64_concurrent_tasks(
+    make_store: StoreFactory,
+) -> None:
+    stores = [await make_store() for _ in range(4)]
+    tasks, per_task = 64, 50
+    handed_out: list[list[int]] = [[] for _ in stores]  # per store, in the order ids came back
+
+    async def allocate(i: int) -> None:
+        store = stores[i % len(stores)]
+        for _ in range(per_task):
+            handed_out[i % len(stores)].append(await store.allocate_id("ledger"))
+
+    await asyncio.wait_for(asyncio.gather(*(allocate(i) for i in range(tasks))), 120.0)
+    ids = [i for per_store in handed_out for i in per_store]
+    assert len(ids) == tasks * per_task
+    assert len(set(ids)) == len(ids), "an id was handed out twice"
+    assert all(0 < i < 2**63 for i in ids)
+    for per_store in handed_out:  # strictly increasing per client, in the order handed out
+        assert all(a < b for a, b in itertools.pairwise(per_store))
+
+
+_ALLOCATOR = """
+import asyncio, sys
+from scriba.meta import connect
+
+async def main() -> None:
+    store = await connect(sys.argv[1])
+    ids = [await store.allocate_id("ledger") for _ in range(int(sys.argv[2]))]
+    print("ids", *ids, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def _client_process(script: str, *args: str, ready: Callable[[bytes], bool]) -> tuple[Process, bytes]:
+    """Run ``script`` as a client in its own process; return it once it printed a ``ready`` line."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert child.stdout is not None
+        async with asyncio.timeout(30.0):  # unconfigured structlog may print log lines first
+            while (line := await child.stdout.readline()) and not ready(line):
+                pass
+    except BaseException:
+        child.kill()
+        await asyncio.wait_for(child.wait(), 10.0)
+        raise
+    return child, line
+
+
+async def _ids_of_a_killed_client(backend: Backend, make_store: StoreFactory, count: int) -> list[int]:
+    """Ids a client handed out before it died without closing (SIGKILL; memory: abandoned)."""
+    if backend.cluster is None:
+        store = await make_store()
+        return [await store.allocate_id("ledger") for _ in range(count)]
+    child, line = await _client_process(
+        _ALLOCATOR, backend.uri, str(count), ready=lambda line: line.startswith(b"ids ")
+    )
+    child.kill()
+    await asyncio.wait_for(child.wait(), 10.0)
+    return [int(word) for word in line.split()[1:]]
+
+
+async def test_allocate_id_never_reuses_ids_after_clients_close_or_crash(
+    backend: Backend, make_store: StoreFactory
+) -> None:
+    first = await make_store()
+    closed_ids = [await first.allocate_id("ledger") for _ in range(5)]
+    await first.close()
+    crashed_ids = await _ids_of_a_killed_client(backend, make_store, 7)
+    assert len(crashed_ids) == 7
+    again = await make_store()
+    new_ids = [await again.allocate_id("ledger") for _ in range(20)]
+    earlier = closed_ids + crashed_ids
+    assert len(set(earlier)) == len(earlier)
+    assert min(new_ids) > max(earlier), "an id of a closed or crashed client was handed out again"
+    assert all(a < b for a, b in itertools.pairwise(new_ids))
+
+
 # --- sessions and ephemerals ----------------------------------------------------------
 
 
@@ -431,15 +514,10 @@ async def test_ephemeral_of_a_killed_client_vanishes_within_the_session_timeout(
 ) -> None:
     if backend.cluster is None:
         pytest.skip("memory:// lives in one process: nothing to kill")
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, backend.uri, str(SESSION_TIMEOUT_S),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    holder, line = await _client_process(
+        _HOLDER, backend.uri, str(SESSION_TIMEOUT_S), ready=lambda line: line.strip() == b"ready"
     )
     try:
-        assert holder.stdout is not None
-        async with asyncio.timeout(30.0):  # unconfigured structlog may print log lines first
-            while (line := await holder.stdout.readline()) and line.strip() != b"ready":
-                pass
         assert line.strip() == b"ready"
         await read_settles(backend, lambda: value_of(store, "crash/node"), b"held")
     finally:

@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scriba.errors import BadRequestError
+from scriba.errors import BadRequestError, MetadataUnavailableError
 from scriba.meta import connect
+from scriba.meta import election as election_module
 from scriba.meta.election import Election
 from scriba.meta.memory import MemoryStore
 from scriba.meta.store import MetadataStore, SessionState
+from scriba.retry import RetryPolicy
 
 WAIT_S = 5.0
 
@@ -82,3 +84,41 @@ async def test_one_campaign_at_a_time_and_names_are_checked(stores: list[Metadat
     assert await election.leader() is None
     again = await election.campaign("a")  # a resigned candidate may run again
     assert not again.lost.is_set()
+
+
+def lossy_create(store: MetadataStore, *, lose_answers: int, apply: bool = True) -> list[int]:
+    """Make ``store.create`` fail with "outcome unknown" ``lose_answers`` times (after applying it)."""
+    real = store.create
+    calls = [0]
+
+    async def create(key: str, value: bytes, *, ephemeral: bool = False) -> int:
+        calls[0] += 1
+        if calls[0] > lose_answers:
+            return await real(key, value, ephemeral=ephemeral)
+        if apply:
+            await real(key, value, ephemeral=ephemeral)
+        raise MetadataUnavailableError("create: no answer (outcome unknown)")
+
+    store.create = create  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_campaign_whose_create_answer_was_lost_still_leads(stores: list[MetadataStore]) -> None:
+    store = stores[0]
+    calls = lossy_create(store, lose_answers=1)  # our record exists; we were not told
+    lead = await asyncio.wait_for(Election(store, "g").campaign("a"), WAIT_S)  # must not wait for itself
+    assert calls[0] == 2
+    assert await Election(stores[1], "g").leader() == ("a", lead.token)
+
+
+async def test_a_campaign_retries_an_unreachable_store_then_gives_up(
+    stores: list[MetadataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(election_module, "CAMPAIGN_RETRY", RetryPolicy(attempts_max=4, delay_s_min=0.001, delay_s_max=0.002))
+    calls = lossy_create(stores[0], lose_answers=2, apply=False)
+    lead = await asyncio.wait_for(Election(stores[0], "g").campaign("a"), WAIT_S)
+    assert calls[0] == 3 and lead.token > 0
+    calls = lossy_create(stores[1], lose_answers=100, apply=False)
+    with pytest.raises(MetadataUnavailableError):
+        await asyncio.wait_for(Election(stores[1], "h").campaign("b"), WAIT_S)
+    assert calls[0] == 4

@@ -30,7 +30,6 @@ from scriba.errors import (
     NoSuchKeyError,
 )
 from scriba.meta import connect
-from scriba.meta import zookeeper as zk_driver
 from scriba.meta.store import Check, EventKind, MetadataStore, Put, SessionState, WatchEvent
 from scriba.meta.zookeeper import ZooKeeperStore
 
@@ -252,18 +251,20 @@ async def test_zk_unreachable_fails_in_bounded_time() -> None:
     assert time.monotonic() - started < 3.0
 
 
-async def test_zk_ids_roll_into_the_next_epoch(
-    zk1: ZooKeeperEnsemble, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(zk_driver, "ID_EPOCH_IDS_MAX", 4)  # an epoch of 3 ids instead of ~2**31
+async def test_zk_ids_start_above_those_of_the_older_epoch_scheme(zk1: ZooKeeperEnsemble) -> None:
     uri = _fresh(zk1)
     async with await _open(uri) as a, await _open(uri) as b:
+        # The older scheme handed out (epoch << 31) | version of the znodes ids/<name>/<epoch>.
+        await a.create("ids/ledger/0000000000", b"")
+        version = 0
+        for _ in range(3):
+            version = await a.set("ids/ledger/0000000000", b"", expected_version=version)
+        await a.create("ids/ledger/0000000002", b"")  # epochs 0..2 were opened
         ids = await asyncio.gather(*(s.allocate_id("ledger") for s in [a, b] * 6))
-        assert len(set(ids)) == 12 and 0 not in ids
+        assert len(set(ids)) == 12
+        assert min(ids) >= 3 << 31  # above every id epoch 2 could have handed out
         assert all(0 < i < 1 << 63 for i in ids)
-        assert max(ids) >= 3 << 31  # at least three epochs were opened
-        later = await a.allocate_id("ledger")
-        assert later > max(ids)  # a store keeps to the newest epoch
+        assert await a.allocate_id("ledger") > max(ids[0::2])  # a store keeps to its newest range
         assert await a.allocate_id("other") == 1  # sequences are independent
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -226,6 +227,69 @@ def test_zone_aware_never_doubles_a_zone_while_another_zone_has_a_free_bookie(to
         zones = {(topology.nodes[b].region, topology.nodes[b].zone) for b in ws}
         if len(zones) < w:
             assert not (free_zones - zones), (ens, start, free_zones - zones)
+
+
+@st.composite
+def zoned_topologies(draw: st.DrawFn) -> tuple[Topology, frozenset[str]]:
+    """One or two regions, 2-5 zones, 2-10 racks, 4-24 bookies, a few read-only or failed:
+    crowded enough that replacements have to choose between zones and racks already used."""
+    n_regions = draw(st.integers(1, 2))
+    n_zones = draw(st.integers(2, 5))
+    n_racks = draw(st.integers(2, 10))
+    rack_zone = [i % n_zones if i < n_zones else draw(st.integers(0, n_zones - 1)) for i in range(n_racks)]
+    n_bookies = draw(st.integers(4, 24))
+    nodes = []
+    for i in range(n_bookies):
+        k = draw(st.integers(0, n_racks - 1))
+        z = rack_zone[k]
+        nodes.append(BookieNode.at(f"b{i}", f"/r{z % n_regions}/z{z}/k{k}", writable=draw(st.integers(0, 9)) > 0,
+                                   free_bytes=draw(st.sampled_from([0, 10, 40]))))
+    excluded = frozenset(f"b{i}" for i in range(n_bookies) if draw(st.integers(0, 9)) == 0)
+    return Topology.from_nodes(nodes), excluded
+
+
+@PROFILE
+@given(st.one_of(topologies(), zoned_topologies()), st.integers(2, 5), st.integers(0, 2**32 - 1), st.data())
+def test_zone_aware_replacement_shares_a_zone_and_rack_with_as_few_replicas_as_any_candidate(
+        topo, e, seed, data) -> None:
+    """E = W: the replacement shares its zone with as few of the other replicas as any
+    candidate would (so the largest number of replicas in one zone is as small as any
+    candidate can make it), and among candidates sharing a zone with equally few, shares
+    its rack with as few as any."""
+    topology, excluded = topo
+    everyone = sorted(topology.nodes)
+    assume(len(everyone) > e)
+    ensemble = data.draw(st.permutations(everyone).map(lambda p: tuple(p[:e])))
+    index = data.draw(st.integers(0, e - 1))
+    zmin = data.draw(st.integers(1, 3))
+    opts = {"min_zones_per_write_quorum": zmin,
+            "desired_zones_per_write_quorum": data.draw(st.integers(zmin, 4)),
+            "strict": data.draw(st.booleans())}
+    exclude = excluded | {ensemble[index]}
+    candidates = [b for b in eligible(topology, frozenset(exclude)) if b not in ensemble]
+    others = [b for i, b in enumerate(ensemble) if i != index]
+
+    def zone(b: str) -> tuple[str, str]:
+        return domain(topology, b, 1)  # type: ignore[return-value]
+
+    def rack(b: str) -> tuple[str, str, str]:
+        return domain(topology, b, 2)  # type: ignore[return-value]
+
+    def shared(b: str) -> tuple[int, int]:
+        return sum(zone(o) == zone(b) for o in others), sum(rack(o) == rack(b) for o in others)
+
+    def most_in_one_zone(b: str) -> int:
+        return max(Counter(zone(x) for x in (*others, b)).values())
+
+    policy = make_policy("zone-aware", opts, rng=random.Random(seed))
+    try:
+        result = policy.replace_bookie(topology, ensemble, index, e, min(2, e), exclude=exclude)
+    except NotEnoughBookiesError:
+        assert not candidates or opts["strict"]
+        return
+    chosen = result.bookies[index]
+    assert shared(chosen) == min(shared(b) for b in candidates), (ensemble, index, chosen)
+    assert most_in_one_zone(chosen) == min(most_in_one_zone(b) for b in candidates)
 
 
 @PROFILE

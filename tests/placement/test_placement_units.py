@@ -151,6 +151,42 @@ def test_zone_aware_replacement_when_a_zone_is_lost() -> None:
     assert result.adherence is Adherence.MEETS_STRICT
 
 
+def _replacement_case(zones_of_spares: dict[str, int]) -> Topology:
+    """Ensemble bookies e0..e3 in zones z0, z1, z1, z2 (one rack each), spares per zone."""
+    nodes = [BookieNode.at(f"e{i}", f"/r0/{z}/k{i}") for i, z in enumerate(["z0", "z1", "z1", "z2"])]
+    for zone, n in zones_of_spares.items():
+        nodes += [BookieNode.at(f"{zone}-spare{j}", f"/r0/{zone}/spare{j}", free_bytes=40 if zone == "z1" else 10)
+                  for j in range(n)]
+    return Topology.from_nodes(nodes)
+
+
+def test_zone_aware_replacement_never_stacks_three_replicas_in_one_zone() -> None:
+    """E=W=4, Qa=3, zones [z0, z1, z1, z2]; the z0 bookie fails and z0 has no spare. Either
+    replacement spans two zones, but one from z1 puts three of four replicas in z1 (losing
+    z1 then leaves one copy of entries three bookies acknowledged); one from z2 leaves two
+    and two. z1 has more spares and more free space, so a tie would mostly pick z1."""
+    topology = _replacement_case({"z1": 4, "z2": 1})
+    ensemble = ("e0", "e1", "e2", "e3")
+    for seed in range(200):
+        policy = make_policy("zone-aware", rng=random.Random(seed))
+        result = policy.replace_bookie(topology, ensemble, 0, 4, 3, exclude={"e0"})
+        assert result.bookies == ("z2-spare0", "e1", "e2", "e3"), (seed, result)
+        assert result.adherence is Adherence.MEETS_SOFT
+
+
+def test_zone_aware_replacement_spreads_racks_inside_the_zone_it_must_reuse() -> None:
+    """E=W=3 over zones z0, z1, z2; the z0 bookie fails and z0 has no spare; the spares are
+    all in z1, so the rack decides: not the rack that already holds a replica."""
+    nodes = [BookieNode.at("e0", "/r0/z0/k0"), BookieNode.at("e1", "/r0/z1/k1"), BookieNode.at("e2", "/r0/z2/k2"),
+             *(BookieNode.at(f"same-rack{j}", "/r0/z1/k1", free_bytes=40) for j in range(4)),
+             BookieNode.at("new-rack", "/r0/z1/k9", free_bytes=10)]
+    topology = Topology.from_nodes(nodes)
+    for seed in range(100):
+        policy = make_policy("zone-aware", rng=random.Random(seed))
+        result = policy.replace_bookie(topology, ("e0", "e1", "e2"), 0, 3, 2, exclude={"e0"})
+        assert result.bookies[0] == "new-rack", (seed, result)
+
+
 def test_unknown_policy_and_bad_options() -> None:
     with pytest.raises(ConfigError, match="unknown"):
         make_policy("nearest")

@@ -120,7 +120,10 @@ class WriterProcess:
         if self.proc.returncode is None:
             self.signal(signal.SIGKILL)
         await self.proc.wait()
-        self._reader.cancel()
+        try:  # the pipe is closed: read what is left in it, bounded
+            await asyncio.wait_for(self._reader, 10.0)
+        except TimeoutError:
+            self._reader.cancel()
 
 
 async def _read_to_end(ns: Namespace, name: str, start: Any = "earliest") -> list[Record]:
@@ -184,7 +187,6 @@ async def test_sigstop_old_writer_is_fenced_and_nothing_later_is_read(client: Cl
     try:
         await old.wait_confirmed(100)
         old.signal(signal.SIGSTOP)
-        stopped_at = max(int(v.split(b"-")[1]) for v in old.confirmed.values())
         new = await ns.open_writer("paused", options=WriterOptions(lock_timeout_s=30.0))
         b_pos = await new.append(b"b-0")
         old.signal(signal.SIGCONT)
@@ -194,6 +196,10 @@ async def test_sigstop_old_writer_is_fenced_and_nothing_later_is_read(client: Cl
     finally:
         await old.stop()
     assert any("WriterFencedError" in e for e in old.errors), old.errors[:3]
+    # Every confirmation the old writer printed is read by now (some were still in the
+    # pipe at SIGSTOP); none came after the new writer opened (``late`` below), so the
+    # largest is where it stood when it was paused.
+    stopped_at = max(int(v.split(b"-")[1]) for v in old.confirmed.values())
     everything = await _read_to_end(ns, "paused")
     a_values = [int(r.payload.split(b"-")[1]) for r in everything if r.payload.startswith(b"a-")]
     # only what was sent before the pause (at most one window in flight) made it

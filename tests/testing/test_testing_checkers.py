@@ -139,6 +139,24 @@ def test_checkers_log_bad(case: str, needle: str) -> None:
     assert needle in result.explain(), result.explain()
 
 
+@pytest.mark.parametrize("who_saw_the_close", ["metadata", "readers", "both"])
+def test_checkers_log_reports_a_close_one_entry_early(who_saw_the_close: str) -> None:
+    """Confirmed 0..3, closed at 2: the most common lost write (a close one entry early)
+    loses exactly the last confirmed entry, at ``closed_last + 1``."""
+    values = _values(4)
+    confirmed = {i: values[i] for i in range(4)}
+    seen = 2 if who_saw_the_close in ("readers", "both") else None
+    metadata = 2 if who_saw_the_close in ("metadata", "both") else None
+    reads = [LogRead.from_values("r1", values[:3], closed_last=seen),
+             LogRead.from_values("r2", values[:3], closed_last=seen)]
+    result = check_log(reads, confirmed, attempted=values, closed_last=metadata)
+    assert not result.ok and result.closed_last == 2
+    assert result.violations == ("position 3 was confirmed but the ledger closed at 2 (confirmed entry lost)",)
+    # the control: closed at 3, nothing is lost
+    fine = check_log([LogRead.from_values("r1", values, closed_last=3)], confirmed, attempted=values, closed_last=3)
+    assert fine.ok, fine.explain()
+
+
 # --- linearizability: registers ----------------------------------------------------------
 
 
