@@ -7,11 +7,15 @@ concatenated in one bytes field): no protobuf object per entry. ``BookieAdds`` h
 that bookie's side of it; the transport (``grpc_transport.py``) owns the stream, the
 tasks and the callbacks, and asks it what to send and whom an answer is for.
 
-- ``push(key, entry_id, entry)`` appends the add to the open :class:`AddRun` (a new run
-  when the open one's adds differ in ``key`` = callback, ledger, flags, master key and
-  answer style, or it is full: ``batch_entries_max`` adds / ``batch_bytes_max`` bytes).
-  No object per add: the entry id and the entry's bytes (the same object for every
-  bookie of a write set) go into two lists.
+- ``AddBatcher.push(bookies, key, entry_id, entry)`` appends the add, for each bookie of
+  the write set, to that bookie's open :class:`AddRun` (a new run when the open one's
+  adds differ in ``key`` = callback, ledger, flags, master key and answer style, or it
+  is full: ``batch_entries_max`` adds / ``batch_bytes_max`` bytes). No object per add:
+  the entry id and the entry's bytes (the same object for every bookie of a write set)
+  go into two lists; one call per entry, however many bookies (the hot path). It
+  returns only the bookies that need the transport: WAKE (the sender should look),
+  REFUSED (over ``inflight_bytes_hard_max``), STOPPED (the transport has not
+  ``start``ed that bookie's stream, or ``stop``ped it: nothing was queued).
 - ``ready()`` applies the send rule: send while anything is queued, except that while
   ``batch_entries_max * batches_inflight_max`` adds are unanswered a partial message is
   held back until it fills or answers arrive (Nagle-like; one add in flight is never
@@ -45,9 +49,10 @@ from scriba.proto import scriba_pb2 as pb
 RunKey = tuple[Any, int, int, bytes, bool]
 """``(callback, ledger_id, flags, master_key, per_entry)``: what a run's adds share."""
 
-QUEUED: Final = 0  # push: queued
+QUEUED: Final = 0  # push: queued (never returned: the bookie is left out)
 WAKE: Final = 1  # push: queued, and the sender should look (first add, or a full batch)
 REFUSED: Final = 2  # push: over inflight_bytes_hard_max, not queued
+STOPPED: Final = 3  # push: the bookie's stream is not started, not queued
 
 _AddRun: Final = pb.AddRun
 _RUNS_TAG: Final = b"\x12"  # AddBatch.runs: field 2, length-delimited
@@ -130,10 +135,7 @@ class BookieAdds:
 
     __slots__ = (
         "_bytes_max",
-        "_clock",
         "_entries_max",
-        "_hard_max",
-        "_timeout_s",
         "_window",
         "dups",
         "inflight_bytes",
@@ -145,13 +147,10 @@ class BookieAdds:
         "sent_unanswered",
     )
 
-    def __init__(self, config: TransportConfig, clock: Callable[[], float]) -> None:
+    def __init__(self, config: TransportConfig) -> None:
         self._entries_max = config.batch_entries_max
         self._bytes_max = config.batch_bytes_max
-        self._hard_max = config.resolved_inflight_bytes_hard_max
         self._window = config.send_window_entries
-        self._timeout_s = config.add_timeout_s
-        self._clock = clock
         self.queue: list[AddRun] = []  # runs not sent yet, in creation order
         self.open_run: AddRun | None = None  # the last queued run, still taking adds
         self.queued_entries = 0  # adds in ``queue``
@@ -163,34 +162,9 @@ class BookieAdds:
         self.inflight_bytes = 0  # bytes of the unanswered runs
         self.sent_unanswered = 0  # adds taken into messages, not yet answered
 
-    # --- queueing ---------------------------------------------------------------------
-    def push(self, key: RunKey, entry_id: int, entry: bytes) -> int:
-        """Queue one add: QUEUED, WAKE (the sender should look now) or REFUSED.
-
-        The hot path (once per add and bookie): literals instead of the constants."""
-        size = len(entry)
-        inflight = self.inflight_bytes
-        if inflight and inflight + size > self._hard_max:
-            return 2  # REFUSED
-        self.inflight_bytes = inflight + size
-        run = self.open_run
-        if run is None or run.key != key:
-            run = self._new_run(key)
-        ids = run.entry_ids
-        ids.append(entry_id)
-        run.entries.append(entry)
-        run_size = run.size + size
-        run.size = run_size
-        entries_max = self._entries_max
-        if len(ids) >= entries_max or run_size >= self._bytes_max:
-            self.open_run = None
-        queued = self.queued_entries + 1
-        self.queued_entries = queued
-        # a full batch goes out even while the send window is used up
-        return 1 if queued == 1 or queued == entries_max else 0  # WAKE or QUEUED
-
-    def _new_run(self, key: RunKey) -> AddRun:
-        run = AddRun(key, self._clock() + self._timeout_s)
+    # --- queueing (AddBatcher.push fills the runs) ------------------------------------
+    def new_run(self, key: RunKey, deadline: float) -> AddRun:
+        run = AddRun(key, deadline)
         self.queue.append(run)
         self.runs[run] = None
         self.open_run = run
@@ -337,3 +311,77 @@ class BookieAdds:
             + sum(map(len, self.ledgers.values()))
             + sum(map(len, self.dups.values()))
         )
+
+
+class AddBatcher:
+    """Every bookie's :class:`BookieAdds` for one transport, and which bookies take adds
+    now (the transport ``start``s a bookie when its stream task starts and ``stop``s it
+    when the stream fails or closes)."""
+
+    __slots__ = ("_accepting", "_adds", "_bytes_max", "_clock", "_config", "_entries_max", "_hard_max", "_timeout_s")
+
+    def __init__(self, config: TransportConfig, clock: Callable[[], float]) -> None:
+        self._config = config
+        self._entries_max = config.batch_entries_max
+        self._bytes_max = config.batch_bytes_max
+        self._hard_max = config.resolved_inflight_bytes_hard_max
+        self._timeout_s = config.add_timeout_s
+        self._clock = clock
+        self._adds: dict[Any, BookieAdds] = {}
+        self._accepting: dict[Any, BookieAdds] = {}
+
+    def bookie(self, bookie_id: Any) -> BookieAdds:
+        """The adds of ``bookie_id`` (created empty on first use)."""
+        adds = self._adds.get(bookie_id)
+        if adds is None:
+            adds = self._adds[bookie_id] = BookieAdds(self._config)
+        return adds
+
+    def start(self, bookie_id: Any) -> None:
+        self._accepting[bookie_id] = self.bookie(bookie_id)
+
+    def stop(self, bookie_id: Any) -> None:
+        self._accepting.pop(bookie_id, None)
+
+    def push(
+        self, bookies: Iterable[Any], key: RunKey, entry_id: int, entry: bytes
+    ) -> list[tuple[Any, int]] | None:
+        """Queue the add to each of ``bookies``; returns ``(bookie_id, WAKE | REFUSED |
+        STOPPED)`` for the bookies that need the transport, None when none does.
+
+        The hot path (once per entry): the limits are read once, the per-bookie work is
+        inline, and the codes are literals."""
+        size = len(entry)
+        hard_max, entries_max, bytes_max = self._hard_max, self._entries_max, self._bytes_max
+        accepting = self._accepting
+        attention: list[tuple[Any, int]] | None = None
+        for bookie_id in bookies:
+            adds = accepting.get(bookie_id)
+            if adds is None:
+                code = 3  # STOPPED
+            else:
+                inflight = adds.inflight_bytes
+                if inflight and inflight + size > hard_max:
+                    code = 2  # REFUSED (one entry larger than the bound still goes alone)
+                else:
+                    adds.inflight_bytes = inflight + size
+                    run = adds.open_run
+                    if run is None or run.key != key:
+                        run = adds.new_run(key, self._clock() + self._timeout_s)
+                    ids = run.entry_ids
+                    ids.append(entry_id)
+                    run.entries.append(entry)
+                    run_size = run.size + size
+                    run.size = run_size
+                    if len(ids) >= entries_max or run_size >= bytes_max:
+                        adds.open_run = None
+                    queued = adds.queued_entries + 1
+                    adds.queued_entries = queued
+                    if queued != 1 and queued != entries_max:
+                        continue  # QUEUED
+                    code = 1  # WAKE: the first queued add, or a full batch's worth
+            if attention is None:
+                attention = [(bookie_id, code)]
+            else:
+                attention.append((bookie_id, code))
+        return attention

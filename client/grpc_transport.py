@@ -1,12 +1,12 @@
 """The gRPC ``BookieTransport``: one channel and one batched add stream per bookie.
 
 Theory of operation. Every add to one bookie goes onto that bookie's single
-``AddStream``, batched into ``AddBatch`` messages of ``AddRun``s by the bookie's
-:class:`~scriba.client.add_batcher.BookieAdds` (the I/O-free half: what to send,
-whom an answer is for, which adds expired; its docstring gives the batching rules).
-This module is the I/O half. ``add_entry()`` (one call for the whole write set) and
-``add()`` (one bookie) only push the add into each bookie's batcher (no coroutine,
-task or log line per entry). One sender task per bookie writes a message whenever
+``AddStream``, batched into ``AddBatch`` messages of ``AddRun``s by the I/O-free
+``scriba.client.add_batcher`` (``AddBatcher`` over one ``BookieAdds`` per bookie: what
+to send, whom an answer is for, which adds expired; its docstring gives the batching
+rules). This module is the I/O half. ``add_entry()`` (one call for the whole write
+set) and ``add()`` (one bookie) only push the add into the batcher (no coroutine,
+task or log line per entry); a bookie whose stream is not running is started then. One sender task per bookie writes a message whenever
 the batcher is ready; while a message is being written the next adds accumulate.
 One reader task per bookie takes each ``AddResponseBatch`` and answers the runs the
 batcher matched, with one callback per run (``add_entry``: ``on_responses(bookie_id,
@@ -48,7 +48,15 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
-from scriba.client.add_batcher import REFUSED, WAKE, AddRun, BookieAdds
+from scriba.client.add_batcher import (
+    REFUSED,
+    STOPPED,
+    WAKE,
+    AddBatcher,
+    AddRun,
+    BookieAdds,
+    RunKey,
+)
 from scriba.client.transport import (
     AddCallback,
     AddRunCallback,
@@ -118,7 +126,6 @@ class _Connection:
         "closing",
         "fail_count",
         "generation",
-        "push",
         "reader",
         "retry_at",
         "sender",
@@ -130,7 +137,6 @@ class _Connection:
     def __init__(self, bookie_id: BookieId, adds: BookieAdds) -> None:
         self.bookie_id = bookie_id
         self.adds = adds  # queued and unanswered adds (no I/O)
-        self.push = adds.push  # bound once: the hot path calls it per add
         self.address = ""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.BookieStub | None = None
@@ -156,6 +162,8 @@ class GrpcBookieTransport:
         self.read_timeout_s = config.read_timeout_s
         self.packed_reads = config.packed_reads  # ask range reads as runs (False: as an old client)
         self.inflight_bytes_max = config.inflight_bytes_max
+        self._batcher = AddBatcher(config, time.monotonic)
+        self._push = self._batcher.push  # bound once: called once per entry
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -186,7 +194,10 @@ class GrpcBookieTransport:
         Answers come batched: ``on_responses(bookie_id, ledger_id, entry_ids, status)``,
         each add of this call named exactly once over all the calls.
         """
-        self._enqueue(bookies, ledger_id, entry_id, master_key, entry, on_responses, recovery, False)
+        key = (on_responses, ledger_id, _RECOVERY_FLAG if recovery else 0, master_key, False)
+        attention = self._push(bookies, key, entry_id, entry)  # the hot path: one call
+        if attention is not None:
+            self._attend(attention, key, entry_id, entry)
 
     def add(
         self,
@@ -200,36 +211,31 @@ class GrpcBookieTransport:
         recovery: bool = False,
     ) -> None:
         """Queue one add; ``on_response(bookie_id, ledger_id, entry_id, status)`` fires once."""
-        self._enqueue((bookie_id,), ledger_id, entry_id, master_key, entry, on_response, recovery, True)
+        key = (on_response, ledger_id, _RECOVERY_FLAG if recovery else 0, master_key, True)
+        attention = self._push((bookie_id,), key, entry_id, entry)
+        if attention is not None:
+            self._attend(attention, key, entry_id, entry)
 
-    def _enqueue(
-        self,
-        bookies: Iterable[BookieId],
-        ledger_id: int,
-        entry_id: int,
-        master_key: bytes,
-        entry: bytes,
-        callback: Any,
-        recovery: bool,
-        per_entry: bool,
-    ) -> None:
-        """Push the add into each bookie's batcher; ``per_entry``: ``callback`` is an
-        ``AddCallback`` answered add by add, else an ``AddRunCallback``."""
-        key = (callback, ledger_id, _RECOVERY_FLAG if recovery else 0, master_key, per_entry)
-        conns = self._conns
-        for bookie_id in bookies:
-            conn = conns.get(bookie_id)
-            if conn is None or conn.sender is None:
-                conn = self._open(bookie_id)
-                if conn is None:  # closed or unresolvable: answer soon, never inline
+    def _attend(self, attention: list[tuple[BookieId, int]], key: RunKey, entry_id: int, entry: bytes) -> None:
+        """The bookies the batcher could not just queue an add for: wake a sender, start a
+        stream (then queue), or answer soon (never inline: the caller's core may not
+        expect re-entry). ``key[4]`` (per_entry): the callback is an ``AddCallback``
+        answered add by add, else an ``AddRunCallback``."""
+        callback, ledger_id, _flags, _master_key, per_entry = key
+        for bookie_id, first_code in attention:
+            code = first_code
+            if code == STOPPED:  # no stream yet (or it failed): start one, then queue
+                if self._open(bookie_id) is None:  # closed or unresolvable
                     self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
                     continue
-            pushed = conn.push(key, entry_id, entry)
-            if pushed:
-                if pushed == WAKE:
-                    conn.wake.set()
-                elif pushed == REFUSED:
-                    self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
+                again = self._push((bookie_id,), key, entry_id, entry)
+                if again is None:
+                    continue
+                ((_, code),) = again
+            if code == WAKE:
+                self._conns[bookie_id].wake.set()
+            elif code == REFUSED:
+                self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
 
     def writable(self, bookie_id: BookieId) -> bool:
         """Whether ``bookie_id`` has room for more adds (below ``inflight_bytes_max``)."""
@@ -288,7 +294,7 @@ class GrpcBookieTransport:
     def _connection(self, bookie_id: BookieId) -> _Connection:
         conn = self._conns.get(bookie_id)
         if conn is None:
-            conn = self._conns[bookie_id] = _Connection(bookie_id, BookieAdds(self._config, time.monotonic))
+            conn = self._conns[bookie_id] = _Connection(bookie_id, self._batcher.bookie(bookie_id))
         return conn
 
     def _open(self, bookie_id: BookieId) -> _Connection | None:
@@ -311,6 +317,7 @@ class GrpcBookieTransport:
         # After a failure the stream is redialled once the backoff has passed; adds queue
         # meanwhile (bounded by the in-flight bytes cap and answered by the add timeout).
         conn.sender = loop.create_task(self._stream(conn), name=f"scriba-add-send-{bookie_id}")
+        self._batcher.start(bookie_id)  # adds queue now (the stream opens after any backoff)
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep_loop(), name="scriba-add-sweep")
         return conn
@@ -380,6 +387,7 @@ class GrpcBookieTransport:
         TIMEOUT); back off."""
         call, sender, reader = conn.call, conn.sender, conn.reader
         conn.call = conn.sender = conn.reader = None
+        self._batcher.stop(conn.bookie_id)  # the next add starts a new stream
         current = asyncio.current_task()
         for task in (sender, reader):
             if task is not None and task is not current and not task.done():

@@ -13,7 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scriba.client.add_batcher import QUEUED, REFUSED, WAKE, AddRun, BookieAdds, encode_run
+from scriba.client.add_batcher import (
+    QUEUED,
+    REFUSED,
+    STOPPED,
+    WAKE,
+    AddBatcher,
+    AddRun,
+    BookieAdds,
+    encode_run,
+)
 from scriba.client.transport import TransportConfig
 from scriba.config import ConfigError
 from scriba.proto import scriba_pb2 as pb
@@ -41,12 +50,32 @@ def key(ledger_id: int = 7, callback: Any = cb_a, flags: int = 0, per_entry: boo
     return (callback, ledger_id, flags, KEY, per_entry)
 
 
-def batcher(clock: Clock | None = None, **cfg: Any) -> BookieAdds:
-    config = TransportConfig(**{"batch_entries_max": 4, "batches_inflight_max": 2, "add_timeout_s": 10.0, **cfg})
-    return BookieAdds(config, clock or Clock())
+class One:
+    """One started bookie ``b1`` of an ``AddBatcher``: ``push`` returns its code."""
+
+    def __init__(self, clock: Clock | None = None, **cfg: Any) -> None:
+        config = TransportConfig(**{"batch_entries_max": 4, "batches_inflight_max": 2, "add_timeout_s": 10.0, **cfg})
+        self.batcher = AddBatcher(config, clock or Clock())
+        self.batcher.start("b1")
+        self.adds = self.batcher.bookie("b1")
+
+    def push(self, key: tuple[Any, ...], entry_id: int, entry: bytes) -> int:
+        attention = self.batcher.push(("b1",), key, entry_id, entry)  # type: ignore[arg-type]
+        if attention is None:
+            return QUEUED
+        ((bookie_id, code),) = attention
+        assert bookie_id == "b1" and code != QUEUED
+        return code
+
+    def __getattr__(self, name: str) -> Any:  # the BookieAdds views and steps
+        return getattr(self.adds, name)
 
 
-def message(adds: BookieAdds) -> pb.AddBatch:
+def batcher(clock: Clock | None = None, **cfg: Any) -> Any:
+    return One(clock, **cfg)
+
+
+def message(adds: Any) -> pb.AddBatch:
     parts: list[bytes] = []
     assert adds.take_message(parts) > 0
     return pb.AddBatch.FromString(b"".join(parts))
@@ -270,3 +299,20 @@ def test_every_push_comes_back_exactly_once(script: list[tuple[str, int, int, in
     for run, ids in adds.drain():
         returned.update((run.ledger_id, e) for e in ids)
     assert returned == pushed
+
+
+def test_push_names_only_the_bookies_that_need_the_transport() -> None:
+    batcher = AddBatcher(TransportConfig(batch_entries_max=4), Clock())
+    for bookie_id in ("b1", "b2", "b3"):
+        batcher.start(bookie_id)
+    write_set = ("b1", "b2", "b3")
+    assert batcher.push(write_set, key(), 0, b"x") == [("b1", WAKE), ("b2", WAKE), ("b3", WAKE)]
+    assert batcher.push(write_set, key(), 1, b"x") is None  # queued everywhere: nothing to do
+    batcher.stop("b2")  # its stream failed
+    assert batcher.push(write_set, key(), 2, b"x") == [("b2", STOPPED)]
+    assert batcher.bookie("b2").queued_entries == 2  # nothing queued while stopped
+    assert batcher.push(("b4",), key(), 0, b"x") == [("b4", STOPPED)]  # never started
+    batcher.start("b2")
+    assert batcher.push(("b2",), key(), 2, b"x") is None
+    assert [batcher.bookie(b).queued_entries for b in write_set] == [3, 3, 3]
+    assert isinstance(batcher.bookie("b1"), BookieAdds) and batcher.bookie("b4").pending() == 0
