@@ -45,6 +45,7 @@ from typing import Any, Final
 
 from scriba.client.transport import TransportConfig
 from scriba.proto import scriba_pb2 as pb
+from scriba.proto.packed import varint
 
 RunKey = tuple[Any, int, int, bytes, bool]
 """``(callback, ledger_id, flags, master_key, per_entry)``: what a run's adds share."""
@@ -57,15 +58,6 @@ STOPPED: Final = 3  # push: the bookie's stream is not started, not queued
 _AddRun: Final = pb.AddRun
 _RUNS_TAG: Final = b"\x12"  # AddBatch.runs: field 2, length-delimited
 _ENTRIES_TAG: Final = b"\x32"  # AddRun.entries: field 6, length-delimited
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class AddRun:
@@ -114,10 +106,10 @@ def encode_run(run: AddRun, parts: list[bytes]) -> None:
     ).SerializeToString()
     size = run.size
     if not size:  # proto3 leaves an empty bytes field out
-        parts += (_RUNS_TAG, _varint(len(head)), head)
+        parts += (_RUNS_TAG, varint(len(head)), head)
         return
-    size_varint = _varint(size)
-    parts += (_RUNS_TAG, _varint(len(head) + 1 + len(size_varint) + size), head, _ENTRIES_TAG, size_varint)
+    size_varint = varint(size)
+    parts += (_RUNS_TAG, varint(len(head) + 1 + len(size_varint) + size), head, _ENTRIES_TAG, size_varint)
     parts += entries
 
 
