@@ -37,7 +37,11 @@ Invariants (the quorum arithmetic is ``scriba.quorum.Quorum``'s, tabled per segm
   (TIMEOUT, UNAVAILABLE, READ_ONLY, ...) from a bookie of the current ensemble starts
   a change replacing it, even when the entry was already confirmed by the rest of its
   write set (a late failure): the new segment starts at the first unconfirmed entry,
-  or at the next entry id when every entry is confirmed.
+  or at the next entry id when every entry is confirmed;
+- the replacement receives every entry of its new segment: entries the rest of the
+  write set confirmed while the slot was failing (the change being written, or a wait
+  for a spare) are held, counted in flight, and sent to it once the change is written
+  (BookKeeper holds the confirmations instead; holding only the bytes keeps them flowing).
 
 Ensemble changes are bounded (``ensemble_changes_max``); in-flight entries and bytes
 are bounded: ``append`` returns None instead of going past them (the driver queues).
@@ -219,6 +223,9 @@ class WriteCore:
         self._lac_packed = b""  # packed entry at the lac, if confirmed by this writer
         self._masks: dict[int, int] = {}  # unconfirmed entry -> bitmask of acked slots
         self._packed: dict[int, bytes] = {}  # unconfirmed entry -> packed bytes
+        # Entries confirmed while a slot was failing (so never sent to it): kept, and counted
+        # in flight, until they are sent to that slot's replacement (or to it again).
+        self._unreplicated: dict[int, bytes] = {}
         self._bytes_inflight = 0
         self._state = WriterState.OPEN
         self._error: ScribaError | None = None
@@ -267,6 +274,11 @@ class WriteCore:
     @property
     def ensemble(self) -> Ensemble:
         return tuple(self._ensemble)
+
+    @property
+    def bytes_inflight(self) -> int:
+        """Packed bytes held: unconfirmed entries, and confirmed ones not yet on every slot."""
+        return self._bytes_inflight
 
     @property
     def pending(self) -> int:
@@ -441,13 +453,17 @@ class WriteCore:
         quorum = self._Qa
         last_packed = b""
         freed = 0
+        keep = self._unreplicated if self._failing else None  # a slot misses these entries
         while True:
             mask = masks.get(entry_id)
             if mask is None or mask.bit_count() < quorum:
                 break
             del masks[entry_id]
             last_packed = packed.pop(entry_id)
-            freed += len(last_packed)
+            if keep is None:
+                freed += len(last_packed)
+            else:
+                keep[entry_id] = last_packed
             entry_id += 1
         self._bytes_inflight -= freed
         self._lac = entry_id - 1
@@ -530,7 +546,9 @@ class WriteCore:
         return tuple(ensemble)
 
     def _write_change(self, failed: Collection[BookieId], new_ensemble: Ensemble) -> Effects:
-        first = self._lac + 1
+        # The new segment starts at the first entry a failing slot has not received: entries
+        # confirmed since the slot began failing (a wait for a spare) belong to it too.
+        first = min(self._unreplicated, default=self._lac + 1)
         self._change = (first, new_ensemble, frozenset(failed))
         needs_update, transform = ensemble_change_transform(first, new_ensemble)
         return (WriteMetadata("ensemble_change", needs_update, transform),)
@@ -564,10 +582,19 @@ class WriteCore:
         return self._write_change(failed, new_ensemble)
 
     def _resend(self, slots: set[int]) -> list[Effect]:
-        """SendAdd of every unconfirmed entry to its write set's bookies in ``slots``."""
+        """SendAdd to the bookies in ``slots`` of every entry their write sets miss: the
+        confirmed ones held while a slot was failing, then every unconfirmed one."""
         effects: list[Effect] = []
         ensemble = self._ensemble
         write_set = self._quorum.write_set
+        held = self._unreplicated
+        for entry_id in sorted(held):
+            targets = tuple(ensemble[slot] for slot in write_set(entry_id) if slot in slots)
+            if targets:
+                effects.append(SendAdd(EntryId(entry_id), held[entry_id], targets))
+        if not self._failing:  # every slot is served again: nothing left to hold
+            self._bytes_inflight -= sum(map(len, held.values()))
+            held.clear()
         for entry_id in range(self._lac + 1, self._next):
             packed = self._packed.get(entry_id)
             if packed is None:
@@ -600,6 +627,7 @@ class WriteCore:
         last = self._next - 1
         self._masks.clear()
         self._packed.clear()
+        self._unreplicated.clear()
         self._bytes_inflight = 0
         if last < first:
             return NO_EFFECTS

@@ -27,9 +27,11 @@ from scriba.shell import import_if_present
 # command modules, in the order ``scriba --help`` lists them
 COMMAND_MODULES = (
     "scriba.sandbox",          # scriba sandbox
+    "scriba.local_cluster",    # scriba local-cluster (terraform's local environment)
     "scriba.bookie.cli",       # scriba bookie run|format
     "scriba.shell",            # scriba shell <verb> (verbs registered by each layer)
     "scriba.client.bench",     # scriba bench
+    "scriba.autorecovery.cli",  # scriba autorecovery run|<verb>
     "scriba.demo",             # scriba demo (metadata API demo)
     "scriba.testing.faults_cli",  # scriba faults-proxy
 )

@@ -379,3 +379,72 @@ class RecordSetCorruptError(StreamError):
 
 class CursorRegressionError(StreamError):
     """A cursor commit would move the cursor backwards (pass ``force=True`` to allow it)."""
+
+
+# --- replicated state machines (scriba.rsm) -------------------------------------
+
+
+class RsmError(ScribaError):
+    """Base of the replicated-state-machine layer's errors."""
+
+
+class RsmNotLeaderError(RsmError):
+    """This replica is not the leader (and does not forward): ask ``leader_address``.
+
+    Nothing was proposed; sending the same request to the leader is safe.
+    """
+
+    retriable = True
+
+    def __init__(self, message: str, *, leader_id: str | None = None, leader_address: str | None = None) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_address = leader_address
+
+
+class CommandOutcomeUnknownError(RsmError):
+    """The leader lost leadership (or the call timed out) while the command was in flight.
+
+    The command may or may not be in the log (indeterminate). With a client session,
+    retrying the same session and sequence number applies it at most once and returns
+    the first result.
+    """
+
+    retriable = True
+
+
+class CommandTooLargeError(RsmError, ValueError):
+    """A command (with its envelope) exceeds ``RsmConfig.command_bytes_max``."""
+
+
+class BadConsistencyError(RsmError, ValueError):
+    """A read's consistency level is not one of linearizable / sequential / after."""
+
+
+class StateMachineError(RsmError):
+    """The user's state machine raised in ``apply`` or ``restore``: the replica stopped.
+
+    Determinism is the state machine's contract; a replica whose state may now differ
+    from the others' serves nothing more.
+    """
+
+
+class ReplicaStoppedError(RsmError):
+    """The replica was stopped (``stop()``, or a fatal error the message names)."""
+
+
+class ReplicaIdInUseError(RsmError):
+    """Another live replica of this state machine already runs with this replica id."""
+
+
+class ReplicaNotFoundError(RsmError):
+    """No live replica with this id (e.g. the target of a leadership transfer)."""
+
+
+class ClientSessionError(RsmError):
+    """A client session cannot take the command (expired, never opened, or its window is
+    full); the message says which. Not applied; open a new session."""
+
+
+class SnapshotCorruptError(RsmError):
+    """A snapshot's bytes do not match its recorded digest (or cannot be read/decoded)."""

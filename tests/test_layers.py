@@ -11,8 +11,8 @@ Modules are grouped by where they live:
   protocol, ``scriba.shell``, and ``scriba.cli``, which finds its command modules and
   ``scriba.shell`` the layers' verbs *by name* at run time, so neither has an arrow to
   a layer);
-- ``entry``: ``scriba.sandbox`` and ``scriba.demo``, commands that wire the layers
-  together (the sandbox runs the client's simple-test). They may import any layer,
+- ``entry``: ``scriba.sandbox``, ``scriba.demo`` and ``scriba.local_cluster``, commands
+  that wire the layers together (the sandbox runs the client's simple-test). They may import any layer,
   and nothing imports them: the CLI reaches them by name;
 - ``embedded``: ``scriba.embedded``, the launchers of etcd, ZooKeeper and bookie
   processes (a bookie is started as a process, never imported): core and meta only;
@@ -68,7 +68,7 @@ EXCEPTIONS: Mapping[tuple[str, str], str] = {
         "a bookie started with SCRIBA_DISK_FAULTS loads the shipped disk-fault layer, lazily, only then",
 }
 
-ENTRY_MODULES = frozenset({"scriba.sandbox", "scriba.demo"})
+ENTRY_MODULES = frozenset({"scriba.sandbox", "scriba.demo", "scriba.local_cluster"})
 
 
 def group_of(module: str) -> str | None:

@@ -105,6 +105,48 @@ def test_ensemble_change_replaces_bookie_drops_its_acks_and_resends() -> None:
     assert append(c, b"y")[2] == ("a", "b", "x")
 
 
+def test_entries_confirmed_while_a_change_is_written_still_reach_the_replacement() -> None:
+    """The replacement's slot holds every entry of the new segment, including those the rest
+    of the write set confirmed while the change was being written (else they would sit on
+    fewer than Qw bookies until autorecovery found them)."""
+    c, _ = core()
+    for _ in range(3):
+        append(c, b"x")
+    (wm,) = c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)  # change from entry 0
+    for e in range(3):
+        c.on_add_response(BookieId("a"), e, OK)
+        c.on_add_response(BookieId("b"), e, OK)
+    assert c.last_add_confirmed == 2  # confirmed by a and b while the change is in flight
+    new = wm.transform(c.metadata)
+    assert new.ensembles == ((0, ("a", "b", "x")),)
+    effects = c.on_metadata_written(new)
+    resent = sorted((e.entry_id, e.bookies) for e in effects if isinstance(e, SendAdd))
+    assert resent == [(0, ("x",)), (1, ("x",)), (2, ("x",))]
+    assert all(unpack_entry(DIGEST, e.entry).entry_id == e.entry_id for e in effects if isinstance(e, SendAdd))
+    assert c.bytes_inflight == 0  # held only until they were sent to the replacement
+
+
+def test_entries_confirmed_while_waiting_for_a_spare_start_the_new_segment() -> None:
+    """No spare at first: entries confirmed by the others meanwhile never went to the failed
+    slot, so the segment that replaces it starts at the first of them, and they are sent."""
+    c, spares = core()
+    spares.names = []
+    append(c, b"x")
+    (timer,) = c.on_add_response(BookieId("c"), 0, Status.TIMEOUT)
+    for _ in range(1, 3):
+        append(c, b"y")
+    for e in range(3):
+        c.on_add_response(BookieId("a"), e, OK)
+        c.on_add_response(BookieId("b"), e, OK)
+    assert c.last_add_confirmed == 2
+    spares.names = ["x"]
+    (wm,) = c.on_timer(timer.key)
+    new = wm.transform(c.metadata)
+    assert new.ensembles == ((0, ("a", "b", "x")),)
+    resent = sorted((e.entry_id, e.bookies) for e in c.on_metadata_written(new) if isinstance(e, SendAdd))
+    assert resent == [(0, ("x",)), (1, ("x",)), (2, ("x",))]
+
+
 def test_change_with_no_confirmation_since_replaces_the_last_segment() -> None:
     c, _ = core()
     append(c, b"x")

@@ -1,0 +1,61 @@
+"""``RsmConfig``: every knob of one replica, checked by ``validate()`` before any I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from scriba.config import require
+
+MiB: Final = 1024 * 1024
+CONSISTENCY_LEVELS: Final = ("linearizable", "sequential", "after")
+
+
+@dataclass(frozen=True, slots=True)
+class RsmConfig:
+    # exactly-once sessions (replicated clock: the leader's stamps)
+    session_ttl_ms: int = 10 * 60 * 1000
+    session_results_max: int = 1024  # unacknowledged results kept per session
+    # group commit
+    batch_records_max: int = 4096
+    batch_bytes_max: int = 4 * MiB
+    batches_inflight_max: int = 1  # 1: proposals arriving during an append go into the next record set
+    proposals_waiting_max: int = 100_000
+    command_bytes_max: int = 512 * 1024  # with the envelope; at most the stream's record_bytes_max
+    # snapshots
+    snapshot_every_commands: int | None = 100_000
+    snapshot_every_bytes: int | None = 256 * MiB
+    snapshots_kept: int = 2
+    snapshot_chunk_bytes: int = 512 * 1024
+    # timeouts (seconds)
+    propose_timeout_s: float = 30.0
+    read_timeout_s: float = 30.0
+    writer_lock_timeout_s: float = 30.0
+    transfer_timeout_s: float = 10.0
+    campaign_backoff_s: float = 0.2
+    suspended_grace_s: float = 1.0  # a SUSPENDED metadata session deposes the leader after this
+    # serving
+    forward_proposals: bool = True  # False: a follower answers RsmNotLeaderError with the leader's address
+    zone: str = ""
+    connections_max: int = 1024
+    # test-only negative control: answer "linearizable" reads locally, without a barrier
+    unsafe_local_linearizable_reads: bool = False
+
+    def validate(self) -> RsmConfig:
+        require(self.session_ttl_ms >= 1, "session_ttl_ms", "must be >= 1")
+        require(self.session_results_max >= 1, "session_results_max", "must be >= 1")
+        require(self.batch_records_max >= 1, "batch_records_max", "must be >= 1")
+        require(self.batch_bytes_max >= 1024, "batch_bytes_max", "must be >= 1024")
+        require(self.batches_inflight_max >= 1, "batches_inflight_max", "must be >= 1")
+        require(self.proposals_waiting_max >= 1, "proposals_waiting_max", "must be >= 1")
+        require(64 <= self.command_bytes_max <= 4 * MiB, "command_bytes_max", "must be in [64, 4 MiB]")
+        for name in ("snapshot_every_commands", "snapshot_every_bytes"):
+            value = getattr(self, name)
+            require(value is None or (type(value) is int and value >= 1), name, "an int >= 1, or None")
+        require(self.snapshots_kept >= 1, "snapshots_kept", "must be >= 1")
+        require(1024 <= self.snapshot_chunk_bytes <= 4 * MiB, "snapshot_chunk_bytes", "must be in [1 KiB, 4 MiB]")
+        for name in ("propose_timeout_s", "read_timeout_s", "writer_lock_timeout_s", "transfer_timeout_s",
+                     "campaign_backoff_s", "suspended_grace_s"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.connections_max >= 1, "connections_max", "must be >= 1")
+        return self

@@ -1,0 +1,109 @@
+"""The RSM's metadata records: member registrations, the leader election, a pending
+leadership transfer, and the snapshot catalog's key.
+
+    rsm/<group>/members/<replica_id>   ephemeral JSON: id, address, zone, role, token, applied
+    rsm/<group>/transfer               JSON: target replica id, deadline (wall ms)
+    rsm/<group>/snapshots              the snapshot catalog (``snapshots_core.SnapshotCatalog``)
+    elections/rsm~<group>/leader       the election (``scriba.meta.election``); value: id + address
+
+``<group>`` is ``<namespace with / as .>~<name>`` (one key segment). A replica id is
+``[A-Za-z0-9][A-Za-z0-9._-]*``; a second live replica with the same id is refused
+(its ephemeral registration already exists).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from scriba.errors import ConfigError, KeyExistsError, NoSuchKeyError, ReplicaIdInUseError
+from scriba.meta.store import MetadataStore
+from scriba.stream.settings import check_name, check_namespace_name
+
+
+def group_token(namespace: str, name: str) -> str:
+    return f"{check_namespace_name(namespace).replace('/', '.')}~{check_name(name, 'state machine')}"
+
+
+def check_replica_id(replica_id: object) -> str:
+    return check_name(replica_id, "replica id")
+
+
+def members_prefix(group: str) -> str:
+    return f"rsm/{group}/members/"
+
+
+def member_key(group: str, replica_id: str) -> str:
+    return f"{members_prefix(group)}{replica_id}"
+
+
+def transfer_key(group: str) -> str:
+    return f"rsm/{group}/transfer"
+
+
+def catalog_key(group: str) -> str:
+    return f"rsm/{group}/snapshots"
+
+
+def election_name(group: str) -> str:
+    return f"rsm~{group}"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    replica_id: str
+    address: str
+    zone: str = ""
+    role: str = "follower"
+    token: int = 0
+    applied: str = ""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Member:
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"rsm member record does not decode: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderClaim:
+    replica_id: str
+    address: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"replica_id": self.replica_id, "address": self.address}).encode()
+
+
+async def register(store: MetadataStore, group: str, member: Member) -> int:
+    """Create the ephemeral registration; ``ReplicaIdInUseError`` if that id is live."""
+    try:
+        return await store.create(member_key(group, member.replica_id), member.to_bytes(), ephemeral=True)
+    except KeyExistsError:
+        raise ReplicaIdInUseError(
+            f"replica id {member.replica_id!r} of {group} is already running (its registration exists); "
+            "pick another id or stop that replica"
+        ) from None
+
+
+async def update_member(store: MetadataStore, group: str, member: Member) -> None:
+    key = member_key(group, member.replica_id)
+    try:
+        current = await store.get(key)
+        await store.set(key, member.to_bytes(), expected_version=current.version)
+    except NoSuchKeyError:
+        await store.create(key, member.to_bytes(), ephemeral=True)
+
+
+async def list_members(store: MetadataStore, group: str) -> list[Member]:
+    return [Member.from_bytes(v.value) async for _, v in store.scan(members_prefix(group))]
+
+
+async def deregister(store: MetadataStore, group: str, replica_id: str) -> None:
+    try:
+        await store.delete(member_key(group, replica_id))
+    except NoSuchKeyError:
+        pass

@@ -1,0 +1,686 @@
+"""``ReplicatedStateMachine``: one replica (the asyncio shell around the cores).
+
+    rsm = ReplicatedStateMachine(client, namespace="apps", name="counter", state_machine=Counter(),
+                                 replica_id="r1", address="127.0.0.1:7001", config=RsmConfig())
+    await rsm.start()
+    session = await rsm.open_session()
+    result = await rsm.propose(b"incr", session=session)
+    value = await rsm.read(b"get", consistency="linearizable")   # | "sequential" | "after" (after=position)
+    await rsm.transfer_leadership("r2"); await rsm.stop()
+
+Theory of operation. ``start`` registers the replica (an ephemeral member record: a
+second live replica with the same id is refused), restores the newest snapshot whose
+digest checks, starts the replica service on ``address`` and three tasks:
+
+- the **tail** applies the command stream in order from the applied position (as a
+  follower, and while catching up as a new leader); a position before the stream's
+  truncation point restores a newer snapshot first;
+- the **campaign** takes part in the election (``scriba.meta.election``). Won, the
+  role core says ``OpenWriter``: the replica opens the stream's writer (which fences
+  the previous leader's segment and recovers it), finds the last record before its
+  own segment, lets the tail apply up to it, and only then serves (``Serve``);
+- the **leader watch** keeps the current leader's id and address (for forwarding).
+
+A leader is deposed by the first of: its election record or session lost
+(SUSPENDED longer than ``suspended_grace_s``), a failed append (fenced: a newer
+writer recovered the segment), a transfer, ``stop``. Deposed, it fails everything
+in flight as ``CommandOutcomeUnknownError`` and applies nothing more of its own
+confirmations (``RoleCore.accepts``); the tail resumes and applies what reached the
+stream, like any follower's.
+
+Proposals on a follower are forwarded to the leader over the replica service
+(``forward_proposals``; else ``RsmNotLeaderError`` names the leader's address).
+Linearizable reads on the leader share a barrier append; on a follower they ask the
+leader for the barrier's position (a read index) and wait to apply up to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+from scriba.client import Client
+from scriba.errors import (
+    BadConsistencyError,
+    ClientSessionError,
+    CommandOutcomeUnknownError,
+    CommandTooLargeError,
+    ConfigError,
+    NoSuchKeyError,
+    PositionTruncatedError,
+    ReplicaNotFoundError,
+    ReplicaStoppedError,
+    RsmNotLeaderError,
+    ScribaError,
+    SnapshotCorruptError,
+    StateMachineError,
+    StreamExistsError,
+    UnavailableError,
+)
+from scriba.errors import TimeoutError as ScribaTimeoutError
+from scriba.invariant import InvariantViolation
+from scriba.log import get_logger
+from scriba.meta.election import Election, Leadership
+from scriba.rsm import membership as mb
+from scriba.rsm import wire
+from scriba.rsm.client_session import ClientSession, Committed
+from scriba.rsm.config import CONSISTENCY_LEVELS, RsmConfig
+from scriba.rsm.envelope import HEADER_BYTES, NO_SESSION, Envelope, Kind
+from scriba.rsm.machine import StateMachine
+from scriba.rsm.peer import PeerPool, ReplicaServer
+from scriba.rsm.role import CatchUp, Effect, OpenWriter, Role, RoleCore, Serve, StepDown, Stop
+from scriba.rsm.snapshot_store import load_newest, store_snapshot
+from scriba.rsm.snapshots_core import SnapshotSchedule
+from scriba.rsm.state import Outcome, ReplicatedState
+from scriba.rsm.term import LeaderTerm, Proposal
+from scriba.stream import Namespace, Position, StreamReader, WriterOptions, open_namespace
+
+log = get_logger(__name__)
+
+RETRY_PAUSE_S = 0.05
+
+
+class ReplicatedStateMachine:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        namespace: str,
+        name: str,
+        state_machine: StateMachine,
+        replica_id: str,
+        address: str | None = None,
+        config: RsmConfig | None = None,
+        password: bytes = b"",
+    ) -> None:
+        self.config = (config or RsmConfig()).validate()
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.group = mb.group_token(namespace, name)
+        self.replica_id = mb.check_replica_id(replica_id)
+        self.address = address or ""
+        self._password = password
+        self.state = ReplicatedState(state_machine, session_ttl_ms=self.config.session_ttl_ms,
+                                     session_results_max=self.config.session_results_max)
+        self.role = RoleCore()
+        self.schedule = SnapshotSchedule(self.config.snapshot_every_commands, self.config.snapshot_every_bytes)
+        self._ns: Namespace | None = None
+        self._election = Election(client.store, mb.election_name(self.group),
+                                  suspended_grace_s=self.config.suspended_grace_s)
+        self._term: LeaderTerm | None = None
+        self._leadership: Leadership | None = None
+        self._server: ReplicaServer | None = None
+        self._peers = PeerPool()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()  # applied position or role moved
+        self._leader: tuple[str, str] | None = None  # (replica id, address)
+        self._started = False
+        self._stopped: ScribaError | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._tail_task: asyncio.Task[None] | None = None
+        self.proposals_total = 0
+        self.snapshot_info: Any = None  # the newest snapshot this replica stored or restored
+        self.restored_from: Any = None  # the last snapshot restored
+        self._log = log.bind(rsm=f"{namespace}/{name}", replica=self.replica_id)
+
+    # --- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> ReplicatedStateMachine:
+        if self._started:
+            raise ConfigError(f"replica {self.replica_id} already started")
+        self._started = True
+        self._ns = await open_namespace(self.client, self.namespace, create=True, password=self._password)
+        with contextlib.suppress(StreamExistsError):
+            await self._ns.create_stream(self.name)
+        settings = await self._ns.stream_settings(self.name)
+        if self.config.command_bytes_max > settings.record_bytes_max:
+            raise ConfigError(f"command_bytes_max {self.config.command_bytes_max} exceeds the stream's "
+                              f"record_bytes_max {settings.record_bytes_max}")
+        await mb.register(self.client.store, self.group, self._member())
+        try:
+            await self._restore_newer()
+            if self.address:
+                self._server = ReplicaServer(self.address, self._handle, self.config.connections_max)
+                await self._server.start()
+        except BaseException:
+            await mb.deregister(self.client.store, self.group, self.replica_id)
+            raise
+        self._tail_task = self._spawn(self._tail_loop())
+        for coro in (self._campaign_loop(), self._watch_leader()):
+            self._spawn(coro)
+        self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
+        return self
+
+    async def stop(self) -> None:
+        """Step down (closing the writer cleanly), stop serving, deregister."""
+        if self._stopped is None:
+            self._stopped = ReplicaStoppedError(f"replica {self.replica_id} was stopped")
+        await self._shutdown("stopped")
+
+    async def _shutdown(self, reason: str) -> None:
+        term = self._term
+        if term is not None:
+            self.role.deposed(term.token, reason)
+            self._term = None
+            await term.end(reason, close_writer=True)
+        with contextlib.suppress(ScribaError):
+            await self._election.resign()
+        current = asyncio.current_task()
+        self._changed.set()
+        if self._tail_task is not None and self._tail_task is not current:
+            # let the tail close its reader itself (it polls; cancelling a reader mid-close can leave its
+            # producer running: see the report)
+            await asyncio.wait({self._tail_task}, timeout=5.0)
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        for task in list(self._tasks):
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._server is not None:
+            await self._server.close()
+        await self._peers.close()
+        with contextlib.suppress(ScribaError):
+            await mb.deregister(self.client.store, self.group, self.replica_id)
+        self._changed.set()
+
+    async def __aenter__(self) -> ReplicatedStateMachine:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # --- views -------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self.role.role is Role.LEADER and self._term is not None
+
+    @property
+    def leader(self) -> tuple[str, str] | None:
+        """The leader's (replica id, address) as last seen, or None."""
+        return self._leader
+
+    @property
+    def applied(self) -> Position | None:
+        return self.state.applied
+
+    @property
+    def error(self) -> ScribaError | None:
+        return self._stopped
+
+    async def members(self) -> list[mb.Member]:
+        return await mb.list_members(self.client.store, self.group)
+
+    def status(self) -> dict[str, Any]:
+        snap = self.snapshot_info
+        return {
+            "replica_id": self.replica_id, "address": self.address, "role": self.role.role.value,
+            "token": self.role.token, "writer_token": self._term.writer_token if self._term else None,
+            "applied": str(self.state.applied) if self.state.applied else None,
+            "records_applied": self.state.records_applied, "commands_applied": self.state.commands_applied,
+            "sessions": len(self.state.sessions), "clock_ms": self.state.clock_ms,
+            "leader": self._leader[0] if self._leader else None, "proposals_total": self.proposals_total,
+            "batches_sent": self._term.batches_sent if self._term else 0,
+            "records_sent": self._term.records_sent if self._term else 0,
+            "snapshot_position": str(snap.position) if snap else None,
+            "snapshot_age_s": round(time.time() - snap.created_ms / 1000, 3) if snap else None,
+            "stopped": str(self._stopped) if self._stopped else None,
+        }
+
+    # --- apply -------------------------------------------------------------------------
+    def _apply(self, position: Position, envelope: Envelope) -> Outcome:
+        try:
+            outcome = self.state.apply(position, envelope)
+        except (StateMachineError, InvariantViolation) as exc:
+            self._fatal(exc if isinstance(exc, StateMachineError) else StateMachineError(str(exc)))
+            raise self._stopped from exc  # type: ignore[misc]
+        self._run(self.role.applied_to(position))
+        self.schedule.on_applied(1, envelope.size_bytes)
+        if self.schedule.due() and self.role.role is Role.LEADER:
+            self.take_snapshot()
+        self._changed.set()
+        return outcome
+
+    def _fatal(self, error: ScribaError) -> None:
+        if self._stopped is None:
+            self._stopped = error
+        self._log.error("rsm_replica_stopped", error=str(error))
+        self._run(self.role.fatal(str(error)))
+
+    async def _wait_applied(self, position: Position, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.state.applied is None or self.state.applied < position:
+                    self._check_running()
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise ScribaTimeoutError(
+                f"replica {self.replica_id}: not applied up to {position} within {timeout_s} s "
+                f"(at {self.state.applied})"
+            ) from None
+
+    def _check_running(self) -> None:
+        if self._stopped is not None:
+            raise self._stopped
+        if not self._started:
+            raise ReplicaStoppedError(f"replica {self.replica_id}: call start() first")
+
+    # --- role effects ------------------------------------------------------------------
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Stop):
+                self._spawn(self._shutdown(effect.reason))
+            elif isinstance(effect, StepDown):
+                term = self._term
+                self._term = None
+                if term is not None:
+                    self._spawn(term.end(effect.reason, close_writer=False))
+                self._spawn(self._resign(effect.token, effect.reason))
+            elif isinstance(effect, Serve | CatchUp | OpenWriter):
+                pass  # carried out by _lead, which waits for them
+            self._changed.set()
+
+    async def _resign(self, token: int, reason: str) -> None:
+        """Give up the election of the term ``token`` (not a later one won meanwhile)."""
+        self._log.info("rsm_stepped_down", reason=reason, token=token)
+        held = self._election.leadership
+        if held is not None and held.token == token:
+            with contextlib.suppress(ScribaError):
+                await self._election.resign()
+        with contextlib.suppress(ScribaError):
+            await mb.update_member(self.client.store, self.group, self._member())
+
+    def _depose(self, term: LeaderTerm, reason: str) -> None:
+        token = term.token
+        if self._term is term:
+            self._run(self.role.deposed(token, reason))
+
+    def _member(self) -> mb.Member:
+        return mb.Member(self.replica_id, self.address, self.config.zone, self.role.role.value, self.role.token,
+                         str(self.state.applied) if self.state.applied else "")
+
+    # --- the tail ----------------------------------------------------------------------
+    async def _tail_loop(self) -> None:
+        while self._stopped is None:
+            if self.role.role is Role.LEADER:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            try:
+                await self._tail_once()
+            except PositionTruncatedError as exc:
+                if not await self._restore_newer():
+                    self._fatal(SnapshotCorruptError(
+                        f"the stream is truncated past {self.state.applied} and no usable snapshot is newer: {exc}"))
+            except (StateMachineError, ReplicaStoppedError):
+                return
+            except ScribaError as exc:
+                self._log.warning("rsm_tail_failed", error=str(exc))
+                await asyncio.sleep(self.config.campaign_backoff_s)
+
+    async def _tail_once(self) -> None:
+        assert self._ns is not None
+        applied = self.state.applied
+        start = applied.successor() if applied is not None else Position(0, 0, 0)
+        reader: StreamReader = await self._ns.open_reader(self.name, start)
+        try:
+            while self._stopped is None and self.role.role is not Role.LEADER:
+                record = await reader.read_next(timeout_s=0.2)
+                if record is None:
+                    continue
+                if self.role.role is Role.LEADER:
+                    return  # our own records: the leader applies them
+                if self.state.applied is not None and record.position <= self.state.applied:
+                    continue
+                self._apply(record.position, Envelope.decode(record.payload))
+        finally:
+            await reader.close()
+
+    async def _restore_newer(self) -> bool:
+        """Restore the newest usable snapshot if it is ahead of the applied position."""
+        found = await load_newest(self.client, mb.catalog_key(self.group), self.state.applied, self._password)
+        if found is None:
+            return False
+        info, chunks = found
+        try:
+            self.state.restore(chunks)
+        except StateMachineError as exc:
+            self._fatal(exc)
+            raise
+        self.role.restored_to(info.position)
+        self.schedule.restored(info.position)
+        self.snapshot_info = self.restored_from = info
+        self._log.info("rsm_snapshot_restored", position=str(info.position), ledger_id=info.ledger_id)
+        self._changed.set()
+        return True
+
+    # --- election and terms ------------------------------------------------------------------
+    async def _campaign_loop(self) -> None:
+        claim = mb.LeaderClaim(self.replica_id, self.address).to_bytes()
+        while self._stopped is None:
+            if self.role.role is not Role.FOLLOWER or await self._transfer_blocks():
+                await asyncio.sleep(self.config.campaign_backoff_s)
+                continue
+            leadership = await self._election.campaign(self.replica_id, claim)
+            if await self._transfer_blocks():
+                await self._election.resign()
+                continue
+            try:
+                await self._lead(leadership)
+            except (StateMachineError, ReplicaStoppedError):
+                return
+            except ScribaError as exc:
+                self._log.warning("rsm_term_failed", error=str(exc))
+                self._run(self.role.deposed(leadership.token, str(exc)))
+                with contextlib.suppress(ScribaError):
+                    await self._election.resign()
+            await asyncio.sleep(self.config.campaign_backoff_s)
+
+    async def _transfer_blocks(self) -> bool:
+        """A leadership transfer to another replica is pending: do not campaign."""
+        try:
+            doc = json.loads((await self.client.store.get(mb.transfer_key(self.group))).value)
+        except (NoSuchKeyError, ValueError):
+            return False
+        return bool(doc.get("target") != self.replica_id and doc.get("deadline_ms", 0) > time.time() * 1000)
+
+    async def _lead(self, leadership: Leadership) -> None:
+        assert self._ns is not None
+        token = leadership.token
+        self._leadership = leadership
+        self._run(self.role.elected(token))
+        writer = await self._ns.open_writer(
+            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s)
+        )
+        if leadership.lost.is_set() or self.role.token != token:
+            await writer.abort()
+            self._run(self.role.deposed(token, "leadership lost while opening the writer"))
+            return
+        term = LeaderTerm(token, writer, self.config, self._confirm, self._depose, self.state.clock_ms)
+        self._term = term
+        end = await self._stream_end(writer.segment_seq)
+        self._run(self.role.writer_opened(token, end))
+        self._log.info("rsm_writer_opened", token=token, writer_token=writer.token, end=str(end))
+        while self.role.role is Role.CATCHING_UP and self.role.token == token and not leadership.lost.is_set():
+            self._changed.clear()
+            await self._changed.wait()
+        if self.role.accepts(token):
+            self._log.info("rsm_leading", token=token, applied=str(self.state.applied))
+            await mb.update_member(self.client.store, self.group, self._member())
+            await self._clear_transfer()
+        lost = self._spawn(leadership.lost.wait())
+        while self.role.accepts(token) and not lost.done():
+            self._changed.clear()
+            await asyncio.wait({lost, self._spawn(self._changed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if lost.done():
+            self._run(self.role.deposed(token, f"leadership lost ({leadership.reason})"))
+        lost.cancel()
+
+    async def _stream_end(self, own_seq: int) -> Position | None:
+        """The last record before the writer's first segment (None: there is none)."""
+        assert self._ns is not None
+        info = await self._ns.info(self.name)
+        ends = [s.last_position for s in info.record.segments if s.seq < own_seq and s.last_position is not None]
+        truncated = info.record.truncated_before
+        if truncated > Position(0, 0, 0) and (self.state.applied is None or self.state.applied < truncated):
+            if not ends:
+                await self._restore_newer()
+        return max(ends) if ends else None
+
+    def _confirm(self, term: LeaderTerm, ready: list[tuple[Proposal, Position]]) -> None:
+        for proposal, position in ready:
+            if not self.role.accepts(term.token):
+                return  # term.end fails the rest
+            try:
+                outcome = self._apply(position, proposal.envelope)
+            except ScribaError as exc:
+                if not proposal.future.done():
+                    proposal.future.set_exception(exc)
+                return
+            if not proposal.future.done():
+                proposal.future.set_result((outcome, position))
+
+    async def _clear_transfer(self) -> None:
+        key = mb.transfer_key(self.group)
+        with contextlib.suppress(NoSuchKeyError, ScribaError):
+            record = await self.client.store.get(key)
+            if json.loads(record.value).get("target") == self.replica_id:
+                await self.client.store.delete(key, expected_version=record.version)
+
+    async def _watch_leader(self) -> None:
+        while self._stopped is None:
+            try:
+                async for current in self._election.observe():
+                    if current is None:
+                        self._leader = None
+                        continue
+                    address = ""
+                    with contextlib.suppress(NoSuchKeyError):
+                        raw = await self.client.store.get(mb.member_key(self.group, current[0]))
+                        address = mb.Member.from_bytes(raw.value).address
+                    self._leader = (current[0], address)
+                    self._changed.set()
+            except ScribaError as exc:
+                self._log.info("rsm_leader_watch_failed", error=str(exc))
+            await asyncio.sleep(self.config.campaign_backoff_s)
+
+    # --- proposals ---------------------------------------------------------------------
+    async def open_session(self) -> ClientSession:
+        """Open an exactly-once client session (a replicated record; any replica)."""
+        committed = await self._submit(Kind.SESSION_OPEN, b"", NO_SESSION, 0, 0, forwarded=False)
+        return ClientSession(int.from_bytes(committed.result, "big"), last_position=committed.position)
+
+    async def propose(self, command: bytes, *, session: ClientSession | None = None, seq: int | None = None) -> bytes:
+        """Apply ``command`` on every replica; its result from the state machine.
+
+        With a session, a retry (after ``CommandOutcomeUnknownError``, a timeout or a
+        fail-over) reuses the sequence number and is applied at most once; this call
+        retries so itself until ``propose_timeout_s``.
+        """
+        return (await self.submit(command, session=session, seq=seq)).result
+
+    async def submit(self, command: bytes, *, session: ClientSession | None = None,
+                     seq: int | None = None) -> Committed:
+        """Like :meth:`propose`, also returning the position (for ``read(..., after=...)``)."""
+        self._check_command(command)
+        if session is None:
+            return await self._submit(Kind.COMMAND, command, NO_SESSION, 0, 0, forwarded=False)
+        seq = session.allocate() if seq is None else seq
+        deadline = time.monotonic() + self.config.propose_timeout_s
+        while True:
+            try:
+                committed = await self._submit(Kind.COMMAND, command, session.session_id, seq, session.acked_below,
+                                               forwarded=False)
+                session.answered(seq, committed.position)
+                return committed
+            except (CommandOutcomeUnknownError, RsmNotLeaderError, UnavailableError, ScribaTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                self._check_running()
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    def _check_command(self, command: bytes) -> None:
+        if not isinstance(command, bytes | bytearray | memoryview):
+            raise CommandTooLargeError(f"a command must be bytes, got {type(command).__name__}")
+        if len(command) + HEADER_BYTES > self.config.command_bytes_max:
+            raise CommandTooLargeError(
+                f"command of {len(command)} bytes (+{HEADER_BYTES} envelope) exceeds command_bytes_max "
+                f"{self.config.command_bytes_max}"
+            )
+
+    async def _submit(self, kind: Kind, payload: bytes, session_id: int, seq: int, acked_below: int, *,
+                      forwarded: bool) -> Committed:
+        self._check_running()
+        self.proposals_total += 1
+        term = self._term
+        if term is not None and self.role.accepts(term.token):
+            if session_id != NO_SESSION:
+                kept = self.state.sessions.peek(session_id, seq)
+                if kept is not None:  # answered before: the first result, nothing appended
+                    assert self.state.applied is not None
+                    return Committed(kept, self.state.applied)
+            future = term.propose(kind, bytes(payload), int(time.time() * 1000), session_id, seq, acked_below)
+            try:
+                outcome, position = await asyncio.wait_for(asyncio.shield(future), self.config.propose_timeout_s)
+            except TimeoutError:
+                raise CommandOutcomeUnknownError(
+                    f"no confirmation within {self.config.propose_timeout_s} s; retry with the same session/seq"
+                ) from None
+            if outcome.rejected is not None:
+                raise ClientSessionError(outcome.rejected)
+            return Committed(outcome.result, position)
+        leader = self._leader
+        if forwarded or not self.config.forward_proposals or leader is None or not leader[1] \
+                or leader[0] == self.replica_id:
+            raise self._not_leader()
+        body = wire.propose_body(session_id, seq, acked_below, bytes(payload))
+        op = wire.Op.OPEN_SESSION if kind is Kind.SESSION_OPEN else wire.Op.PROPOSE
+        answer = await self._peers.get(leader[1]).call(op, body, self.config.propose_timeout_s, wire.FORWARDED)
+        position, result = wire.parse_committed(answer)
+        return Committed(result, position)
+
+    def _not_leader(self) -> RsmNotLeaderError:
+        leader = self._leader
+        where = f"the leader is {leader[0]} at {leader[1]}" if leader else "no leader is known yet"
+        return RsmNotLeaderError(f"replica {self.replica_id} is not the leader; {where}",
+                                 leader_id=leader[0] if leader else None, leader_address=leader[1] if leader else None)
+
+    # --- reads -------------------------------------------------------------------------
+    async def read(self, request: bytes, consistency: str = "linearizable", *, after: Position | str | None = None
+                   ) -> bytes:
+        if consistency not in CONSISTENCY_LEVELS:
+            raise BadConsistencyError(f"consistency {consistency!r}: one of {', '.join(CONSISTENCY_LEVELS)}")
+        self._check_running()
+        if consistency == "after":
+            if after is None:
+                raise BadConsistencyError('consistency "after" needs after=<position> (e.g. a session\'s '
+                                          "last_position)")
+            await self._wait_applied(Position.parse(after), self.config.read_timeout_s)
+        elif consistency == "linearizable" and not self.config.unsafe_local_linearizable_reads:
+            index = await self.read_index(forwarded=False)
+            if index is not None:
+                await self._wait_applied(index, self.config.read_timeout_s)
+        return self._query(request)
+
+    def _query(self, request: bytes) -> bytes:
+        try:
+            return bytes(self.state.machine.query(request))
+        except Exception as exc:
+            raise StateMachineError(f"state machine query raised: {type(exc).__name__}: {exc}") from exc
+
+    async def read_index(self, *, forwarded: bool) -> Position | None:
+        """A position every write confirmed before this call is at or below (a barrier)."""
+        term = self._term
+        if term is not None and self.role.accepts(term.token):
+            try:
+                _, position = await asyncio.wait_for(asyncio.shield(term.barrier(int(time.time() * 1000))),
+                                                     self.config.read_timeout_s)
+            except TimeoutError:
+                raise ScribaTimeoutError(f"read barrier not confirmed within {self.config.read_timeout_s} s") from None
+            return position
+        leader = self._leader
+        if forwarded or leader is None or not leader[1] or leader[0] == self.replica_id:
+            raise self._not_leader()
+        answer = await self._peers.get(leader[1]).call(wire.Op.READ_INDEX, b"", self.config.read_timeout_s,
+                                                       wire.FORWARDED)
+        return wire.parse_position(answer)
+
+    # --- leadership transfer, snapshots ---------------------------------------------------------
+    async def transfer_leadership(self, replica_id: str) -> None:
+        """Hand leadership to ``replica_id`` (the old leader stops proposing; the target catches up)."""
+        self._check_running()
+        if replica_id == self.replica_id and self.is_leader:
+            return
+        term = self._term
+        if term is None or not self.role.accepts(term.token):
+            raise self._not_leader()
+        if replica_id not in {m.replica_id for m in await self.members()}:
+            raise ReplicaNotFoundError(f"no live replica {replica_id!r} of {self.namespace}/{self.name}")
+        doc = {"target": replica_id, "deadline_ms": int(time.time() * 1000 + self.config.transfer_timeout_s * 1000)}
+        key = mb.transfer_key(self.group)
+        with contextlib.suppress(NoSuchKeyError):
+            await self.client.store.delete(key)
+        await self.client.store.create(key, json.dumps(doc).encode())
+        self._depose(term, f"leadership transferred to {replica_id}")
+        try:
+            async with asyncio.timeout(self.config.transfer_timeout_s):
+                while self._leader is None or self._leader[0] != replica_id:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise ScribaTimeoutError(f"{replica_id} did not take over within {self.config.transfer_timeout_s} s")\
+                from None
+
+    def take_snapshot(self) -> asyncio.Task[None] | None:
+        """Start a snapshot now (point-in-time copy taken before this returns); None if one runs."""
+        if self.schedule.running or self.state.applied is None or self._ns is None:
+            self.schedule.on_demand()
+            return None
+        self.schedule.started()
+        chunks = self.state.snapshot(self.config.snapshot_chunk_bytes)
+        position, records, token = self.state.applied, self.state.records_applied, self.state.token
+        self._snapshot_task = self._spawn(self._store_snapshot(chunks, position, records, token))
+        return self._snapshot_task
+
+    async def _store_snapshot(self, chunks: list[bytes], position: Position, records: int, token: int) -> None:
+        assert self._ns is not None
+        try:
+            self.snapshot_info = await store_snapshot(
+                self._ns, self.name, mb.catalog_key(self.group), chunks, position, records, token,
+                self.config.snapshots_kept, self._password,
+            )
+            self.schedule.finished(position)
+        except ScribaError as exc:
+            self._log.warning("rsm_snapshot_failed", error=str(exc))
+            self.schedule.finished(None)
+
+    async def snapshot(self) -> Position:
+        """Take a snapshot now and wait until it is stored; its position."""
+        self._check_running()
+        while self._snapshot_task is not None and not self._snapshot_task.done():
+            await asyncio.shield(self._snapshot_task)
+        task = self.take_snapshot()
+        if task is None:
+            raise ReplicaStoppedError("nothing applied yet: no snapshot to take")
+        await task
+        if self.schedule.last_position is None:
+            raise SnapshotCorruptError("the snapshot could not be stored (see the log)")
+        return self.schedule.last_position
+
+    # --- the replica service ---------------------------------------------------------------
+    async def _handle(self, op: wire.Op, flags: int, body: bytes) -> bytes:
+        forwarded = bool(flags & wire.FORWARDED)
+        if op is wire.Op.PROPOSE:
+            sid, seq, acked, command = wire.parse_propose(body)
+            self._check_command(command)
+            committed = await self._submit(Kind.COMMAND, command, sid, seq, acked, forwarded=forwarded)
+            return wire.committed_body(committed.position, committed.result)
+        if op is wire.Op.OPEN_SESSION:
+            committed = await self._submit(Kind.SESSION_OPEN, b"", NO_SESSION, 0, 0, forwarded=forwarded)
+            return wire.committed_body(committed.position, committed.result)
+        if op is wire.Op.READ:
+            consistency, after, request = wire.parse_read(body)
+            return await self.read(request, consistency, after=after)
+        if op is wire.Op.READ_INDEX:
+            return wire.position_body(await self.read_index(forwarded=forwarded))
+        return json.dumps(self.status()).encode()
+
+    # --- internals ---------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, ScribaError):
+                self._log.error("rsm_task_failed", error=repr(exc))
+                self._fatal(StateMachineError(f"internal task failed: {exc!r}"))

@@ -1,0 +1,161 @@
+"""The replica service's wire format (I/O-free): length-prefixed frames over TCP.
+
+Why a small TCP protocol and not gRPC: the messages are four (propose, read, read
+index, open session) plus a status, the payloads are opaque bytes, and a ``.proto``
+would live in the shared core's ``scriba/proto`` (regenerated, checked and edited by
+every layer); a frame codec of ~100 lines keeps the RSM self-contained and its
+per-request cost low (one struct unpack, no protobuf objects).
+
+    frame     = u32 length | payload
+    request   = u64 request_id | u8 op | u8 flags | body
+    response  = u64 request_id | u8 status (0 ok, 1 error) | body
+
+Bodies: PROPOSE ``u64 session | u64 seq | u64 acked_below | command`` -> ``u8 n | position
+text (n) | result``; READ ``u8 consistency | u8 n | after position (n) | request`` ->
+``result``; READ_INDEX -> position text; OPEN_SESSION -> ``u64 id | position text``;
+STATUS -> JSON. An error body is JSON ``{type, message, leader_id, leader_address}``
+and becomes the same exception type on the caller's side (``error_from``).
+Flag ``FORWARDED``: a follower passed this on; the receiver must not forward again.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from typing import Final
+
+from scriba import errors
+from scriba.errors import BadRequestError, RsmNotLeaderError, ScribaError
+from scriba.stream import Position
+
+FRAME_BYTES_MAX: Final = 8 * 1024 * 1024
+LENGTH = struct.Struct(">I")
+REQUEST = struct.Struct(">QBB")
+RESPONSE = struct.Struct(">QB")
+PROPOSE = struct.Struct(">QQQ")
+FORWARDED: Final = 1
+CONSISTENCY_CODES: Final = {"linearizable": 0, "sequential": 1, "after": 2}
+CONSISTENCY_NAMES: Final = {v: k for k, v in CONSISTENCY_CODES.items()}
+
+
+class Op(enum.IntEnum):
+    PROPOSE = 1
+    READ = 2
+    READ_INDEX = 3
+    OPEN_SESSION = 4
+    STATUS = 5
+
+
+def frame(payload: bytes) -> bytes:
+    if len(payload) > FRAME_BYTES_MAX:
+        raise BadRequestError(f"frame of {len(payload)} bytes exceeds {FRAME_BYTES_MAX}")
+    return LENGTH.pack(len(payload)) + payload
+
+
+def request(request_id: int, op: Op, body: bytes, flags: int = 0) -> bytes:
+    return frame(REQUEST.pack(request_id, op, flags) + body)
+
+
+def parse_request(payload: bytes) -> tuple[int, Op, int, bytes]:
+    if len(payload) < REQUEST.size:
+        raise BadRequestError(f"request of {len(payload)} bytes is shorter than its header")
+    request_id, op, flags = REQUEST.unpack_from(payload)
+    try:
+        return request_id, Op(op), flags, payload[REQUEST.size:]
+    except ValueError:
+        raise BadRequestError(f"unknown op {op}") from None
+
+
+def ok(request_id: int, body: bytes) -> bytes:
+    return frame(RESPONSE.pack(request_id, 0) + body)
+
+
+def error(request_id: int, exc: ScribaError) -> bytes:
+    doc = {"type": type(exc).__name__, "message": str(exc),
+           "leader_id": getattr(exc, "leader_id", None), "leader_address": getattr(exc, "leader_address", None)}
+    return frame(RESPONSE.pack(request_id, 1) + json.dumps(doc).encode())
+
+
+def parse_response(payload: bytes) -> tuple[int, bool, bytes]:
+    if len(payload) < RESPONSE.size:
+        raise BadRequestError(f"response of {len(payload)} bytes is shorter than its header")
+    request_id, status = RESPONSE.unpack_from(payload)
+    return request_id, status == 0, payload[RESPONSE.size:]
+
+
+def error_from(body: bytes) -> ScribaError:
+    try:
+        doc = json.loads(body)
+        name, message = str(doc["type"]), str(doc["message"])
+    except (ValueError, KeyError, TypeError):
+        return errors.InternalError(f"undecodable error response {body[:80]!r}")
+    cls = getattr(errors, name, None)
+    if cls is RsmNotLeaderError:
+        return RsmNotLeaderError(message, leader_id=doc.get("leader_id"), leader_address=doc.get("leader_address"))
+    if isinstance(cls, type) and issubclass(cls, ScribaError):
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    return errors.InternalError(f"{name}: {message}")
+
+
+# --- bodies ------------------------------------------------------------------------------
+def _text(position: Position | None) -> bytes:
+    raw = str(position).encode() if position is not None else b""
+    return bytes([len(raw)]) + raw
+
+
+def _untext(body: bytes) -> tuple[Position | None, bytes]:
+    if not body:
+        raise BadRequestError("body too short for a position")
+    n = body[0]
+    if len(body) < 1 + n:
+        raise BadRequestError("body too short for its position")
+    raw = body[1:1 + n].decode()
+    return (Position.parse(raw) if raw else None), body[1 + n:]
+
+
+def propose_body(session_id: int, seq: int, acked_below: int, command: bytes) -> bytes:
+    return PROPOSE.pack(session_id, seq, acked_below) + command
+
+
+def parse_propose(body: bytes) -> tuple[int, int, int, bytes]:
+    if len(body) < PROPOSE.size:
+        raise BadRequestError("propose body too short")
+    sid, seq, acked = PROPOSE.unpack_from(body)
+    return sid, seq, acked, body[PROPOSE.size:]
+
+
+def committed_body(position: Position, result: bytes) -> bytes:
+    return _text(position) + result
+
+
+def parse_committed(body: bytes) -> tuple[Position, bytes]:
+    position, rest = _untext(body)
+    if position is None:
+        raise BadRequestError("commit answer without a position")
+    return position, rest
+
+
+def read_body(consistency: str, after: Position | None, request_bytes: bytes) -> bytes:
+    code = CONSISTENCY_CODES.get(consistency)
+    if code is None:
+        raise errors.BadConsistencyError(f"consistency {consistency!r}: one of {sorted(CONSISTENCY_CODES)}")
+    return bytes([code]) + _text(after) + request_bytes
+
+
+def parse_read(body: bytes) -> tuple[str, Position | None, bytes]:
+    if not body or body[0] not in CONSISTENCY_NAMES:
+        raise errors.BadConsistencyError(f"unknown consistency code {body[:1]!r}")
+    after, rest = _untext(body[1:])
+    return CONSISTENCY_NAMES[body[0]], after, rest
+
+
+def position_body(position: Position | None) -> bytes:
+    return _text(position)
+
+
+def parse_position(body: bytes) -> Position | None:
+    return _untext(body)[0]

@@ -1,0 +1,360 @@
+"""The RSM shell against in-process bookies and ``memory://`` (fast stand-ins for the real
+processes of ``test_rsm_processes.py``): each replica is its own "process" — its own Client
+on its own store session — sharing the bookies; replica services on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rsm_machines import Counter, Register
+
+import scriba.meta
+from scriba.client import Client, ClientConfig
+from scriba.client.driver import DriverConfig
+from scriba.errors import (
+    BadConsistencyError,
+    ClientSessionError,
+    CommandTooLargeError,
+    ReplicaIdInUseError,
+    ReplicaNotFoundError,
+    ReplicaStoppedError,
+    RsmNotLeaderError,
+    StateMachineError,
+)
+from scriba.meta.store import MetadataStore
+from scriba.rsm import ClientSession, ReplicatedStateMachine, Role, RsmConfig
+from scriba.rsm import membership as mb
+from scriba.rsm.snapshot_store import read_catalog
+from scriba.rsm.snapshots_core import CATALOG_CODEC
+from scriba.stream import Position, open_namespace
+from scriba.testing.checkers import Applied, ReplicaTrace, check_rsm
+from scriba.testing.sim.memory import StorageTransport, register_bookies
+
+BOOKIES = [f"bk{i}" for i in range(4)]
+CLIENT_CONFIG = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                             driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=0.2))
+FAST = RsmConfig(campaign_backoff_s=0.05, writer_lock_timeout_s=5.0, propose_timeout_s=10.0, read_timeout_s=10.0,
+                 snapshot_every_commands=None, snapshot_every_bytes=None, transfer_timeout_s=5.0)
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@dataclass
+class Env:
+    uri: str
+    transport: StorageTransport
+    stores: list[MetadataStore] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
+    replicas: list[ReplicatedStateMachine] = field(default_factory=list)
+
+    async def client(self) -> Client:
+        store = await scriba.meta.connect(self.uri)
+        self.stores.append(store)
+        client = await Client.connect(self.uri, store=store, transport=self.transport, config=CLIENT_CONFIG)
+        self.clients.append(client)
+        return client
+
+    async def replica(self, rid: str, machine: Any = None, config: RsmConfig = FAST, name: str = "counter",
+                      start: bool = True) -> ReplicatedStateMachine:
+        r = ReplicatedStateMachine(await self.client(), namespace="apps", name=name,
+                                   state_machine=machine if machine is not None else Counter(),
+                                   replica_id=rid, address=free_address(), config=config)
+        self.replicas.append(r)
+        if start:
+            await r.start()
+        return r
+
+    async def crash(self, r: ReplicatedStateMachine) -> None:
+        """The process dies: its metadata session ends, nothing is closed cleanly."""
+        for task in list(r._tasks):
+            task.cancel()
+        if r._term is not None:
+            for task in list(r._term._tasks):
+                task.cancel()
+        if r._server is not None:
+            await r._server.close()
+        await r.client.store.close()
+        r._stopped = ReplicaStoppedError("crashed")
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    uri = f"memory://rsm-{uuid.uuid4().hex[:10]}"
+    store = await scriba.meta.connect(uri)
+    await register_bookies(store, BOOKIES)
+    e = Env(uri, StorageTransport(BOOKIES))
+    e.stores.append(store)
+    try:
+        yield e
+    finally:
+        for r in e.replicas:
+            if r._stopped is None:
+                await asyncio.wait_for(r.stop(), 10)
+        for c in e.clients:
+            await c.close()
+        for s in e.stores:
+            await s.close()
+        await e.transport.close()
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    async with asyncio.timeout(timeout_s):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+async def leader_of(replicas: list[ReplicatedStateMachine], timeout_s: float = 10.0) -> ReplicatedStateMachine:
+    await until(lambda: sum(r.is_leader for r in replicas if r._stopped is None) == 1, timeout_s)
+    return next(r for r in replicas if r.is_leader and r._stopped is None)
+
+
+def trace(r: ReplicatedStateMachine) -> ReplicaTrace:
+    machine = r.state.machine
+    assert isinstance(machine, Counter)
+    applied = [Applied(int(p.segment_seq) * 10**12 + p.entry_id * 10**5 + p.slot, (str(p), cmd))
+               for p, cmd in machine.log]
+    return ReplicaTrace.build(r.replica_id, applied)
+
+
+# --- one replica ----------------------------------------------------------------------------
+async def test_single_replica_propose_read_and_sessions(env: Env) -> None:
+    r = await env.replica("r1")
+    await until(lambda: r.is_leader)
+    session = await r.open_session()
+    assert session.session_id == 1
+    assert [await r.propose(b"incr", session=session) for _ in range(3)] == [b"1", b"2", b"3"]
+    # group commit: concurrent proposals share record sets, each gets its own result
+    results = await asyncio.gather(*[r.propose(b"incr") for _ in range(50)])
+    assert sorted(int(x) for x in results) == list(range(4, 54))
+    assert r._term is not None and r._term.batches_sent < 50 + 4
+    # a retry of the last seq (its answer lost) returns the first result and applies nothing;
+    # one below what the client said it has is refused, never applied again
+    lost = ClientSession(session.session_id, next_seq=4, acked_below=3)
+    assert await r.propose(b"incr", session=lost, seq=3) == b"3"
+    with pytest.raises(ClientSessionError, match="below acked_below"):
+        await r.propose(b"incr", session=lost, seq=1)
+    assert await r.read(b"get") == b"53"
+    assert await r.read(b"get", "sequential") == b"53"
+    assert session.last_position is not None
+    assert await r.read(b"get", "after", after=session.last_position) == b"53"
+    status = r.status()
+    assert status["role"] == "leader" and status["commands_applied"] == 53 and status["sessions"] == 1
+    assert [m.replica_id for m in await r.members()] == ["r1"]
+
+
+async def test_bad_input_is_typed(env: Env) -> None:
+    r = await env.replica("r1", config=FAST.__class__(**{**_fields(FAST), "command_bytes_max": 1024}))
+    await until(lambda: r.is_leader)
+    with pytest.raises(BadConsistencyError):
+        await r.read(b"get", "eventual")
+    with pytest.raises(BadConsistencyError):
+        await r.read(b"get", "after")
+    with pytest.raises(CommandTooLargeError):
+        await r.propose(b"x" * 2000)
+    with pytest.raises(CommandTooLargeError):
+        await r.propose("text")  # type: ignore[arg-type]
+    with pytest.raises(ReplicaIdInUseError):
+        await env.replica("r1")
+    with pytest.raises(ClientSessionError, match="never opened"):
+        await r.propose(b"incr", session=ClientSession(99))
+    with pytest.raises(ReplicaNotFoundError):
+        await r.transfer_leadership("nobody")
+    with pytest.raises(Exception, match="replica id"):
+        ReplicatedStateMachine(r.client, namespace="apps", name="counter", state_machine=Counter(),
+                               replica_id="bad/id")
+
+
+def _fields(config: RsmConfig) -> dict[str, Any]:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+async def test_a_state_machine_that_raises_stops_the_replica(env: Env) -> None:
+    r = await env.replica("r1")
+    await until(lambda: r.is_leader)
+    await r.propose(b"incr")
+    with pytest.raises(StateMachineError, match="refused boom"):
+        await r.propose(b"boom")
+    assert isinstance(r.error, StateMachineError) and r.role.role is Role.STOPPED
+    with pytest.raises(StateMachineError):
+        await r.propose(b"incr")
+    with pytest.raises(StateMachineError):
+        await r.read(b"get")
+    # a follower replaying the same stream stops at the same record, saying so
+    f = await env.replica("r2")
+    await until(lambda: f.error is not None)
+    assert isinstance(f.error, StateMachineError) and "refused boom" in str(f.error)
+
+
+# --- three replicas ---------------------------------------------------------------------------
+async def test_three_replicas_forward_and_read_linearizably_from_followers(env: Env) -> None:
+    replicas = [await env.replica(f"r{i}") for i in range(3)]
+    leader = await leader_of(replicas)
+    followers = [r for r in replicas if r is not leader]
+    await until(lambda: all(f.leader is not None and f.leader[0] == leader.replica_id for f in followers))
+    session = await followers[0].open_session()
+    results = [await followers[i % 2].propose(b"incr", session=session) for i in range(20)]
+    assert results == [str(i).encode() for i in range(1, 21)]
+    for f in followers:  # read index: the follower waits to apply up to the leader's barrier
+        assert await f.read(b"get") == b"20"
+    no_forward = await env.replica("r9", config=FAST.__class__(**{**_fields(FAST), "forward_proposals": False}))
+    await until(lambda: no_forward.leader is not None)
+    with pytest.raises(RsmNotLeaderError) as info:
+        await no_forward.propose(b"incr")
+    assert info.value.leader_address == leader.address and info.value.retriable
+    await until(lambda: all(r.applied == leader.applied for r in replicas))
+    result = check_rsm([trace(r) for r in replicas])
+    assert result.ok and result.positions == 20, result.explain()
+
+
+async def test_failover_retries_apply_once(env: Env) -> None:
+    replicas = [await env.replica(f"r{i}") for i in range(3)]
+    leader = await leader_of(replicas)
+    others = [r for r in replicas if r is not leader]
+    session = await others[0].open_session()
+    done: list[bytes] = []
+
+    async def load() -> None:
+        for _ in range(40):
+            done.append(await others[0].propose(b"incr", session=session))
+
+    task = asyncio.create_task(load())
+    await until(lambda: len(done) >= 10)
+    await env.crash(leader)
+    await task
+    new = await leader_of(others)
+    assert new is not leader
+    assert await new.read(b"get") == b"40"  # 40 distinct proposals applied once each
+    assert done == [str(i).encode() for i in range(1, 41)]
+    await until(lambda: others[0].applied == others[1].applied)
+    assert check_rsm([trace(r) for r in others]).ok
+
+
+async def test_transfer_leadership(env: Env) -> None:
+    replicas = [await env.replica(f"r{i}") for i in range(3)]
+    leader = await leader_of(replicas)
+    await leader.propose(b"incr")
+    target = next(r for r in replicas if r is not leader)
+    await leader.transfer_leadership(target.replica_id)
+    assert await leader_of(replicas) is target
+    assert await target.propose(b"incr") == b"2"
+    with pytest.raises(RsmNotLeaderError):
+        await leader.transfer_leadership(leader.replica_id + "x")
+
+
+# --- snapshots ------------------------------------------------------------------------------
+SNAP = FAST.__class__(**{**_fields(FAST), "snapshot_every_commands": 25, "snapshots_kept": 2})
+
+
+async def test_snapshots_truncate_and_restart_restores_with_the_same_digest(env: Env) -> None:
+    await open_namespace(await env.client(), "apps", create=True, segment_records_max=10)  # many segments
+    replicas = [await env.replica(f"r{i}", config=SNAP) for i in range(3)]
+    leader = await leader_of(replicas)
+    for _ in range(4):
+        await asyncio.gather(*[leader.propose(b"incr") for _ in range(30)])
+    await leader.snapshot()
+    catalog = await read_catalog(leader.client, mb.catalog_key(leader.group))
+    assert len(catalog.snapshots) == 2 and catalog.deleting == ()
+    ns = await open_namespace(leader.client, "apps")
+    info = await ns.info("counter")
+    # whole segments below the oldest kept snapshot are gone
+    assert Position(0, 0, 0) < info.record.truncated_before <= catalog.snapshots[0].position
+    assert info.record.segments[0].seq > 0
+    digest = await leader.read(b"digest")
+    for r in replicas:
+        await r.stop()
+    restarted = [await env.replica(f"r{i}", config=SNAP) for i in range(3)]
+    new = await leader_of(restarted)
+    assert await new.read(b"digest") == digest and await new.read(b"get") == b"120"
+    for r in restarted:
+        await until(lambda r=r: r.applied == new.applied)
+        assert r.restored_from is not None and r.restored_from.position >= catalog.snapshots[-1].position
+        machine = r.state.machine
+        assert isinstance(machine, Counter)
+        assert len(machine.log) < 40  # replayed only the tail after the snapshot
+        assert await r.read(b"digest", "sequential") == digest
+
+
+async def test_corrupt_newest_snapshot_falls_back_to_the_previous(env: Env) -> None:
+    r = await env.replica("r1", config=SNAP)
+    await until(lambda: r.is_leader)
+    await asyncio.gather(*[r.propose(b"incr") for _ in range(10)])
+    first = await r.snapshot()
+    await asyncio.gather(*[r.propose(b"incr") for _ in range(10)])
+    second = await r.snapshot()
+    assert first < second
+    await r.stop()
+    key = mb.catalog_key(r.group)
+    store = r.client.store
+    raw = await store.get(key)
+    catalog = CATALOG_CODEC.from_bytes(raw.value)
+    doc = json.loads(catalog.to_bytes())
+    doc["snapshots"][-1]["digest"] = "0" * 64  # the newest no longer matches its bytes
+    await store.set(key, json.dumps(doc).encode(), expected_version=raw.version)
+    again = await env.replica("r1", config=SNAP)
+    assert again.restored_from is not None and again.restored_from.position == first
+    await until(lambda: again.is_leader)
+    assert await again.read(b"get") == b"20"
+
+
+async def test_register_reads_see_every_acknowledged_write(env: Env) -> None:
+    replicas = [await env.replica(f"r{i}", machine=Register(), name="reg") for i in range(3)]
+    leader = await leader_of(replicas)
+    for i in range(10):
+        await leader.propose(b"set:%d" % i)
+        for r in replicas:
+            assert await r.read(b"get") == b"%d" % i
+
+
+async def test_position_tokens_are_strings_too(env: Env) -> None:
+    r = await env.replica("r1")
+    await until(lambda: r.is_leader)
+    committed = await r.submit(b"incr")
+    assert await r.read(b"get", "after", after=str(committed.position)) == b"1"
+    assert isinstance(committed.position, Position)
+
+
+
+
+def test_sync_facade() -> None:
+    """The blocking facade drives a replica from plain code. It runs in a child process: its
+    event-loop thread trips a CPython 3.11 ``ast`` bug in pytest's own session-end imports."""
+    script = Path(__file__).with_name("sync_facade_script.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK 1 1 leader s1"), done.stdout + done.stderr
+
+
+async def test_shell_rsm_status(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from scriba.rsm.shell import SHELL_VERBS, cmd_rsm_status
+
+    assert [v.name for v in SHELL_VERBS] == ["rsm-status"]
+    replicas = [await env.replica(f"r{i}", config=SNAP) for i in range(2)]
+    leader = await leader_of(replicas)
+    await leader.propose(b"incr")
+    await leader.snapshot()
+    capsys.readouterr()
+    assert await cmd_rsm_status(argparse.Namespace(target="apps/counter", json=True), env.uri) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["leader"] == leader.replica_id and len(doc["snapshots"]) == 1
+    roles = {m["replica_id"]: m["role"] for m in doc["members"]}
+    assert roles[leader.replica_id] == "leader" and sorted(roles.values()) == ["follower", "leader"]
+    assert all(m["answered"] for m in doc["members"])
+    assert await cmd_rsm_status(argparse.Namespace(target="apps/counter", json=False), env.uri) == 0
+    assert "leader " + leader.replica_id in capsys.readouterr().out
+    with pytest.raises(Exception, match="NAMESPACE/NAME"):
+        await cmd_rsm_status(argparse.Namespace(target="nonamespace", json=True), env.uri)
