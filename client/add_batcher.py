@@ -1,11 +1,12 @@
-"""The adds queued and in flight to one bookie, batched into messages: no I/O.
+"""The adds queued and in flight to each bookie, batched into messages: no I/O.
 
 Theory of operation. Python gRPC moves a few thousand *messages* per second, so the
 adds to one bookie travel in ``AddBatch`` messages, and inside a message the adds of
 one ledger travel as an ``AddRun`` (entry ids and sizes packed, the packed entries
 concatenated in one bytes field): no protobuf object per entry. ``BookieAdds`` holds
-that bookie's side of it; the transport (``grpc_transport.py``) owns the stream, the
-tasks and the callbacks, and asks it what to send and whom an answer is for.
+one bookie's side of it (the steps below), ``AddBatcher`` every bookie's and the one
+push per entry; the transport (``grpc_transport.py``) owns the streams, the tasks and
+the callbacks, and asks them what to send and whom an answer is for.
 
 - ``AddBatcher.push(bookies, key, entry_id, entry)`` appends the add, for each bookie of
   the write set, to that bookie's open :class:`AddRun` (a new run when the open one's
@@ -16,7 +17,7 @@ tasks and the callbacks, and asks it what to send and whom an answer is for.
   returns only the bookies that need the transport: WAKE (the sender should look),
   REFUSED (over ``inflight_bytes_hard_max``), STOPPED (the transport has not
   ``start``ed that bookie's stream, or ``stop``ped it: nothing was queued).
-- ``ready()`` applies the send rule: send while anything is queued, except that while
+- ``BookieAdds.ready()`` applies the send rule: send while anything is queued, except that while
   ``batch_entries_max * batches_inflight_max`` adds are unanswered a partial message is
   held back until it fills or answers arrive (Nagle-like; one add in flight is never
   delayed). ``take_message(parts)`` moves whole runs, at least one, into one message of
