@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio.base_events
 import gc
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -75,10 +76,25 @@ _call_exception_handler = asyncio.base_events.BaseEventLoop.call_exception_handl
 _run_forever = asyncio.base_events.BaseEventLoop.run_forever
 
 
+def stdlib_false_alarm(context: dict[str, Any]) -> bool:
+    """CPython before 3.12: when a ``start_server`` connection handler task is cancelled,
+    the stream protocol's done-callback calls ``task.exception()``, which raises
+    CancelledError inside the callback ("Exception in callback ... connection_made...").
+    Noise, not an escape: gh-113538, fixed in 3.12.2 (never backported to 3.11)."""
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    return (
+        sys.version_info < (3, 12, 2)
+        and isinstance(context.get("exception"), asyncio.CancelledError)
+        and getattr(callback, "__qualname__", "") == "StreamReaderProtocol.connection_made.<locals>.callback"
+    )
+
+
 def _recording_call_exception_handler(
     self: asyncio.base_events.BaseEventLoop, context: dict[str, Any]
 ) -> None:
-    LOOP_EXCEPTIONS.record(context)
+    if not stdlib_false_alarm(context):
+        LOOP_EXCEPTIONS.record(context)
     _call_exception_handler(self, context)
 
 
