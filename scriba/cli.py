@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "scriba.shell",            # scriba shell <verb> (verbs registered by each layer)
     "scriba.client.bench",     # scriba bench
     "scriba.autorecovery.cli",  # scriba autorecovery run|<verb>
+    "scriba.geo.cli",          # scriba geo replicate
     "scriba.demo",             # scriba demo (metadata API demo)
     "scriba.testing.faults_cli",  # scriba faults-proxy
 )

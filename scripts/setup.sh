@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install Scriba with its test extras (idempotent).
+# Create .venv and install Scriba with its test and spark extras (idempotent).
 # pip's output goes to .venv/install.log and is printed only if the install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ if [ "$(id -u)" = 0 ] && ! command -v java >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 log=.venv/install.log
-if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[test]'; } >"$log" 2>&1; then
+if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[test,spark]'; } >"$log" 2>&1; then
   cat "$log" >&2
   echo "setup: installing Scriba failed (log above, also in $log)" >&2
   exit 1

@@ -1,0 +1,1 @@
+"""Example applications built on Scriba's public API (installed as ``scriba.examples``)."""

@@ -1,0 +1,65 @@
+"""Scriba on Spark: the ``scriba`` PySpark data source (``pip install scriba[spark]``).
+
+    from scriba.pipeline import register, local_session
+    spark = local_session()              # or your own SparkSession; then:
+    register(spark)                      # short name "scriba"
+    df = (spark.read.format("scriba").option("metadata", "etcd://127.0.0.1:2379/prod")
+          .option("stream", "payments/orders").load())
+    df.write.format("scriba").option("metadata", uri).option("stream", "ns/out").mode("append").save()
+    q = (spark.readStream.format("scriba").option("metadata", uri).option("stream", "ns/s")
+         .option("maxRecordsPerTrigger", 10_000).load()
+         .writeStream.trigger(availableNow=True).option("checkpointLocation", dir)...)
+
+Options: ``metadata`` (URI, required); one of ``stream`` ("ns/stream", or several
+comma-separated), ``namespace`` (all its streams) or ``ledgers`` ("1,2,3": raw
+entries, one row each); ``password``; ``startingPosition``/``endingPosition``
+("earliest", "latest" or "SEG:ENTRY:SLOT"; streaming: ``startingPositions`` may be
+JSON {"ns/s": position}); ``maxRecordsPerPartition`` (default 100000);
+``maxRecordsPerTrigger`` (per stream, Spark >= 4.2); ``failOnDataLoss`` (default
+true: a truncated position is an error; false skips to the truncation point);
+``createStream`` (write). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
+(``origin`` is null until geo-replication fills it).
+
+Theory of operation: ``plan`` (I/O-free) turns segments into read tasks and
+offsets into JSON; ``access`` is the blocking connection a driver or task opens;
+``source`` holds Spark's classes. Partitions carry the metadata URI and exact
+position bounds, so they run unchanged on any executor. Spark's Python Data
+Source API has no column pruning: the payload is always read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from scriba.pipeline.plan import SCHEMA_DDL
+
+__all__ = ["SCHEMA_DDL", "local_session", "register"]
+
+
+def register(spark: Any) -> None:
+    """Register the data source on ``spark`` under the short name ``scriba``."""
+    from scriba.pipeline.source import ScribaDataSource
+
+    spark.dataSource.register(ScribaDataSource)
+
+
+def local_session(master: str = "local[2]", app_name: str = "scriba", **conf: str) -> Any:
+    """A SparkSession on this machine with the usual pitfalls handled: workers use this
+    interpreter (``PYSPARK_PYTHON``), Spark binds loopback only, and ``scriba`` is registered."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
