@@ -185,11 +185,13 @@ class Client:
                 owns_transport = transport is None
                 if transport is None:
                     from scriba.client.grpc_transport import GrpcBookieTransport
+                    from scriba.client.transport import TransportConfig
 
                     the_transport: BookieTransport = GrpcBookieTransport(
                         registry.address,
-                        add_timeout_s=cfg.add_timeout_s,
-                        read_timeout_s=cfg.driver.read_timeout_s,
+                        TransportConfig(
+                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s
+                        ),
                     )
                 else:
                     the_transport = transport
@@ -296,7 +298,8 @@ class Client:
         )
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
-            master_key=master_key(password), config=self._config.driver, record_version=version,
+            master_key=master_key(password), config=self._config.driver, limits=self._registry,
+            record_version=version,
         )
         log.info("ledger_created", ledger_id=ledger_id, ensemble=list(ensemble))
         return writer
