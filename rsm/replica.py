@@ -32,6 +32,12 @@ Proposals on a follower are forwarded to the leader over the replica service
 (``forward_proposals``; else ``RsmNotLeaderError`` names the leader's address).
 Linearizable reads on the leader share a barrier append; on a follower they ask the
 leader for the barrier's position (a read index) and wait to apply up to it.
+
+The class is assembled from mixins named for what they hold: ``leading`` (campaign,
+term start, leader watch, transfer), ``snapshotting`` (take, store, restore) and
+``service`` (the replica service's request handler). With ``metrics_listen`` it serves
+Prometheus ``/metrics`` (``metrics``: role, token, positions, lag, snapshot, proposals,
+batch sizes).
 """
 
 from __future__ import annotations
@@ -49,9 +55,7 @@ from scriba.errors import (
     CommandOutcomeUnknownError,
     CommandTooLargeError,
     ConfigError,
-    NoSuchKeyError,
     PositionTruncatedError,
-    ReplicaNotFoundError,
     ReplicaStoppedError,
     RsmNotLeaderError,
     ScribaError,
@@ -69,21 +73,25 @@ from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
 from scriba.rsm.config import CONSISTENCY_LEVELS, RsmConfig
 from scriba.rsm.envelope import HEADER_BYTES, NO_SESSION, Envelope, Kind
+from scriba.rsm.leading import Leading
 from scriba.rsm.machine import StateMachine
+from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics, check_listen, lag
 from scriba.rsm.peer import PeerPool, ReplicaServer
 from scriba.rsm.role import CatchUp, Effect, OpenWriter, Role, RoleCore, Serve, StepDown, Stop
-from scriba.rsm.snapshot_store import load_newest, store_snapshot
+from scriba.rsm.service import ReplicaService
 from scriba.rsm.snapshots_core import SnapshotSchedule
+from scriba.rsm.snapshotting import Snapshotting
 from scriba.rsm.state import Outcome, ReplicatedState
-from scriba.rsm.term import LeaderTerm, Proposal
-from scriba.stream import Namespace, Position, StreamReader, WriterOptions, open_namespace
+from scriba.rsm.term import LeaderTerm
+from scriba.stream import Namespace, Position, StreamReader, open_namespace
 
 log = get_logger(__name__)
 
 RETRY_PAUSE_S = 0.05
+LAG_QUERY_TIMEOUT_S = 2.0
 
 
-class ReplicatedStateMachine:
+class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
     def __init__(
         self,
         client: Client,
@@ -95,6 +103,7 @@ class ReplicatedStateMachine:
         address: str | None = None,
         config: RsmConfig | None = None,
         password: bytes = b"",
+        metrics_listen: str | None = None,
     ) -> None:
         self.config = (config or RsmConfig()).validate()
         self.client = client
@@ -126,6 +135,9 @@ class ReplicatedStateMachine:
         self.snapshot_info: Any = None  # the newest snapshot this replica stored or restored
         self.restored_from: Any = None  # the last snapshot restored
         self._log = log.bind(rsm=f"{namespace}/{name}", replica=self.replica_id)
+        self.metrics = RsmMetrics()
+        self._metrics_endpoint = (MetricsEndpoint(check_listen(metrics_listen), self.metrics, self.refresh_metrics)
+                                  if metrics_listen is not None else None)
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> ReplicatedStateMachine:
@@ -145,6 +157,8 @@ class ReplicatedStateMachine:
             if self.address:
                 self._server = ReplicaServer(self.address, self._handle, self.config.connections_max)
                 await self._server.start()
+            if self._metrics_endpoint is not None:
+                await self._metrics_endpoint.start()
         except BaseException:
             await mb.deregister(self.client.store, self.group, self.replica_id)
             raise
@@ -183,6 +197,8 @@ class ReplicatedStateMachine:
                     await task
         if self._server is not None:
             await self._server.close()
+        if self._metrics_endpoint is not None:
+            await self._metrics_endpoint.close()
         await self._peers.close()
         with contextlib.suppress(ScribaError):
             await mb.deregister(self.client.store, self.group, self.replica_id)
@@ -230,6 +246,25 @@ class ReplicatedStateMachine:
             "snapshot_age_s": round(time.time() - snap.created_ms / 1000, 3) if snap else None,
             "stopped": str(self._stopped) if self._stopped else None,
         }
+
+    @property
+    def metrics_address(self) -> str:
+        """Where ``/metrics`` is served (``host:port``; "" without ``metrics_listen``)."""
+        return self._metrics_endpoint.address if self._metrics_endpoint is not None else ""
+
+    async def lag(self) -> tuple[int | None, float | None]:
+        """(records, seconds) behind the stream's end: 0 on the leader; a follower asks the leader."""
+        leader = None
+        if not self.is_leader and self._leader is not None and self._leader[1] and self._leader[0] != self.replica_id:
+            with contextlib.suppress(ScribaError, OSError, ValueError):
+                leader = json.loads(await self._peers.get(self._leader[1]).call(wire.Op.STATUS, b"",
+                                                                                 LAG_QUERY_TIMEOUT_S))
+        return lag(self.status(), leader)
+
+    async def refresh_metrics(self) -> None:
+        status = self.status()
+        status["lag_records"], status["lag_s"] = await self.lag()
+        self.metrics.update(status)
 
     # --- apply -------------------------------------------------------------------------
     def _apply(self, position: Position, envelope: Envelope) -> Outcome:
@@ -341,134 +376,6 @@ class ReplicatedStateMachine:
         finally:
             await reader.close()
 
-    async def _restore_newer(self) -> bool:
-        """Restore the newest usable snapshot if it is ahead of the applied position."""
-        found = await load_newest(self.client, mb.catalog_key(self.group), self.state.applied, self._password)
-        if found is None:
-            return False
-        info, chunks = found
-        try:
-            self.state.restore(chunks)
-        except StateMachineError as exc:
-            self._fatal(exc)
-            raise
-        self.role.restored_to(info.position)
-        self.schedule.restored(info.position)
-        self.snapshot_info = self.restored_from = info
-        self._log.info("rsm_snapshot_restored", position=str(info.position), ledger_id=info.ledger_id)
-        self._changed.set()
-        return True
-
-    # --- election and terms ------------------------------------------------------------------
-    async def _campaign_loop(self) -> None:
-        claim = mb.LeaderClaim(self.replica_id, self.address).to_bytes()
-        while self._stopped is None:
-            if self.role.role is not Role.FOLLOWER or await self._transfer_blocks():
-                await asyncio.sleep(self.config.campaign_backoff_s)
-                continue
-            leadership = await self._election.campaign(self.replica_id, claim)
-            if await self._transfer_blocks():
-                await self._election.resign()
-                continue
-            try:
-                await self._lead(leadership)
-            except (StateMachineError, ReplicaStoppedError):
-                return
-            except ScribaError as exc:
-                self._log.warning("rsm_term_failed", error=str(exc))
-                self._run(self.role.deposed(leadership.token, str(exc)))
-                with contextlib.suppress(ScribaError):
-                    await self._election.resign()
-            await asyncio.sleep(self.config.campaign_backoff_s)
-
-    async def _transfer_blocks(self) -> bool:
-        """A leadership transfer to another replica is pending: do not campaign."""
-        try:
-            doc = json.loads((await self.client.store.get(mb.transfer_key(self.group))).value)
-        except (NoSuchKeyError, ValueError):
-            return False
-        return bool(doc.get("target") != self.replica_id and doc.get("deadline_ms", 0) > time.time() * 1000)
-
-    async def _lead(self, leadership: Leadership) -> None:
-        assert self._ns is not None
-        token = leadership.token
-        self._leadership = leadership
-        self._run(self.role.elected(token))
-        writer = await self._ns.open_writer(
-            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s)
-        )
-        if leadership.lost.is_set() or self.role.token != token:
-            await writer.abort()
-            self._run(self.role.deposed(token, "leadership lost while opening the writer"))
-            return
-        term = LeaderTerm(token, writer, self.config, self._confirm, self._depose, self.state.clock_ms)
-        self._term = term
-        end = await self._stream_end(writer.segment_seq)
-        self._run(self.role.writer_opened(token, end))
-        self._log.info("rsm_writer_opened", token=token, writer_token=writer.token, end=str(end))
-        while self.role.role is Role.CATCHING_UP and self.role.token == token and not leadership.lost.is_set():
-            self._changed.clear()
-            await self._changed.wait()
-        if self.role.accepts(token):
-            self._log.info("rsm_leading", token=token, applied=str(self.state.applied))
-            await mb.update_member(self.client.store, self.group, self._member())
-            await self._clear_transfer()
-        lost = self._spawn(leadership.lost.wait())
-        while self.role.accepts(token) and not lost.done():
-            self._changed.clear()
-            await asyncio.wait({lost, self._spawn(self._changed.wait())}, return_when=asyncio.FIRST_COMPLETED)
-        if lost.done():
-            self._run(self.role.deposed(token, f"leadership lost ({leadership.reason})"))
-        lost.cancel()
-
-    async def _stream_end(self, own_seq: int) -> Position | None:
-        """The last record before the writer's first segment (None: there is none)."""
-        assert self._ns is not None
-        info = await self._ns.info(self.name)
-        ends = [s.last_position for s in info.record.segments if s.seq < own_seq and s.last_position is not None]
-        truncated = info.record.truncated_before
-        if truncated > Position(0, 0, 0) and (self.state.applied is None or self.state.applied < truncated):
-            if not ends:
-                await self._restore_newer()
-        return max(ends) if ends else None
-
-    def _confirm(self, term: LeaderTerm, ready: list[tuple[Proposal, Position]]) -> None:
-        for proposal, position in ready:
-            if not self.role.accepts(term.token):
-                return  # term.end fails the rest
-            try:
-                outcome = self._apply(position, proposal.envelope)
-            except ScribaError as exc:
-                if not proposal.future.done():
-                    proposal.future.set_exception(exc)
-                return
-            if not proposal.future.done():
-                proposal.future.set_result((outcome, position))
-
-    async def _clear_transfer(self) -> None:
-        key = mb.transfer_key(self.group)
-        with contextlib.suppress(NoSuchKeyError, ScribaError):
-            record = await self.client.store.get(key)
-            if json.loads(record.value).get("target") == self.replica_id:
-                await self.client.store.delete(key, expected_version=record.version)
-
-    async def _watch_leader(self) -> None:
-        while self._stopped is None:
-            try:
-                async for current in self._election.observe():
-                    if current is None:
-                        self._leader = None
-                        continue
-                    address = ""
-                    with contextlib.suppress(NoSuchKeyError):
-                        raw = await self.client.store.get(mb.member_key(self.group, current[0]))
-                        address = mb.Member.from_bytes(raw.value).address
-                    self._leader = (current[0], address)
-                    self._changed.set()
-            except ScribaError as exc:
-                self._log.info("rsm_leader_watch_failed", error=str(exc))
-            await asyncio.sleep(self.config.campaign_backoff_s)
-
     # --- proposals ---------------------------------------------------------------------
     async def open_session(self) -> ClientSession:
         """Open an exactly-once client session (a replicated record; any replica)."""
@@ -517,6 +424,7 @@ class ReplicatedStateMachine:
                       forwarded: bool) -> Committed:
         self._check_running()
         self.proposals_total += 1
+        self.metrics.proposals.inc()
         term = self._term
         if term is not None and self.role.accepts(term.token):
             if session_id != NO_SESSION:
@@ -589,86 +497,6 @@ class ReplicatedStateMachine:
         answer = await self._peers.get(leader[1]).call(wire.Op.READ_INDEX, b"", self.config.read_timeout_s,
                                                        wire.FORWARDED)
         return wire.parse_position(answer)
-
-    # --- leadership transfer, snapshots ---------------------------------------------------------
-    async def transfer_leadership(self, replica_id: str) -> None:
-        """Hand leadership to ``replica_id`` (the old leader stops proposing; the target catches up)."""
-        self._check_running()
-        if replica_id == self.replica_id and self.is_leader:
-            return
-        term = self._term
-        if term is None or not self.role.accepts(term.token):
-            raise self._not_leader()
-        if replica_id not in {m.replica_id for m in await self.members()}:
-            raise ReplicaNotFoundError(f"no live replica {replica_id!r} of {self.namespace}/{self.name}")
-        doc = {"target": replica_id, "deadline_ms": int(time.time() * 1000 + self.config.transfer_timeout_s * 1000)}
-        key = mb.transfer_key(self.group)
-        with contextlib.suppress(NoSuchKeyError):
-            await self.client.store.delete(key)
-        await self.client.store.create(key, json.dumps(doc).encode())
-        self._depose(term, f"leadership transferred to {replica_id}")
-        try:
-            async with asyncio.timeout(self.config.transfer_timeout_s):
-                while self._leader is None or self._leader[0] != replica_id:
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
-            raise ScribaTimeoutError(f"{replica_id} did not take over within {self.config.transfer_timeout_s} s")\
-                from None
-
-    def take_snapshot(self) -> asyncio.Task[None] | None:
-        """Start a snapshot now (point-in-time copy taken before this returns); None if one runs."""
-        if self.schedule.running or self.state.applied is None or self._ns is None:
-            self.schedule.on_demand()
-            return None
-        self.schedule.started()
-        chunks = self.state.snapshot(self.config.snapshot_chunk_bytes)
-        position, records, token = self.state.applied, self.state.records_applied, self.state.token
-        self._snapshot_task = self._spawn(self._store_snapshot(chunks, position, records, token))
-        return self._snapshot_task
-
-    async def _store_snapshot(self, chunks: list[bytes], position: Position, records: int, token: int) -> None:
-        assert self._ns is not None
-        try:
-            self.snapshot_info = await store_snapshot(
-                self._ns, self.name, mb.catalog_key(self.group), chunks, position, records, token,
-                self.config.snapshots_kept, self._password,
-            )
-            self.schedule.finished(position)
-        except ScribaError as exc:
-            self._log.warning("rsm_snapshot_failed", error=str(exc))
-            self.schedule.finished(None)
-
-    async def snapshot(self) -> Position:
-        """Take a snapshot now and wait until it is stored; its position."""
-        self._check_running()
-        while self._snapshot_task is not None and not self._snapshot_task.done():
-            await asyncio.shield(self._snapshot_task)
-        task = self.take_snapshot()
-        if task is None:
-            raise ReplicaStoppedError("nothing applied yet: no snapshot to take")
-        await task
-        if self.schedule.last_position is None:
-            raise SnapshotCorruptError("the snapshot could not be stored (see the log)")
-        return self.schedule.last_position
-
-    # --- the replica service ---------------------------------------------------------------
-    async def _handle(self, op: wire.Op, flags: int, body: bytes) -> bytes:
-        forwarded = bool(flags & wire.FORWARDED)
-        if op is wire.Op.PROPOSE:
-            sid, seq, acked, command = wire.parse_propose(body)
-            self._check_command(command)
-            committed = await self._submit(Kind.COMMAND, command, sid, seq, acked, forwarded=forwarded)
-            return wire.committed_body(committed.position, committed.result)
-        if op is wire.Op.OPEN_SESSION:
-            committed = await self._submit(Kind.SESSION_OPEN, b"", NO_SESSION, 0, 0, forwarded=forwarded)
-            return wire.committed_body(committed.position, committed.result)
-        if op is wire.Op.READ:
-            consistency, after, request = wire.parse_read(body)
-            return await self.read(request, consistency, after=after)
-        if op is wire.Op.READ_INDEX:
-            return wire.position_body(await self.read_index(forwarded=forwarded))
-        return json.dumps(self.status()).encode()
 
     # --- internals ---------------------------------------------------------------------
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:

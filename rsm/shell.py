@@ -2,7 +2,7 @@
 
 ``rsm-status NS/NAME``: the group's members (role, token, applied position as each
 replica reports it over the replica service, or its registration when it does not
-answer), the elected leader, and the snapshot catalog (positions, sizes, age).
+answer; lag in records and in replicated-clock seconds behind the most advanced), the elected leader, and the snapshot catalog (positions, sizes, age).
 """
 
 from __future__ import annotations
@@ -42,19 +42,24 @@ async def rsm_status(uri: str, target: str) -> dict[str, Any]:
         for member in await mb.list_members(store, group):
             row: dict[str, Any] = {"replica_id": member.replica_id, "address": member.address, "zone": member.zone,
                                    "role": member.role, "token": member.token, "applied": member.applied,
-                                   "lag_records": None, "answered": False}
+                                   "lag_records": None, "lag_s": None, "answered": False}
             if member.address:
                 peer = PeerClient(member.address)
                 with contextlib.suppress(ScribaError, OSError):
                     status = json.loads(await peer.call(wire.Op.STATUS, b"", STATUS_TIMEOUT_S))
                     row.update(role=status["role"], token=status["token"], applied=status["applied"],
-                               records_applied=status["records_applied"], answered=True)
+                               records_applied=status["records_applied"], clock_ms=status["clock_ms"],
+                               answered=True)
                 await peer.close()
             rows.append(row)
-        most = max((r.get("records_applied", 0) for r in rows), default=0)
-        for row in rows:
-            if "records_applied" in row:
-                row["lag_records"] = most - row["records_applied"]
+        # the most advanced replica (the leader applies on confirmation) is at the stream's confirmed end;
+        # seconds behind it: the difference of replicated clocks (leader stamps), 0 when nothing is behind
+        answered = [r for r in rows if "records_applied" in r]
+        most = max(answered, key=lambda r: (r["records_applied"], r["clock_ms"]), default=None)
+        for row in answered:
+            assert most is not None
+            row["lag_records"] = most["records_applied"] - row["records_applied"]
+            row["lag_s"] = round(max(0, most["clock_ms"] - row["clock_ms"]) / 1000, 3) if row["lag_records"] else 0.0
         try:
             catalog = SnapshotCatalog.from_bytes((await store.get(mb.catalog_key(group))).value)
         except ScribaError:
@@ -71,7 +76,7 @@ async def rsm_status(uri: str, target: str) -> dict[str, Any]:
 async def cmd_rsm_status(args: argparse.Namespace, uri: str) -> int:
     doc = await rsm_status(uri, args.target)
     lines = [f"{doc['state_machine']}: leader {doc['leader'] or '(none)'} (election token {doc['election_token']})",
-             table(doc["members"], ["replica_id", "address", "zone", "role", "token", "applied", "lag_records"])
+             table(doc["members"], ["replica_id", "address", "zone", "role", "token", "applied", "lag_records", "lag_s"])
              if doc["members"] else "(no live replicas)"]
     if doc["snapshots"]:
         lines.append("snapshots:\n" + table(doc["snapshots"], ["position", "ledger_id", "size_bytes", "age_s"]))

@@ -43,7 +43,7 @@ Depose = Callable[["LeaderTerm", str], None]
 
 class LeaderTerm:
     def __init__(self, token: int, writer: StreamWriter, config: RsmConfig, confirm: Confirm, depose: Depose,
-                 clock_ms: int) -> None:
+                 clock_ms: int, *, on_batch: Callable[[int], object] | None = None) -> None:
         self.token = token  # the election's token (the role core's term)
         self.writer = writer
         self.writer_token = writer.token  # stamped on every envelope: non-decreasing along the stream
@@ -54,6 +54,7 @@ class LeaderTerm:
         )
         self._confirm = confirm
         self._depose = depose
+        self._on_batch = on_batch  # called with each record set's size (metrics)
         self._last_stamp_ms = clock_ms
         self._by_key: dict[tuple[int, int], Proposal] = {}
         self._open_barrier: Proposal | None = None
@@ -112,6 +113,8 @@ class LeaderTerm:
     async def _append(self, batch: Batch[Proposal]) -> None:
         self.batches_sent += 1
         self.records_sent += len(batch.items)
+        if self._on_batch is not None:
+            self._on_batch(len(batch.items))
         try:
             positions = await self.writer.append_many([p.envelope.encode() for p in batch.items])
         except ScribaError as exc:

@@ -144,7 +144,7 @@ def test_state_invariants_positions_and_tokens() -> None:
 
 def test_state_machine_exceptions_and_bad_results_are_typed() -> None:
     s = _state()
-    with pytest.raises(StateMachineError, match="RuntimeError: boom"):
+    with pytest.raises(StateMachineError, match="RuntimeError: the state machine refused boom"):
         s.apply(P(0), Envelope(Kind.COMMAND, 1, 0, b"boom"))
 
     class Bad(Counter):

@@ -25,6 +25,7 @@ from scriba.errors import (
     BadConsistencyError,
     ClientSessionError,
     CommandTooLargeError,
+    ConfigError,
     ReplicaIdInUseError,
     ReplicaNotFoundError,
     ReplicaStoppedError,
@@ -69,10 +70,11 @@ class Env:
         return client
 
     async def replica(self, rid: str, machine: Any = None, config: RsmConfig = FAST, name: str = "counter",
-                      start: bool = True) -> ReplicatedStateMachine:
+                      start: bool = True, metrics_listen: str | None = None) -> ReplicatedStateMachine:
         r = ReplicatedStateMachine(await self.client(), namespace="apps", name=name,
                                    state_machine=machine if machine is not None else Counter(),
-                                   replica_id=rid, address=free_address(), config=config)
+                                   replica_id=rid, address=free_address(), config=config,
+                                   metrics_listen=metrics_listen)
         self.replicas.append(r)
         if start:
             await r.start()
@@ -354,7 +356,76 @@ async def test_shell_rsm_status(env: Env, capsys: pytest.CaptureFixture[str]) ->
     roles = {m["replica_id"]: m["role"] for m in doc["members"]}
     assert roles[leader.replica_id] == "leader" and sorted(roles.values()) == ["follower", "leader"]
     assert all(m["answered"] for m in doc["members"])
+    lags = {m["replica_id"]: (m["lag_records"], m["lag_s"]) for m in doc["members"]}
+    assert lags[leader.replica_id] == (0, 0.0) and all(s is not None and s >= 0 for _, s in lags.values())
     assert await cmd_rsm_status(argparse.Namespace(target="apps/counter", json=False), env.uri) == 0
     assert "leader " + leader.replica_id in capsys.readouterr().out
     with pytest.raises(Exception, match="NAMESPACE/NAME"):
         await cmd_rsm_status(argparse.Namespace(target="nonamespace", json=True), env.uri)
+
+
+async def http_get(address: str, path: str) -> tuple[int, str]:
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def scrape(r: ReplicatedStateMachine) -> dict[str, float]:
+    """Every sample of the replica's /metrics, parsed: {"name{label=value}": value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    code, body = await http_get(r.metrics_address, "/metrics")
+    assert code == 200, body
+    return {s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+async def test_metrics_endpoint_serves_role_token_positions_lag_snapshot_and_batches(env: Env) -> None:
+    replicas = [await env.replica(f"r{i}", config=SNAP, metrics_listen="127.0.0.1:0") for i in range(2)]
+    leader = await leader_of(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    await asyncio.gather(*(leader.propose(b"incr") for _ in range(20)))
+    await leader.snapshot()
+    m = await scrape(leader)
+    assert m["scriba_rsm_role{role=leader}"] == 1 and m["scriba_rsm_role{role=follower}"] == 0
+    assert m["scriba_rsm_fencing_token"] == leader.role.token > 0
+    assert m["scriba_rsm_records_applied"] == leader.state.records_applied >= 20
+    assert m["scriba_rsm_commands_applied"] == 20
+    assert leader.applied is not None and m["scriba_rsm_applied_segment"] == leader.applied.segment_seq
+    assert m["scriba_rsm_proposals_total"] == 20
+    assert m["scriba_rsm_lag_records"] == 0 and m["scriba_rsm_lag_seconds"] == 0
+    assert 0 <= m["scriba_rsm_snapshot_age_seconds"] < 60
+    assert m["scriba_rsm_snapshot_segment"] == leader.snapshot_info.position.segment_seq
+    assert leader._term is not None
+    # every appended record set observed once, its size summed (group commit: fewer sets than records)
+    assert m["scriba_rsm_batch_records_count"] == leader._term.batches_sent >= 1
+    assert m["scriba_rsm_batch_records_sum"] == leader._term.records_sent
+    assert m["scriba_rsm_batch_records_bucket{le=+Inf}"] == leader._term.batches_sent
+
+    await until(lambda: follower.state.records_applied == leader.state.records_applied)
+    f = await scrape(follower)
+    assert f["scriba_rsm_role{role=follower}"] == 1 and f["scriba_rsm_role{role=leader}"] == 0
+    assert f["scriba_rsm_lag_records"] == 0 and f["scriba_rsm_lag_seconds"] == 0
+    assert f["scriba_rsm_records_applied"] == m["scriba_rsm_records_applied"]
+    assert f["scriba_rsm_proposals_total"] == 0 and f["scriba_rsm_batch_records_count"] == 0
+    assert (await http_get(leader.metrics_address, "/nothing"))[0] == 404
+
+
+def test_metrics_lag_is_the_leaders_records_and_clock_ahead() -> None:
+    from scriba.rsm.metrics import lag
+
+    own = {"role": "follower", "records_applied": 10, "clock_ms": 5_000}
+    assert lag(own, {"records_applied": 13, "clock_ms": 7_500}) == (3, 2.5)
+    assert lag(own, {"records_applied": 10, "clock_ms": 9_000}) == (0, 0.0)  # caught up: no seconds behind
+    assert lag(own, None) == (None, None)  # the leader unknown: unknown, not 0
+    assert lag({**own, "role": "leader"}, None) == (0, 0.0)
+
+
+async def test_metrics_listen_bad_address_is_a_config_error(env: Env) -> None:
+    for bad in ("nohost", "127.0.0.1:x", "127.0.0.1:70000", ":80"):
+        with pytest.raises(ConfigError, match="metrics_listen"):
+            await env.replica("r1", metrics_listen=bad, start=False)

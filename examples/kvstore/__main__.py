@@ -1,0 +1,80 @@
+"""The command line: ``python -m scriba.examples.kvstore serve ...`` (also ``scriba-kv``).
+
+    scriba-kv serve --metadata etcd://127.0.0.1:2379/scriba --replica-id r1 \\
+        --listen 127.0.0.1:23790 [--peer 127.0.0.1:23800] [--namespace kv --name store]
+
+Starts one RSM replica of the store (its replica service on ``--peer``, by default
+the listen port + 10) and serves etcd's API on ``--listen``. Prints ``READY`` on
+stdout once serving; SIGTERM / SIGINT stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+
+from scriba.client import Client, ClientConfig
+from scriba.examples.kvstore.machine import KvMachine
+from scriba.examples.kvstore.server import KvServer
+from scriba.log import configure
+from scriba.meta.connect import connect
+from scriba.rsm import ReplicatedStateMachine, RsmConfig
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scriba-kv", description="an HA key-value store speaking etcd's v3 API")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run one replica")
+    serve.add_argument("--metadata", required=True, help="metadata URI (etcd://, zk://, memory://)")
+    serve.add_argument("--replica-id", required=True)
+    serve.add_argument("--listen", required=True, help="host:port for etcd clients")
+    serve.add_argument("--peer", help="host:port of the RSM replica service (default: listen port + 10)")
+    serve.add_argument("--namespace", default="kv")
+    serve.add_argument("--name", default="store")
+    serve.add_argument("--zone", default="")
+    serve.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
+    serve.add_argument("--session-timeout-s", type=float, default=2.0)
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    configure(stream=sys.stderr)
+    host, _, port = args.listen.rpartition(":")
+    peer = args.peer or f"{host}:{int(port) + 10}"
+    config = RsmConfig(**{"zone": args.zone, **json.loads(args.rsm_config)})
+    store = await connect(args.metadata, session_timeout_s=args.session_timeout_s)
+    client = await Client.connect(args.metadata, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
+    machine = KvMachine()
+    rsm = ReplicatedStateMachine(client, namespace=args.namespace, name=args.name, state_machine=machine,
+                                 replica_id=args.replica_id, address=peer, config=config)
+    await rsm.start()
+    server = KvServer(rsm, machine, args.listen)
+    await server.start()
+    print("READY", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    while not stop.is_set() and rsm.error is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2)
+    await server.stop()
+    await rsm.stop()
+    await client.close()
+    if rsm.error is not None and not stop.is_set():
+        print(f"STOPPED {rsm.error}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""``python -m scriba.examples.namenode serve --metadata URI --id nn1 --listen 127.0.0.1:9870``
+
+Starts one namenode replica: the RSM replica (its replica service on ``--rsm-listen``,
+default the HTTP port + 1) and the WebHDFS server. Prints ``READY <url>`` once serving;
+exits 3 if the replica stops on an error (e.g. an edit record it cannot replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+
+from scriba.client import Client
+from scriba.examples.namenode.server import NameNode, serve
+from scriba.log import configure
+from scriba.meta import MetadataStore
+from scriba.meta.connect import connect
+from scriba.rsm import RsmConfig
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scriba-namenode", description=__doc__.split("\n\n")[1])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run one namenode replica with its WebHDFS endpoint")
+    s.add_argument("--metadata", required=True, help="metadata URI, e.g. etcd://127.0.0.1:2379/scriba")
+    s.add_argument("--id", required=True, help="replica id (nn1, nn2, ...)")
+    s.add_argument("--listen", required=True, help="HOST:PORT of the WebHDFS server")
+    s.add_argument("--rsm-listen", help="HOST:PORT of the replica service (default: HTTP port + 1)")
+    s.add_argument("--namespace", default="namenode", help="stream namespace of the edit log")
+    s.add_argument("--session-timeout-s", type=float, default=10.0,
+                   help="metadata session timeout: how long a dead active holds its election")
+    s.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
+    return parser.parse_args(argv)
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"--listen {value!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+async def run(args: argparse.Namespace) -> int:
+    configure(stream=sys.stderr)
+    host, port = split_hostport(args.listen)
+    rsm_address = args.rsm_listen or f"{host}:{port + 1}"
+    config = RsmConfig(**json.loads(args.rsm_config)).validate()
+    store = await connect(args.metadata, session_timeout_s=args.session_timeout_s)
+    try:
+        return await serve_until_stopped(args, store, host, port, rsm_address, config)
+    finally:
+        await store.close()
+
+
+async def serve_until_stopped(args: argparse.Namespace, store: MetadataStore, host: str, port: int,
+                              rsm_address: str, config: RsmConfig) -> int:
+    async with Client.connect(args.metadata, store=store) as client:
+        nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
+        await nn.start()
+        runner = await serve(nn, host, port)
+        print(f"READY {nn.url}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            while nn.rsm.error is None and not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.2)
+                except TimeoutError:
+                    pass
+        finally:
+            await runner.cleanup()
+            await nn.stop()
+        if nn.rsm.error is not None:
+            print(f"STOPPED {nn.rsm.error}", file=sys.stderr, flush=True)
+            return 3
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(run(parse(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Three store replicas as real processes on real bookies and a real etcd (module scope)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scriba.examples.kvstore.launcher import KvCluster
+from scriba.testing.cluster import BookieCluster
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.append(_HERE)
+
+from kv_harness import Ctl  # noqa: E402
+
+RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
+              "writer_lock_timeout_s": 60.0, "snapshot_every_commands": 500}
+
+
+@pytest.fixture(scope="module")
+def kv_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvCluster]:
+    uri = str(etcd_cluster.uri(f"kv{uuid.uuid4().hex[:8]}"))
+    base = tmp_path_factory.mktemp("kv")
+    bookies = BookieCluster(base / "bookies", uri)
+    bookies.start_bookies(3, zones=["z1", "z2", "z3"])
+    kv = KvCluster(uri, base / "replicas", replicas=3, zones=["z1", "z2", "z3"], rsm_config=RSM_CONFIG)
+    try:
+        yield kv.start_all()
+    finally:
+        kv.stop_all()
+        bookies.stop_all()
+
+
+@pytest.fixture
+def ctl(kv_cluster: KvCluster) -> Ctl:
+    return Ctl(kv_cluster.endpoints)

@@ -1,0 +1,96 @@
+"""Namenode replicas as real processes (``python -m scriba.examples.namenode serve``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+T = TypeVar("T")
+RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
+              "snapshot_every_commands": 50}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 30.0) -> T:
+    """Poll ``probe`` until it returns something not None (a condition with a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class NamenodeProc:
+    def __init__(self, uri: str, replica_id: str, log_dir: Path, namespace: str) -> None:
+        self.uri, self.replica_id, self.namespace = uri, replica_id, namespace
+        self.port = free_port()
+        self.rsm_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{replica_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> NamenodeProc:
+        cmd = [sys.executable, "-m", "scriba.examples.namenode", "serve", "--metadata", self.uri,
+               "--id", self.replica_id, "--listen", f"127.0.0.1:{self.port}",
+               "--rsm-listen", f"127.0.0.1:{self.rsm_port}", "--namespace", self.namespace,
+               "--session-timeout-s", "2", "--rsm-config", json.dumps(RSM_CONFIG)]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ))
+        wait_for(f"{self.replica_id} serving", self.status)
+        return self
+
+    def status(self) -> dict[str, Any] | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"{self.replica_id} exited {self.proc.returncode}; log {self.log_path}")
+        try:
+            return dict(requests.get(f"{self.url}/scriba/status", timeout=2).json())
+        except requests.RequestException:
+            return None
+
+    def digest(self, consistency: str = "sequential") -> dict[str, Any]:
+        answer = requests.get(f"{self.url}/scriba/digest", params={"scriba_consistency": consistency}, timeout=30)
+        answer.raise_for_status()
+        return dict(answer.json())
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def active_of(nodes: list[NamenodeProc], timeout_s: float = 30.0) -> NamenodeProc:
+    def probe() -> NamenodeProc | None:
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                status = node.status()
+                if status is not None and status["role"] == "active":
+                    return node
+        return None
+
+    return wait_for("an active namenode", probe, timeout_s)
