@@ -1,6 +1,6 @@
 """The pipeline jobs on real bookies and etcd with the shared local[2] Spark: ``export``
-(Parquet, resumes exactly where it stopped) on a 20k-record stream
-(``SCRIBA_PIPELINE_RECORDS=100000`` for the issue's 100k: about 2.5 min for this file alone), and ``audit``
+(Parquet, resumes exactly where it stopped) on a 100k-record stream
+(``SCRIBA_PIPELINE_RECORDS`` sets another size), and ``audit``
 (healthy namespace = no rows; a deliberately deleted and a deliberately corrupted
 replica are found, exactly those)."""
 
@@ -26,7 +26,7 @@ from scriba.pipeline.jobs.export import export, read_export, read_positions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-RECORDS = int(os.environ.get("SCRIBA_PIPELINE_RECORDS", "20000"))
+RECORDS = int(os.environ.get("SCRIBA_PIPELINE_RECORDS", "100000"))
 
 
 @pytest.fixture(scope="module")
