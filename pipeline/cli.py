@@ -44,21 +44,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from scriba.pipeline import local_session
+def _session(args: argparse.Namespace) -> tuple[Any, bool]:
+    """(the session, whether this command started it and so stops it)."""
+    from pyspark.sql import SparkSession
 
-    return local_session(args.master, f"scriba-pipeline-{args.verb}")
+    from scriba.pipeline import local_session, register
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # called from a program that has one (tests, notebooks)
+        register(active)
+        return active, False
+    return local_session(args.master, f"scriba-pipeline-{args.verb}"), True
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from scriba.pipeline.jobs.export import export
 
-    spark = _session(args)
+    spark, owned = _session(args)
     try:
         report = export(spark, args.metadata, args.to, streams=tuple(args.stream), namespace=args.namespace,
                         password=args.password, fail_on_data_loss=not args.skip_truncated)
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     print(report.to_json() if args.json else report.line())
     return 0
 
@@ -67,7 +75,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from scriba.pipeline.jobs.audit import audit
     from scriba.pipeline.plan import parse_ledger_ids
 
-    spark = _session(args)
+    spark, owned = _session(args)
     try:
         problems, report = audit(spark, args.metadata, namespace=args.namespace,
                                  ledgers=tuple(parse_ledger_ids(args.ledgers or "")),
@@ -77,6 +85,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         elif not args.json:
             problems.show(20, truncate=False)
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     print(report.to_json() if args.json else report.line())
     return 0 if report.healthy else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from _pipeline_support import _append, _ns, _records
 
+from scriba.cli import build_parser
 from scriba.client import Client
 from scriba.entry import make_digest, master_key, pack_entry
 from scriba.errors import Status
@@ -65,6 +67,12 @@ def test_export_to_parquet_resumes_where_it_stopped(spark: Any, uri: str, big: s
 PASSWORD = b"audit-pw"
 
 
+def main(argv: list[str]) -> int:
+    """``scriba ARGV`` without ``scriba.cli.main``'s logging setup (bound to pytest's capture)."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
 async def _forge_faults(uri: str) -> tuple[int, list[str]]:
     """A closed E3/W3/A2 ledger of 5 entries whose entry 3 was never written to its third
     bookie and whose entry 4 is corrupt there (the digest no longer matches)."""
@@ -97,7 +105,8 @@ async def _forge_faults(uri: str) -> tuple[int, list[str]]:
         return ledger_id, ensemble
 
 
-def test_audit_finds_a_deleted_and_a_corrupted_replica(spark: Any, uri: str, big: str) -> None:
+def test_audit_finds_a_deleted_and_a_corrupted_replica(spark: Any, uri: str, big: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     # negative control: a healthy namespace yields no problem rows
     problems, report = audit(spark, uri, namespace=big)
     assert report.healthy and problems.count() == 0, problems.collect()
@@ -111,3 +120,18 @@ def test_audit_finds_a_deleted_and_a_corrupted_replica(spark: Any, uri: str, big
     # every ledger (no scope): the forged one is among them, the stream's are clean
     problems, report = audit(spark, uri, password=PASSWORD.decode())
     assert {r.ledger_id for r in problems.collect()} >= {ledger_id}
+    # the command line: exit 1 with problems, 0 without, one JSON summary line
+    assert main(["pipeline", "audit", "--metadata", uri, "--ledgers", str(ledger_id),
+                 "--password", PASSWORD.decode(), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["corrupt"] == 1
+    assert main(["pipeline", "audit", "--metadata", uri, "--namespace", big, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["healthy"] is True
+
+
+def test_export_command_line(spark: Any, uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "a", _records(30)))
+    args = ["pipeline", "export", "--metadata", uri, "--stream", f"{ns}/a", "--to", str(tmp_path / "x")]
+    assert main(args) == 0 and capsys.readouterr().out.strip().endswith(f"30 records of 1 streams to {tmp_path / 'x'}")
+    assert main([*args, "--json"]) == 0 and json.loads(capsys.readouterr().out)["records"] == 0
+    assert read_export(spark, tmp_path / "x").count() == 30
