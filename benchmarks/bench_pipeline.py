@@ -9,6 +9,8 @@
    payload (``sum(length(payload))``). The session is started, and one untimed read
    done, before timing.
 
+4. Spark appends ``--records`` rows (2 tasks) to another stream, against the client's write.
+
 Prints rows/s of each and the ratio Spark/client. The machine has 2 cores
 (``os.cpu_count()`` is printed) shared by every process: figures vary, and more
 partitions than cores cannot scale.
@@ -73,19 +75,26 @@ def main() -> None:
         try:
             t = time.perf_counter()
             asyncio.run(_write(uri, records, args.size))
-            print(f"write (client): {records / (time.perf_counter() - t):,.0f} rows/s")
+            write_base = records / (time.perf_counter() - t)
+            print(f"write (client, batches of 1000): {write_base:,.0f} rows/s  [baseline]")
             t = time.perf_counter()
             n = asyncio.run(_client_read(uri))
             base = n / (time.perf_counter() - t)
             assert n == records, (n, records)
             print(f"read (client, one catch-up reader): {base:,.0f} rows/s  [baseline]")
-            _spark_reads(uri, records, base, [int(p) for p in args.partitions.split(",")])
+            _spark(uri, records, base, write_base, [int(p) for p in args.partitions.split(",")])
         finally:
             bookies.stop_all()
             etcd.stop()
 
 
-def _spark_reads(uri: str, records: int, base: float, partitions: list[int]) -> None:
+async def _create(uri: str, stream: str) -> None:
+    async with Client.connect(uri) as client:
+        ns = await open_namespace(client, "bench")
+        await (await ns.open_writer(stream, create=True)).close()
+
+
+def _spark(uri: str, records: int, base: float, write_base: float, partitions: list[int]) -> None:
     from pyspark.sql import functions as F
 
     from scriba.pipeline import local_session
@@ -103,6 +112,14 @@ def _spark_reads(uri: str, records: int, base: float, partitions: list[int]) -> 
             assert row.n == records, (row.n, records)
             print(f"read (Spark, {df.rdd.getNumPartitions()} partitions): {rate:,.0f} rows/s  "
                   f"ratio {rate / base:.2f}x the client")
+        # write: N payloads appended through the source (tasks queue on the writer lock)
+        asyncio.run(_create(uri, "out"))
+        rows = spark.range(records).select(F.lit(b"x" * 100).alias("payload")).coalesce(2).persist()
+        rows.count()
+        t = time.perf_counter()
+        rows.write.format("scriba").option("metadata", uri).option("stream", "bench/out").mode("append").save()
+        rate = records / (time.perf_counter() - t)
+        print(f"write (Spark, 2 tasks): {rate:,.0f} rows/s  ratio {rate / write_base:.2f}x the client's write")
     finally:
         spark.stop()
 
