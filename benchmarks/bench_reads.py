@@ -52,9 +52,12 @@ async def _client(uri: str, mode: str) -> tuple[Any, Any]:
     from scriba.client import Client, ClientConfig
     from scriba.client.grpc_transport import GrpcBookieTransport
     from scriba.client.read_core import ReadConfig
+    from scriba.client.transport import TransportConfig
 
     holder: list[Any] = []
-    transport = GrpcBookieTransport(lambda b: holder[0].registry.address(b), packed_reads=mode == "packed")
+    transport = GrpcBookieTransport(
+        lambda b: holder[0].registry.address(b), TransportConfig(packed_reads=mode == "packed")
+    )
     config = ClientConfig(read=ReadConfig(entries_window=512, batch_entries_max=128)) if mode == "old" else None
     client = await Client.connect(uri, transport=transport, config=config)
     holder.append(client)

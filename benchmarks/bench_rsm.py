@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,15 +43,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scriba.embedded.process import free_port
+
 COMMAND = b"c" * 64
 REPLICA_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "writer_lock_timeout_s": 60.0,
                   "propose_timeout_s": 20.0, "snapshot_every_commands": 200_000}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:

@@ -9,6 +9,10 @@ Outputs: ``on_change(registered)`` after each transition, so the service stops t
 adds while unregistered (READ_ONLY). Mode changes (read-only / writable) are written
 through ``update_metadata``.
 
+The record advertises what clients must know before they send: the address, the
+location (placement), the mode, and ``entry_size_max`` (clients refuse a larger
+payload up front instead of sending it to be refused).
+
 A record left by an earlier incarnation of this bookie (killed before its session
 expired) is replaced: the cookie check has already proven that this process owns
 the bookie's data dirs.
@@ -87,7 +91,7 @@ class Registration:
             self._set(True)
             log.info("bookie_registered", bookie_id=self._record.bookie_id, address=self._record.address,
                      region=self._record.region, zone=self._record.zone, rack=self._record.rack,
-                     mode=self._record.mode.value)
+                     mode=self._record.mode.value, entry_size_max=self._record.entry_size_max)
 
     def _on_session(self, state: SessionState) -> None:
         if self._closed:

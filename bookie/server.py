@@ -148,6 +148,7 @@ class Bookie:
             total_bytes=total,
             http_address=self.http_address,
             version=_version(),
+            entry_size_max=cfg.entry_size_max,  # clients refuse larger payloads up front
         )
         self.metrics.read_only.set(1 if storage.read_only else 0)
         storage.add_state_listener(self._on_storage_state)

@@ -180,12 +180,15 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
     if client is None:
         from scriba.client import Client
         from scriba.client.grpc_transport import GrpcBookieTransport
+        from scriba.client.transport import TransportConfig
 
         holder: list[Any] = []
         transport = GrpcBookieTransport(
             lambda bookie_id: holder[0].registry.address(bookie_id),
-            batch_entries_max=cfg.batch_entries_max,
-            batches_inflight_max=cfg.batches_inflight_max,
+            TransportConfig(
+                batch_entries_max=cfg.batch_entries_max,
+                batches_inflight_max=cfg.batches_inflight_max,
+            ),
         )
         client = await Client.connect(cfg.metadata_uri, transport=transport)
         holder.append(client)

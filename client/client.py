@@ -64,6 +64,9 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
     add_timeout_s: float = 10.0
+    # the metadata session the client opens (None: the store's default); how long a dead
+    # process's ephemeral records (an RSM leader's election, a stream writer's lock) live
+    metadata_session_timeout_s: float | None = None
     bookie_wait_s: float = 10.0  # create_ledger waits this long for enough writable bookies
     registry_sync_s: float = 10.0
     failed_bookie_quarantine_s: float = 30.0  # replacements avoid bookies failed this recently
@@ -76,6 +79,8 @@ class ClientConfig:
 
     def validate(self) -> ClientConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
+        require(self.metadata_session_timeout_s is None or self.metadata_session_timeout_s > 0,
+                "metadata_session_timeout_s", "must be > 0")
         require(self.bookie_wait_s >= 0, "bookie_wait_s", "must be >= 0")
         require(self.registry_sync_s > 0, "registry_sync_s", "must be > 0")
         require(self.failed_bookie_quarantine_s >= 0, "failed_bookie_quarantine_s", "must be >= 0")
@@ -168,7 +173,10 @@ class Client:
             if store is None:
                 from scriba.meta.connect import connect as connect_store
 
-                the_store = await connect_store(uri)
+                the_store = await (
+                    connect_store(uri) if cfg.metadata_session_timeout_s is None
+                    else connect_store(uri, session_timeout_s=cfg.metadata_session_timeout_s)
+                )
             else:
                 the_store = store
             registry = BookieRegistry(the_store)
@@ -177,11 +185,13 @@ class Client:
                 owns_transport = transport is None
                 if transport is None:
                     from scriba.client.grpc_transport import GrpcBookieTransport
+                    from scriba.client.transport import TransportConfig
 
                     the_transport: BookieTransport = GrpcBookieTransport(
                         registry.address,
-                        add_timeout_s=cfg.add_timeout_s,
-                        read_timeout_s=cfg.driver.read_timeout_s,
+                        TransportConfig(
+                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s
+                        ),
                     )
                 else:
                     the_transport = transport
@@ -288,7 +298,8 @@ class Client:
         )
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
-            master_key=master_key(password), config=self._config.driver, record_version=version,
+            master_key=master_key(password), config=self._config.driver, limits=self._registry,
+            record_version=version,
         )
         log.info("ledger_created", ledger_id=ledger_id, ensemble=list(ensemble))
         return writer

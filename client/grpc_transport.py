@@ -1,26 +1,17 @@
 """The gRPC ``BookieTransport``: one channel and one batched add stream per bookie.
 
-Theory of operation. Python gRPC moves a few thousand *messages* per second, so
-every add to one bookie goes onto that bookie's single ``AddStream`` in
-:class:`AddBatch` messages, and inside a message the adds of one ledger travel as
-an :class:`AddRun` (entry ids and sizes packed, the packed entries concatenated in
-one bytes field): no protobuf object per entry on either side. ``add_entry()``
-(one call for the whole write set) and ``add()`` (one bookie) only append the
-entry id and the entry's bytes (the same object for every bookie of the write
-set) to the bookie's open run (no coroutine, task or log line per entry). A run
-collects the adds of one ledger that share master key, flags and callback, up to
-``batch_entries_max`` entries / ``batch_bytes_max`` bytes (default 512: a bookie spends
-~20% less CPU per add at 512 adds a message than at 256, the client about the same;
-measured with ``scriba bench``, 3 bookies, 1 KiB). One sender task per
-bookie drains the queued runs into one message of at most ``batch_entries_max``
-entries; while a message is being written the next adds accumulate. While
-``batch_entries_max * batches_inflight_max`` entries are unanswered, a partial
-message is held back until it fills or answers arrive (Nagle-like; one add in
-flight is never delayed). One reader task per bookie takes each
-:class:`AddResponseBatch`; an :class:`AddRunResponse` is matched to the runs that
-sent its entry ids with a few C-level dict operations, and answered with one
-callback per run (``add_entry``: ``on_responses(bookie_id, ledger_id, entry_ids,
-status)``) or one per entry (``add``).
+Theory of operation. Every add to one bookie goes onto that bookie's single
+``AddStream``, batched into ``AddBatch`` messages of ``AddRun``s by the I/O-free
+``scriba.client.add_batcher`` (``AddBatcher`` over one ``BookieAdds`` per bookie: what
+to send, whom an answer is for, which adds expired; its docstring gives the batching
+rules). This module is the I/O half. ``add_entry()`` (one call for the whole write
+set) and ``add()`` (one bookie) only push the add into the batcher (no coroutine,
+task or log line per entry); a bookie whose stream is not running is started then. One sender task per bookie writes a message whenever
+the batcher is ready; while a message is being written the next adds accumulate.
+One reader task per bookie takes each ``AddResponseBatch`` and answers the runs the
+batcher matched, with one callback per run (``add_entry``: ``on_responses(bookie_id,
+ledger_id, entry_ids, status)``) or one per entry (``add``). A callback that raises is
+reported to the event loop's exception handler, like an exception in any loop callback.
 
 States of a bookie connection: IDLE (no stream) -> OPEN (sender + reader running)
 -> BROKEN (stream or channel failed; every pending add was answered UNAVAILABLE;
@@ -50,15 +41,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from itertools import accumulate, repeat
+from collections.abc import AsyncGenerator, Callable, Iterable
+from itertools import accumulate
 from typing import Any, Final
 
 import grpc
 import grpc.aio
 
-from scriba.client.transport import AddCallback, AddRunCallback, BookieInfo, EntryRun, LacResult
+from scriba.client.add_batcher import (
+    REFUSED,
+    STOPPED,
+    WAKE,
+    AddBatcher,
+    AddRun,
+    BookieAdds,
+    RunKey,
+)
+from scriba.client.transport import (
+    AddCallback,
+    AddRunCallback,
+    BookieInfo,
+    EntryRun,
+    LacResult,
+    TransportConfig,
+)
 from scriba.errors import (
     InternalError,
     NoSuchEntryError,
@@ -69,7 +75,6 @@ from scriba.errors import (
 )
 from scriba.errors import TimeoutError as DeadlineError
 from scriba.ids import BookieId, EntryId, LedgerId
-from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
@@ -106,117 +111,32 @@ def _status(code: int) -> Status:
 
 
 _ADD_STREAM_METHOD: Final = "/scriba.v1.Bookie/AddStream"
-_AddRun: Final = pb.AddRun
-_RUNS_TAG: Final = b"\x12"  # AddBatch.runs: field 2, length-delimited
-_ENTRIES_TAG: Final = b"\x32"  # AddRun.entries: field 6, length-delimited
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-class _Run:
-    """Adds of one ledger to one bookie that share master key, flags and callback."""
-
-    __slots__ = (
-        "callback",
-        "deadline",
-        "entries",
-        "entry_ids",
-        "flags",
-        "key",
-        "ledger_id",
-        "master_key",
-        "per_entry",
-        "remaining",
-        "sent",
-        "size",
-    )
-
-    def __init__(
-        self, ledger_id: int, master_key: bytes, flags: int, callback: Any, per_entry: bool, deadline: float
-    ) -> None:
-        self.ledger_id = ledger_id
-        self.master_key = master_key
-        self.flags = flags
-        self.callback = callback  # AddRunCallback, or AddCallback when per_entry
-        self.per_entry = per_entry
-        self.deadline = deadline
-        self.key = (callback, ledger_id, flags, master_key, per_entry)  # adds that may join
-        self.entry_ids: list[int] = []
-        self.entries: list[bytes] = []
-        self.size = 0  # bytes of entries
-        self.remaining = 0  # adds sent and not yet answered
-        self.sent = False
-
-
-def _encode_run(run: _Run, parts: list[bytes]) -> None:
-    """Append ``run`` as one ``AddBatch.runs`` element on the wire to ``parts``.
-
-    The ids, sizes and key go through protobuf (C); the entries field is framed by
-    hand so that the entries are copied once, by the final ``b"".join``.
-    """
-    entries = run.entries
-    head = _AddRun(
-        ledger_id=run.ledger_id,
-        master_key=run.master_key,
-        flags=run.flags,
-        entry_ids=run.entry_ids,
-        sizes=list(map(len, entries)),
-    ).SerializeToString()
-    size = run.size
-    if not size:  # proto3 leaves an empty bytes field out
-        parts += (_RUNS_TAG, _varint(len(head)), head)
-        return
-    size_varint = _varint(size)
-    parts += (_RUNS_TAG, _varint(len(head) + 1 + len(size_varint) + size), head, _ENTRIES_TAG, size_varint)
-    parts += entries
-
-
-def _group(ids: Sequence[int], runs: Sequence[_Run | None]) -> dict[_Run, list[int]]:
-    """Answered ids by the run that sent them (ids no run waits for are dropped)."""
-    groups: dict[_Run, list[int]] = {}
-    for entry_id, run in zip(ids, runs, strict=True):
-        if run is not None:
-            groups.setdefault(run, []).append(entry_id)
-    return groups
 
 
 class _Connection:
-    """One bookie: its channel, add stream, queued runs and pending adds (module docstring)."""
+    """One bookie: its channel, add stream, tasks and batcher (module docstring)."""
 
     __slots__ = (
         "add_stream",
         "address",
+        "adds",
         "bookie_id",
         "call",
         "channel",
         "closing",
-        "dups",
         "fail_count",
         "generation",
-        "inflight_bytes",
-        "ledgers",
-        "open_run",
-        "queue",
-        "queued_entries",
         "reader",
         "retry_at",
-        "runs",
         "sender",
-        "sent_unanswered",
         "stub",
         "wake",
         "writable_event",
     )
 
-    def __init__(self, bookie_id: BookieId) -> None:
+    def __init__(self, bookie_id: BookieId, adds: BookieAdds) -> None:
         self.bookie_id = bookie_id
+        self.adds = adds  # queued and unanswered adds (no I/O)
         self.address = ""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.BookieStub | None = None
@@ -224,16 +144,6 @@ class _Connection:
         self.call: Any = None
         self.sender: asyncio.Task[None] | None = None
         self.reader: asyncio.Task[None] | None = None
-        self.queue: list[_Run] = []  # runs not sent yet, in creation order
-        self.open_run: _Run | None = None  # the last queued run, still taking adds
-        self.queued_entries = 0  # adds in ``queue``
-        self.runs: dict[_Run, None] = {}  # every unanswered run (queued or sent), creation order
-        # sent and unanswered: ledger id -> entry id -> the run that sent it (the oldest);
-        # an add sent again while it is pending waits in ``dups`` (FIFO per key)
-        self.ledgers: dict[int, dict[int, _Run]] = {}
-        self.dups: dict[tuple[int, int], list[_Run]] = {}
-        self.inflight_bytes = 0
-        self.sent_unanswered = 0  # entries written to the current stream, not yet answered
         self.wake = asyncio.Event()
         self.writable_event: asyncio.Event | None = None
         self.retry_at = 0.0
@@ -245,40 +155,15 @@ class _Connection:
 class GrpcBookieTransport:
     """``BookieTransport`` over grpc.aio (see the module docstring)."""
 
-    def __init__(
-        self,
-        resolve: Callable[[BookieId], str],
-        *,
-        add_timeout_s: float = 10.0,
-        read_timeout_s: float = 5.0,
-        packed_reads: bool = True,
-        batch_entries_max: int = 512,
-        batch_bytes_max: int = 1024 * 1024,
-        inflight_bytes_max: int = 64 * 1024 * 1024,
-        inflight_bytes_hard_max: int | None = None,
-        batches_inflight_max: int = 8,
-        sweep_interval_s: float | None = None,
-    ) -> None:
-        invariant(add_timeout_s > 0 and read_timeout_s > 0, "timeouts must be positive")
-        invariant(batch_entries_max >= 1 and batch_bytes_max >= 1, "batch limits must be >= 1")
-        invariant(inflight_bytes_max >= 1, "inflight_bytes_max must be >= 1")
-        invariant(batches_inflight_max >= 1, "batches_inflight_max must be >= 1")
+    def __init__(self, resolve: Callable[[BookieId], str], config: TransportConfig | None = None) -> None:
+        self._config = config = (config or TransportConfig()).validate()
         self._resolve = resolve
-        self.add_timeout_s = add_timeout_s
-        self.read_timeout_s = read_timeout_s
-        self.packed_reads = packed_reads  # ask range reads as runs (False: as an old client)
-        self.batch_entries_max = batch_entries_max
-        self.batch_bytes_max = batch_bytes_max
-        self.send_window_entries = batch_entries_max * batches_inflight_max
-        self.inflight_bytes_max = inflight_bytes_max
-        self.inflight_bytes_hard_max = (
-            inflight_bytes_hard_max if inflight_bytes_hard_max is not None else 4 * inflight_bytes_max
-        )
-        self._sweep_interval_s = (
-            sweep_interval_s
-            if sweep_interval_s is not None
-            else max(0.005, min(0.1, add_timeout_s / 10))
-        )
+        self.add_timeout_s = config.add_timeout_s
+        self.read_timeout_s = config.read_timeout_s
+        self.packed_reads = config.packed_reads  # ask range reads as runs (False: as an old client)
+        self.inflight_bytes_max = config.inflight_bytes_max
+        self._batcher = AddBatcher(config, time.monotonic)
+        self._push = self._batcher.push  # bound once: called once per entry
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -287,6 +172,10 @@ class GrpcBookieTransport:
         # counters (cheap ints; read by tests and the bench)
         self.batches_sent = 0
         self.entries_sent = 0
+
+    @property
+    def config(self) -> TransportConfig:
+        return self._config
 
     # --- adds -------------------------------------------------------------------
     def add_entry(
@@ -305,7 +194,10 @@ class GrpcBookieTransport:
         Answers come batched: ``on_responses(bookie_id, ledger_id, entry_ids, status)``,
         each add of this call named exactly once over all the calls.
         """
-        self._enqueue(bookies, ledger_id, entry_id, master_key, entry, on_responses, recovery, False)
+        key = (on_responses, ledger_id, _RECOVERY_FLAG if recovery else 0, master_key, False)
+        attention = self._push(bookies, key, entry_id, entry)  # the hot path: one call
+        if attention is not None:
+            self._attend(attention, key, entry_id, entry)
 
     def add(
         self,
@@ -319,72 +211,41 @@ class GrpcBookieTransport:
         recovery: bool = False,
     ) -> None:
         """Queue one add; ``on_response(bookie_id, ledger_id, entry_id, status)`` fires once."""
-        self._enqueue((bookie_id,), ledger_id, entry_id, master_key, entry, on_response, recovery, True)
+        key = (on_response, ledger_id, _RECOVERY_FLAG if recovery else 0, master_key, True)
+        attention = self._push((bookie_id,), key, entry_id, entry)
+        if attention is not None:
+            self._attend(attention, key, entry_id, entry)
 
-    def _enqueue(
-        self,
-        bookies: Iterable[BookieId],
-        ledger_id: int,
-        entry_id: int,
-        master_key: bytes,
-        entry: bytes,
-        callback: Any,
-        recovery: bool,
-        per_entry: bool,
-    ) -> None:
-        """Append the add to each bookie's open run (a new run when the open one's adds
-        differ in ledger, key, flags or callback); ``per_entry``: ``callback`` is an
-        ``AddCallback`` answered add by add, else an ``AddRunCallback``."""
-        flags = _RECOVERY_FLAG if recovery else 0
-        key = (callback, ledger_id, flags, master_key, per_entry)  # what a run's adds share
-        size = len(entry)
-        conns = self._conns
-        hard_max = self.inflight_bytes_hard_max
-        entries_max = self.batch_entries_max
-        for bookie_id in bookies:
-            conn = conns.get(bookie_id)
-            if conn is None or conn.sender is None:
-                conn = self._open(bookie_id)
-                if conn is None:  # closed or unresolvable: answer soon, never inline
+    def _attend(self, attention: list[tuple[BookieId, int]], key: RunKey, entry_id: int, entry: bytes) -> None:
+        """The bookies the batcher could not just queue an add for: wake a sender, start a
+        stream (then queue), or answer soon (never inline: the caller's core may not
+        expect re-entry). ``key[4]`` (per_entry): the callback is an ``AddCallback``
+        answered add by add, else an ``AddRunCallback``."""
+        callback, ledger_id, _flags, _master_key, per_entry = key
+        for bookie_id, first_code in attention:
+            code = first_code
+            if code == STOPPED:  # no stream yet (or it failed): start one, then queue
+                if self._open(bookie_id) is None:  # closed or unresolvable
                     self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _UNAVAILABLE)
                     continue
-            inflight = conn.inflight_bytes
-            if inflight + size > hard_max and inflight:
+                again = self._push((bookie_id,), key, entry_id, entry)
+                if again is None:
+                    continue
+                ((_, code),) = again
+            if code == WAKE:
+                self._conns[bookie_id].wake.set()
+            elif code == REFUSED:
                 self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
-                continue
-            conn.inflight_bytes = inflight + size
-            run = conn.open_run
-            if run is None or run.key != key:
-                run = self._new_run(conn, ledger_id, master_key, flags, callback, per_entry)
-            ids = run.entry_ids
-            ids.append(entry_id)
-            run.entries.append(entry)
-            run.size += size
-            queued = conn.queued_entries + 1
-            conn.queued_entries = queued
-            if queued == 1 or queued == entries_max:
-                conn.wake.set()  # a full batch goes out even while the send window is used up
-            if len(ids) >= entries_max or run.size >= self.batch_bytes_max:
-                conn.open_run = None
-
-    def _new_run(
-        self, conn: _Connection, ledger_id: int, master_key: bytes, flags: int, callback: Any, per_entry: bool
-    ) -> _Run:
-        run = _Run(ledger_id, master_key, flags, callback, per_entry, time.monotonic() + self.add_timeout_s)
-        conn.queue.append(run)
-        conn.runs[run] = None
-        conn.open_run = run
-        return run
 
     def writable(self, bookie_id: BookieId) -> bool:
         """Whether ``bookie_id`` has room for more adds (below ``inflight_bytes_max``)."""
         conn = self._conns.get(bookie_id)
-        return conn is None or conn.inflight_bytes < self.inflight_bytes_max
+        return conn is None or conn.adds.inflight_bytes < self.inflight_bytes_max
 
     async def wait_writable(self, bookie_id: BookieId, timeout_s: float | None = None) -> bool:
         """Wait until ``bookie_id`` is below ``inflight_bytes_max``; False if ``timeout_s`` passed."""
         conn = self._conns.get(bookie_id)
-        if conn is None or conn.inflight_bytes < self.inflight_bytes_max:
+        if conn is None or conn.adds.inflight_bytes < self.inflight_bytes_max:
             return True
         if conn.writable_event is None:
             conn.writable_event = asyncio.Event()
@@ -398,17 +259,12 @@ class GrpcBookieTransport:
 
     def inflight_bytes(self, bookie_id: BookieId) -> int:
         conn = self._conns.get(bookie_id)
-        return conn.inflight_bytes if conn is not None else 0
+        return conn.adds.inflight_bytes if conn is not None else 0
 
     def pending_adds(self, bookie_id: BookieId | None = None) -> int:
         """Adds not yet answered (all bookies, or one)."""
         conns = self._conns.values() if bookie_id is None else [self._conns.get(bookie_id)]
-        total = 0
-        for conn in conns:
-            if conn is not None:
-                total += conn.queued_entries + sum(map(len, conn.ledgers.values()))
-                total += sum(map(len, conn.dups.values()))
-        return total
+        return sum(conn.adds.pending() for conn in conns if conn is not None)
 
     def _answer_soon(
         self, cb: Any, per_entry: bool, bookie_id: BookieId, ledger_id: int, entry_id: int, status: Status
@@ -425,16 +281,22 @@ class GrpcBookieTransport:
         if not per_entry:
             try:
                 cb(bookie_id, ledger_id, entry_ids, status)
-            except Exception:
-                log.exception("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_ids[0])
+            except Exception as exc:
+                _callback_failed(exc, bookie_id, ledger_id, entry_ids[0])
             return
         for entry_id in entry_ids:
             try:
                 cb(bookie_id, ledger_id, entry_id, status)
-            except Exception:
-                log.exception("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_id)
+            except Exception as exc:
+                _callback_failed(exc, bookie_id, ledger_id, entry_id)
 
     # --- connection lifecycle ----------------------------------------------------
+    def _connection(self, bookie_id: BookieId) -> _Connection:
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            conn = self._conns[bookie_id] = _Connection(bookie_id, self._batcher.bookie(bookie_id))
+        return conn
+
     def _open(self, bookie_id: BookieId) -> _Connection | None:
         """Start the add stream of ``bookie_id`` (None while closed or unresolvable)."""
         if self._closed:
@@ -442,10 +304,7 @@ class GrpcBookieTransport:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
-        conn = self._conns.get(bookie_id)
-        if conn is None:
-            conn = _Connection(bookie_id)
-            self._conns[bookie_id] = conn
+        conn = self._connection(bookie_id)
         if conn.sender is not None:
             return conn
         try:
@@ -458,6 +317,7 @@ class GrpcBookieTransport:
         # After a failure the stream is redialled once the backoff has passed; adds queue
         # meanwhile (bounded by the in-flight bytes cap and answered by the add timeout).
         conn.sender = loop.create_task(self._stream(conn), name=f"scriba-add-send-{bookie_id}")
+        self._batcher.start(bookie_id)  # adds queue now (the stream opens after any backoff)
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep_loop(), name="scriba-add-sweep")
         return conn
@@ -514,7 +374,6 @@ class GrpcBookieTransport:
         conn.retry_at = time.monotonic() + backoff
         log.info("bookie_stream_failed", bookie_id=conn.bookie_id, reason=reason, backoff_s=backoff)
 
-
     def _break(
         self,
         conn: _Connection,
@@ -522,12 +381,13 @@ class GrpcBookieTransport:
         reason: str,
         *,
         drop_channel: bool,
-        timed_out: Iterable[_Run] = (),
+        timed_out: Iterable[AddRun] = (),
     ) -> None:
         """Fail the stream: answer every pending add with ``status`` (``timed_out`` runs:
         TIMEOUT); back off."""
         call, sender, reader = conn.call, conn.sender, conn.reader
         conn.call = conn.sender = conn.reader = None
+        self._batcher.stop(conn.bookie_id)  # the next add starts a new stream
         current = asyncio.current_task()
         for task in (sender, reader):
             if task is not None and task is not current and not task.done():
@@ -541,101 +401,44 @@ class GrpcBookieTransport:
             self._note_failure(conn, reason)
         self._fail_all(conn, status, frozenset(timed_out))
 
-    def _fail_all(self, conn: _Connection, status: Status, timed_out: frozenset[_Run] = frozenset()) -> None:
-        runs, ledgers, dups = conn.runs, conn.ledgers, conn.dups
-        conn.runs, conn.ledgers, conn.dups = {}, {}, {}
-        conn.queue, conn.open_run, conn.queued_entries = [], None, 0
-        conn.sent_unanswered = 0
-        conn.inflight_bytes = 0
+    def _fail_all(self, conn: _Connection, status: Status, timed_out: frozenset[AddRun] = frozenset()) -> None:
+        unanswered = conn.adds.drain()
         self._signal_writable(conn)
-        left: dict[_Run, list[int]] = {}  # sent runs: their unanswered ids
-        for ids in ledgers.values():
-            for entry_id, run in ids.items():
-                left.setdefault(run, []).append(entry_id)
-        for (_ledger_id, entry_id), waiting in dups.items():
-            for run in waiting:
-                left.setdefault(run, []).append(entry_id)
         bookie_id = conn.bookie_id
         safe = self._safe_call
-        for run in runs:
-            entry_ids = left.get(run) if run.sent else run.entry_ids
-            if entry_ids:
-                safe(
-                    run.callback, run.per_entry, bookie_id, run.ledger_id, entry_ids,
-                    _TIMEOUT if run in timed_out else status,
-                )
+        for run, entry_ids in unanswered:
+            safe(
+                run.callback, run.per_entry, bookie_id, run.ledger_id, entry_ids,
+                _TIMEOUT if run in timed_out else status,
+            )
 
     def _signal_writable(self, conn: _Connection) -> None:
         event = conn.writable_event
-        if event is not None and conn.inflight_bytes < self.inflight_bytes_max:
+        if event is not None and conn.adds.inflight_bytes < self.inflight_bytes_max:
             conn.writable_event = None
             event.set()
 
     # --- the per-bookie tasks ------------------------------------------------------
     async def _send_loop(self, conn: _Connection, call: Any) -> None:
-        entries_max, bytes_max = self.batch_entries_max, self.batch_bytes_max
-        window = self.send_window_entries
+        adds = conn.adds
         wake = conn.wake
         join = b"".join
         try:
             while True:
-                queued = conn.queued_entries
-                # Nagle-like: while a window of entries is unanswered, hold a partial batch
-                # back so that it fills up (full batches always go).
-                if not queued or (queued < entries_max and conn.sent_unanswered >= window):
+                if not adds.ready():
                     wake.clear()
                     await wake.wait()
                     continue
-                queue = conn.queue
                 parts: list[bytes] = []
-                count = size = taken = 0
-                for run in queue:  # whole runs (each within the limits), at least one
-                    n = len(run.entry_ids)
-                    if taken and (count + n > entries_max or size + run.size > bytes_max):
-                        break
-                    taken += 1
-                    count += n
-                    size += run.size
-                    self._register(conn, run)
-                    _encode_run(run, parts)
-                if taken == len(queue):
-                    conn.queue = []
-                    conn.open_run = None
-                else:
-                    del queue[:taken]
-                conn.queued_entries = queued - count
+                count = adds.take_message(parts)
                 self.batches_sent += 1
                 self.entries_sent += count
-                conn.sent_unanswered += count
                 await call.write(join(parts))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if conn.call is call:
                 self._break(conn, _UNAVAILABLE, f"write: {_describe(exc)}", drop_channel=False)
-
-    @staticmethod
-    def _register(conn: _Connection, run: _Run) -> None:
-        """``run`` is being sent: map its ids to it (an id already pending waits in dups)."""
-        ids = run.entry_ids
-        run.sent = True
-        run.remaining = len(ids)
-        pending = conn.ledgers.get(run.ledger_id)
-        if pending is None:
-            pending = conn.ledgers[run.ledger_id] = {}
-        if pending and not pending.keys().isdisjoint(ids):
-            for entry_id in ids:  # rare: a re-send of an add still pending
-                if entry_id in pending:
-                    conn.dups.setdefault((run.ledger_id, entry_id), []).append(run)
-                else:
-                    pending[entry_id] = run
-            return
-        before = len(pending)
-        pending.update(dict.fromkeys(ids, run))
-        if len(pending) - before != len(ids):  # rare: one id twice in the run
-            for entry_id, times in Counter(ids).items():
-                if times > 1:
-                    conn.dups.setdefault((run.ledger_id, entry_id), []).extend([run] * (times - 1))
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         try:
@@ -657,79 +460,38 @@ class GrpcBookieTransport:
 
     def _on_answer(self, conn: _Connection, ledger_id: int, ids: list[int], code: int) -> None:
         """One bookie answer: ``ids`` of ``ledger_id`` all got ``code``."""
-        n = len(ids)
-        if not n:
+        if not ids:
             return
-        unanswered = conn.sent_unanswered - n
-        conn.sent_unanswered = unanswered if unanswered > 0 else 0
-        if conn.queued_entries and unanswered < self.send_window_entries:
+        adds = conn.adds
+        groups, finished = adds.answer(ledger_id, ids)
+        if adds.wants_more():
             conn.wake.set()
-        pending = conn.ledgers.get(ledger_id)
-        if pending is None:
-            return  # nothing of this ledger is pending (answered already)
-        groups: Any
-        if conn.dups:
-            groups = self._match_with_dups(conn, ledger_id, pending, ids)
-        else:
-            runs = list(map(pending.pop, ids, repeat(None)))
-            run = runs[0]
-            groups = ((run, ids),) if run is not None and runs.count(run) == n else _group(ids, runs).items()
-        if not pending:
-            del conn.ledgers[ledger_id]
+        if finished:
+            conn.fail_count = 0
+            if conn.writable_event is not None:
+                self._signal_writable(conn)
         status = _OK if code == 0 else _status(code)
         bookie_id = conn.bookie_id
         for run, entry_ids in groups:
-            remaining = run.remaining - len(entry_ids)
-            run.remaining = remaining
-            if remaining <= 0:
-                del conn.runs[run]
-                conn.inflight_bytes -= run.size
-                conn.fail_count = 0
-                if conn.writable_event is not None:
-                    self._signal_writable(conn)
             if run.per_entry:
                 self._safe_call(run.callback, True, bookie_id, ledger_id, entry_ids, status)
                 continue
             try:
                 run.callback(bookie_id, ledger_id, entry_ids, status)
-            except Exception:
-                log.exception("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_ids[0])
-
-    @staticmethod
-    def _match_with_dups(
-        conn: _Connection, ledger_id: int, pending: dict[int, _Run], ids: list[int]
-    ) -> Iterable[tuple[_Run, list[int]]]:
-        """Answered ids by run when some adds were sent again while pending (FIFO per id)."""
-        runs: list[_Run | None] = []
-        dups = conn.dups
-        for entry_id in ids:
-            run = pending.pop(entry_id, None)
-            runs.append(run)
-            if run is None:
-                continue
-            key = (ledger_id, entry_id)
-            waiting = dups.get(key)
-            if waiting:
-                pending[entry_id] = waiting.pop(0)
-                if not waiting:
-                    del dups[key]
-        return _group(ids, runs).items()
+            except Exception as exc:
+                _callback_failed(exc, bookie_id, ledger_id, entry_ids[0])
 
     async def _sweep_loop(self) -> None:
-        interval = self._sweep_interval_s
+        interval = self._config.resolved_sweep_interval_s
         while not self._closed:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for conn in list(self._conns.values()):
-                if conn.runs:
+                if conn.adds.runs:
                     self._sweep(conn, now)
 
     def _sweep(self, conn: _Connection, now: float) -> None:
-        expired: list[_Run] = []
-        for run in conn.runs:  # creation order: deadlines ascend
-            if run.deadline > now:
-                break
-            expired.append(run)
+        expired = conn.adds.expired(now)
         if not expired:
             return
         # A silent stream: answer the expired adds TIMEOUT, the rest UNAVAILABLE, redial.
@@ -742,10 +504,7 @@ class GrpcBookieTransport:
     def _stub(self, bookie_id: BookieId) -> tuple[_Connection, pb_grpc.BookieStub]:
         if self._closed:
             raise UnavailableError("transport is closed")
-        conn = self._conns.get(bookie_id)
-        if conn is None:
-            conn = _Connection(bookie_id)
-            self._conns[bookie_id] = conn
+        conn = self._connection(bookie_id)
         self._ensure_channel(conn)
         stub = conn.stub
         if stub is None:
@@ -992,3 +751,19 @@ def _message(message: str, bookie_id: BookieId, ledger_id: int | None, entry_id:
     if entry_id is not None:
         where += f" entry {entry_id}"
     return f"{where}: {message}" if message else where
+
+
+def _callback_failed(exc: Exception, bookie_id: BookieId, ledger_id: int, entry_id: int) -> None:
+    """An add callback raised: a bug in its owner. Report it as the event loop reports an
+    exception in any callback (logged by default; a test fails on it)."""
+    context = {
+        "message": f"add callback failed: bookie {bookie_id} ledger {ledger_id} entry {entry_id}",
+        "exception": exc,
+    }
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        log.error("add_callback_failed", bookie_id=bookie_id, ledger_id=ledger_id, entry_id=entry_id,
+                  error=f"{type(exc).__name__}: {exc}")
+        return
+    loop.call_exception_handler(context)

@@ -1,9 +1,12 @@
 """The client's view of the bookies: a watch on ``bookies/available/``.
 
 ``BookieRegistry`` keeps the current registrations (address, region/zone/rack,
-mode), every address ever seen (so a transport can still dial a bookie whose
-ephemeral record lapsed and report it UNAVAILABLE itself), and a placement
-``Topology`` rebuilt when the set changes. The watch re-opens after an error with a
+mode, entry size limit), every address ever seen (so a transport can still dial a
+bookie whose ephemeral record lapsed and report it UNAVAILABLE itself), and, rebuilt
+when the set changes, a placement ``Topology`` and ``entry_size_max``: the smallest
+limit any registered bookie advertises (any of them may be chosen to replace a bookie
+and then receives the entries still in flight), which writers check each payload
+against before sending it. The watch re-opens after an error with a
 bounded, doubling backoff until ``close()``.
 """
 
@@ -14,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
+from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import (
     BadRequestError,
     NotEnoughBookiesError,
@@ -37,6 +41,10 @@ class BookieRegistry:
         self._registrations: dict[BookieId, BookieRegistration] = {}
         self._addresses: dict[BookieId, str] = {}
         self._topology: Any = None
+        # The largest packed entry every registered bookie accepts (the default while
+        # none is registered). A plain attribute, refreshed on every change: writers
+        # read it once per append.
+        self.entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT
         self._changed = asyncio.Condition()
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -161,7 +169,7 @@ class BookieRegistry:
         bookie_id = BookieId(key.rsplit("/", 1)[-1])
         if kind is EventKind.DELETE:
             if self._registrations.pop(bookie_id, None) is not None:
-                self._topology = None
+                self._changed_set()
                 log.info("bookie_gone", bookie_id=bookie_id)
             return None
         if value is None:
@@ -174,10 +182,15 @@ class BookieRegistry:
         bookie_id = registration.bookie_id
         self._registrations[bookie_id] = registration
         self._addresses[bookie_id] = registration.address
-        self._topology = None
+        self._changed_set()
         return bookie_id
 
-    async def _notify(self) -> None:
+    def _changed_set(self) -> None:
         self._topology = None
+        limits = [r.entry_size_max for r in self._registrations.values()]
+        self.entry_size_max = min(limits, default=ENTRY_SIZE_MAX_DEFAULT)
+
+    async def _notify(self) -> None:
+        self._changed_set()
         async with self._changed:
             self._changed.notify_all()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any, Final, TypeVar
 
@@ -81,14 +81,30 @@ class SyncLedgerWriter:
     def metadata(self) -> LedgerMetadata:
         return self._writer.metadata
 
-    def append(self, payload: bytes) -> EntryId:
+    def append(self, payload: bytes | bytearray | memoryview) -> EntryId:
+        """Append one payload; returns its entry id once confirmed. A payload that is not
+        bytes-like (``TypeError``) or too large (``EntryTooLargeError``) changes nothing."""
+        payload = self._writer.check_payload(payload)  # copied here, in the caller's thread
         return self._runner.call(self._writer.append(payload), self._timeout_s)
 
-    def append_many(self, payloads: list[bytes]) -> list[EntryId]:
-        """Append all, pipelined; returns their entry ids once all are confirmed."""
+    def append_many(self, payloads: Iterable[bytes | bytearray | memoryview]) -> list[EntryId]:
+        """Append all, pipelined; returns their entry ids once all are confirmed.
+
+        Every payload is checked first: one that is not bytes-like or too large raises
+        before any is appended."""
+        checked = [self._writer.check_payload(p) for p in payloads]
+        writer = self._writer
 
         async def run() -> list[EntryId]:
-            futures = [self._writer.append_async(p) for p in payloads]
+            futures: list[asyncio.Future[int]] = []
+            try:
+                for payload in checked:
+                    futures.append(writer.append_async(payload))
+            except BaseException:
+                # Refused part-way (closed, failed, too many waiting): the appends already
+                # accepted go on; wait for them so that none is left unobserved.
+                await asyncio.gather(*futures, return_exceptions=True)
+                raise
             return [EntryId(e) for e in await asyncio.gather(*futures)]
 
         return self._runner.call(run(), self._timeout_s)

@@ -32,10 +32,12 @@ Invariants (the quorum arithmetic is ``scriba.quorum.Quorum``'s, tabled per segm
   dropped and those entries are re-sent to the replacement after the new segment
   (starting at the first unconfirmed entry) is in the metadata;
 - every entry carries the ``lac`` known when it was packed (piggybacked LAC);
-- any add failure (error status, TIMEOUT, UNAVAILABLE) from a bookie of the current
-  ensemble starts a change replacing it, even when the entry was already confirmed
-  by the rest of its write set (a late failure): the new segment starts at the first
-  unconfirmed entry, or at the next entry id when every entry is confirmed;
+- an add refused as a request error (``scriba.errors.ADD_ANSWERS``: fenced, wrong key,
+  malformed, ...) fails the writer with that status's error; any other failure
+  (TIMEOUT, UNAVAILABLE, READ_ONLY, ...) from a bookie of the current ensemble starts
+  a change replacing it, even when the entry was already confirmed by the rest of its
+  write set (a late failure): the new segment starts at the first unconfirmed entry,
+  or at the next entry id when every entry is confirmed;
 - the replacement receives every entry of its new segment: entries the rest of the
   write set confirmed while the slot was failing (the change being written, or a wait
   for a spare) are held, counted in flight, and sent to it once the change is written
@@ -70,12 +72,15 @@ from scriba.client.effects import (
 from scriba.config import require
 from scriba.entry import HEADER, Crc32cDigest, Digest, pack_entry
 from scriba.errors import (
+    ADD_ANSWERS,
+    AddAnswer,
     LedgerClosedError,
     LedgerFencedError,
     NotEnoughBookiesError,
     ScribaError,
     Status,
     UnauthorizedError,
+    error_for_status,
 )
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
@@ -469,19 +474,23 @@ class WriteCore:
         return (done,)
 
     def _on_add_error(self, bookie_id: BookieId, entry_id: int, status: Status) -> Effects:
-        if self._state is WriterState.CLOSED:
-            return NO_EFFECTS  # a late answer after the close: nothing left to protect
-        if status is Status.FENCED:
-            return self._fail(
-                LedgerFencedError(
+        if self._state is WriterState.CLOSED or self._error is not None:
+            # A late answer after the close, or after a failure (also while a failed writer
+            # closes): every append past the lac is failed already, nothing is left to protect.
+            return NO_EFFECTS
+        if ADD_ANSWERS[status] is AddAnswer.REQUEST_ERROR:  # any bookie would refuse it
+            if status is Status.FENCED:
+                error: ScribaError = LedgerFencedError(
                     f"ledger {self._ledger_id}: bookie {bookie_id} is fenced (another client "
                     f"recovered the ledger); entry {entry_id} is indeterminate"
                 )
-            )
-        if status is Status.UNAUTHORIZED:
-            return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
-        if self._state is WriterState.FAILED:
-            return NO_EFFECTS
+            elif status is Status.UNAUTHORIZED:
+                error = UnauthorizedError(f"bookie {bookie_id} rejected the master key")
+            else:
+                error = error_for_status(
+                    status, f"ledger {self._ledger_id}: bookie {bookie_id} refused entry {entry_id}"
+                )
+            return self._fail(error)
         if self._state is WriterState.CLOSING and self._closing_sent:
             return NO_EFFECTS  # every entry is settled and the close is being written
         if bookie_id not in self._index or bookie_id in self._failing:

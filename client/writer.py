@@ -10,6 +10,14 @@ the transport has no batched path), and one future; answers come back per run, o
 ``WriteCore.on_add_responses`` call for many entries of one bookie.
 ``append_async`` lets a caller keep thousands of entries in flight without a
 coroutine per entry; ``append`` awaits it.
+
+Every append entry point checks its payload before anything changes, so a refused
+payload leaves the writer as it was: a bytes-like payload (``bytearray``,
+``memoryview``, any buffer) is copied into ``bytes`` (the caller may reuse its buffer
+once the call returns; ``bytes`` itself passes untouched), anything else is a
+``TypeError``, and a payload whose packed entry would exceed the bookies' advertised
+``entry_size_max`` is an ``EntryTooLargeError``: a bookie would refuse it, and no
+ensemble change can help.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import builtins
 import functools
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
 from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
 from scriba.client.effects import (
@@ -32,7 +40,9 @@ from scriba.client.effects import (
 )
 from scriba.client.transport import BookieTransport
 from scriba.client.write_core import WriteCore, WriterState
+from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, HEADER_SIZE, make_digest
 from scriba.errors import (
+    EntryTooLargeError,
     InternalError,
     LedgerClosedError,
     ScribaError,
@@ -40,11 +50,38 @@ from scriba.errors import (
     TooManyRequestsError,
 )
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.meta.records import LedgerMetadata
 from scriba.meta.store import MetadataStore, Versioned
 
 log = get_logger(__name__)
+
+
+class EntryLimits(Protocol):
+    """Where a writer learns the bookies' entry size limit (``BookieRegistry``)."""
+
+    @property
+    def entry_size_max(self) -> int: ...
+
+
+class _DefaultLimits:
+    entry_size_max: Final = ENTRY_SIZE_MAX_DEFAULT
+
+
+def as_payload(payload: object) -> bytes:
+    """``payload`` as immutable bytes (a copy of any other bytes-like object), else TypeError."""
+    if type(payload) is bytes:
+        return payload
+    try:
+        view = memoryview(payload)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            "ledger append: expected a bytes-like payload (bytes, bytearray, memoryview), "
+            f"got {type(payload).__name__}"
+        ) from None
+    with view:
+        return view.tobytes()
 
 
 class LedgerWriter:
@@ -58,6 +95,7 @@ class LedgerWriter:
         transport: BookieTransport,
         master_key: bytes,
         config: DriverConfig | None = None,
+        limits: EntryLimits | None = None,
         record_version: int | None = None,
     ) -> None:
         self._core = core
@@ -69,6 +107,9 @@ class LedgerWriter:
         self._master_key = master_key
         self._config = (config or DriverConfig()).validate()
         self._ledger_id = LedgerId(core.ledger_id)
+        self._limits: EntryLimits = limits if limits is not None else _DefaultLimits()
+        # header and digest around each payload: what entry_size_max leaves for a payload
+        self._entry_overhead = HEADER_SIZE + make_digest(core.metadata.digest_type.value, b"").size
         self._loop = asyncio.get_running_loop()
         self._futures: deque[asyncio.Future[int]] = deque()  # entries lac+1 .. next-1
         self._waiting: deque[tuple[bytes, asyncio.Future[int]]] = deque()
@@ -113,14 +154,39 @@ class LedgerWriter:
     def is_closed(self) -> bool:
         return self._core.state is WriterState.CLOSED
 
+    @property
+    def payload_bytes_max(self) -> int:
+        """The largest payload the bookies accept now (their limit less header and digest)."""
+        return self._limits.entry_size_max - self._entry_overhead
+
     # --- appends ---------------------------------------------------------------------
-    def append_async(self, payload: bytes) -> asyncio.Future[int]:
+    def check_payload(self, payload: bytes | bytearray | memoryview) -> bytes:
+        """``payload`` as bytes, or the error an append of it would raise (``TypeError``,
+        ``EntryTooLargeError``); changes nothing."""
+        if type(payload) is not bytes:
+            payload = as_payload(payload)
+        if len(payload) + self._entry_overhead > self._limits.entry_size_max:
+            raise self._too_large(len(payload))
+        return payload
+
+    def _too_large(self, size: int) -> EntryTooLargeError:
+        limit = self._limits.entry_size_max
+        return EntryTooLargeError(
+            f"ledger {self._ledger_id}: payload of {size} bytes exceeds the limit of "
+            f"{limit - self._entry_overhead} bytes (the bookies' entry_size_max of {limit} "
+            f"bytes less {self._entry_overhead} bytes of header and digest); nothing was written"
+        )
+
+    def append_async(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
         """Append without waiting; the future resolves to the entry id once confirmed.
 
-        Raises at once if the ledger is closed or the writer failed, and
-        ``TooManyRequestsError`` if ``appends_waiting_max`` appends already wait for
-        room in flight (use ``append`` to wait instead).
+        Raises at once, changing nothing, for a payload that is not bytes-like
+        (``TypeError``) or too large (``EntryTooLargeError``), if the ledger is closed
+        or the writer failed, and ``TooManyRequestsError`` if ``appends_waiting_max``
+        appends already wait for room in flight (use ``append`` to wait instead).
         """
+        if type(payload) is not bytes or len(payload) + self._entry_overhead > self._limits.entry_size_max:
+            payload = self.check_payload(payload)  # a copy of a bytes-like payload, or raises
         if self._closing:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
         core = self._core
@@ -143,8 +209,9 @@ class LedgerWriter:
         self._space.clear()
         return future
 
-    async def append(self, payload: bytes) -> EntryId:
+    async def append(self, payload: bytes | bytearray | memoryview) -> EntryId:
         """Append ``payload``; returns its entry id once confirmed (ack quorum, in order)."""
+        payload = self.check_payload(payload)  # before waiting: the buffer may change meanwhile
         while len(self._waiting) >= self._config.appends_waiting_max:
             self._space.clear()
             await self._space.wait()
@@ -236,11 +303,16 @@ class LedgerWriter:
     def _fail(self, effect: FailAppends) -> None:
         error = effect.error
         self._log.warning("appends_failed", first=effect.first, last=effect.last, error=str(error))
-        futures = self._futures
-        for _ in range(effect.first, effect.last + 1):
-            future = futures.popleft()
+        # The range is every unconfirmed entry: exactly the futures held.
+        futures, self._futures = self._futures, deque()
+        for future in futures:
             if not future.done():
                 future.set_exception(error)
+        invariant(
+            len(futures) == effect.last - effect.first + 1,
+            f"ledger {self._ledger_id}: {len(futures)} appends pending, core failed "
+            f"{effect.first}..{effect.last}",
+        )
         while self._waiting:
             _, future = self._waiting.popleft()
             if not future.done():

@@ -24,6 +24,7 @@ from scriba.log import get_logger
 
 log = get_logger(__name__)
 METRICS_INTERVAL_S = 1.0
+SESSION_TIMEOUT_S = 10.0
 
 
 def register(subparsers: Any) -> None:
@@ -37,6 +38,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--local-only", action="store_true",
                      help="ship only records written in the source (full mesh); default: all but the target's")
     run.add_argument("--http", default=None, help="HOST:PORT for /metrics")
+    run.add_argument("--session-timeout-s", type=float, default=SESSION_TIMEOUT_S,
+                     help="target metadata session: how soon a replicator that died lets another take over")
     run.set_defaults(func=cmd_replicate)
 
 
@@ -59,6 +62,8 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to replicate: give --stream NS/STREAM or --namespace NS")
     if args.source == args.target and (args.source_name or args.source) == (args.target_name or args.target):
         raise ConfigError(f"--source and --target are the same cluster ({args.source})")
+    if not args.session_timeout_s > 0:
+        raise ConfigError(f"--session-timeout-s must be > 0, got {args.session_timeout_s}")
     asyncio.run(_replicate(args))
     return 0
 
@@ -67,6 +72,7 @@ async def _replicate(args: argparse.Namespace) -> None:
     from scriba.client import Client
     from scriba.geo.metrics import GeoMetrics
     from scriba.geo.replicator import Cluster, Replicator, ReplicatorOptions
+    from scriba.meta import connect
     from scriba.stream import open_namespace
 
     options = ReplicatorOptions(local_only=args.local_only).validate()
@@ -81,7 +87,11 @@ async def _replicate(args: argparse.Namespace) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         source = await stack.enter_async_context(Client.connect(args.source))
-        target = await stack.enter_async_context(Client.connect(args.target))
+        # the target writer lock lives as long as this session: a SIGKILLed replicator frees it
+        # within --session-timeout-s (the client leaves closing a store passed in to us)
+        target_store = await connect(args.target, session_timeout_s=args.session_timeout_s)
+        stack.push_async_callback(target_store.close)
+        target = await stack.enter_async_context(Client.connect(args.target, store=target_store))
         wanted = [split_stream(s) for s in args.stream]
         for ns_name in args.namespace:
             ns = await open_namespace(source, ns_name)

@@ -63,6 +63,7 @@ class ReplicatorOptions:
     retry_delay_s: float = 0.1
     retry_delay_max_s: float = 5.0
     scan_timeout_s: float = 30.0  # reading the target's last segment(s) when a session starts
+    writer_watch_s: float = 0.2  # how often an idle session checks that its target writer still holds the lock
     writer: WriterOptions = field(default_factory=WriterOptions)
 
     def validate(self) -> ReplicatorOptions:
@@ -70,6 +71,8 @@ class ReplicatorOptions:
             raise ConfigError(f"inflight_max must be in [1, writer.records_waiting_max), got {self.inflight_max}")
         if not 0 < self.retry_delay_s <= self.retry_delay_max_s:
             raise ConfigError("retry delays must satisfy 0 < retry_delay_s <= retry_delay_max_s")
+        if self.writer_watch_s <= 0:
+            raise ConfigError(f"writer_watch_s must be > 0, got {self.writer_watch_s}")
         if self.scan_timeout_s <= 0:
             raise ConfigError(f"scan_timeout_s must be > 0, got {self.scan_timeout_s}")
         return self
@@ -155,15 +158,27 @@ class Replicator:
             self._log.info("geo_session_started", token=writer.token,
                            resume={k: str(v) for k, v in points.items()})
             async with asyncio.TaskGroup() as group:
-                for source in self.sources:
-                    group.create_task(self._link(source, self._cores[source.name], writer))
-        except* ScribaError as group:
-            raise group.exceptions[0] from None
+                watch = group.create_task(self._watch_writer(writer))
+                links = [group.create_task(self._link(source, self._cores[source.name], writer))
+                         for source in self.sources]
+                await asyncio.gather(*links)
+                watch.cancel()
+        except* ScribaError as group:  # links nest task groups: raise a leaf, a fatal one first
+            errors = leaves(group)
+            raise next((e for e in errors if isinstance(e, FATAL)), errors[0]) from None
         finally:
             self._writer = None
             self._ready.clear()
             with contextlib.suppress(ScribaError):
                 await writer.abort()
+
+    async def _watch_writer(self, writer: StreamWriter) -> None:
+        """End the session once its writer failed (lock lost, fenced) even while no record comes:
+        an idle link would otherwise hold a dead writer (and ``append_local`` would fail) until
+        the next source record. The stream writer offers no failure event, so this polls."""
+        while (error := writer.error) is None:
+            await asyncio.sleep(self.options.writer_watch_s)
+        raise error
 
     async def _recover(self) -> dict[str, Position]:
         """Each link's resume point, read from the target after the writer fenced it (``scan``)."""
@@ -186,6 +201,9 @@ class Replicator:
                     pending.put_nowait((ship.source_position, writer.append_async(ship.payload, ship.headers)))
                 pending.put_nowait(None)
         finally:
+            while not pending.empty():  # appends never confirmed: their errors ended the session already
+                if (item := pending.get_nowait()) is not None:
+                    item[1].add_done_callback(_retrieve)
             await reader.close()
 
     @staticmethod
@@ -197,3 +215,17 @@ class Replicator:
             await future
             core.on_confirmed(source_position)
             room.release()
+
+
+def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions in a (nested) exception group, depth first."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def _retrieve(future: asyncio.Future[Position]) -> None:
+    """Mark an abandoned append's outcome as seen (no "exception was never retrieved")."""
+    if not future.cancelled():
+        future.exception()

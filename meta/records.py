@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import BadRequestError
 from scriba.ids import INVALID_ENTRY_ID, BookieId, EntryId, LedgerId
 from scriba.invariant import invariant
@@ -61,6 +62,12 @@ def _load(data: bytes, kind: str) -> dict[str, Any]:
     if doc.get("format", 0) > FORMAT_VERSION:
         raise BadRequestError(f"{kind}: format {doc.get('format')} is newer than this build")
     return doc
+
+
+def _positive_int(value: Any) -> int:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return value
 
 
 def _dump(kind: str, body: dict[str, Any]) -> bytes:
@@ -224,6 +231,10 @@ class BookieRegistration:
     total_bytes: int = 0
     http_address: str = ""
     version: str = ""
+    # The largest packed entry (header + digest + payload) this bookie accepts; clients
+    # refuse a larger payload before sending it. Records written before the field
+    # existed read as the default, which those bookies enforced.
+    entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT
 
     @property
     def location(self) -> str:
@@ -248,6 +259,7 @@ class BookieRegistration:
                 "total_bytes": self.total_bytes,
                 "http_address": self.http_address,
                 "version": self.version,
+                "entry_size_max": self.entry_size_max,
             },
         )
 
@@ -266,6 +278,7 @@ class BookieRegistration:
                 total_bytes=d.get("total_bytes", 0),
                 http_address=d.get("http_address", ""),
                 version=d.get("version", ""),
+                entry_size_max=_positive_int(d.get("entry_size_max", ENTRY_SIZE_MAX_DEFAULT)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequestError(f"bookie registration: malformed ({exc!r})") from None

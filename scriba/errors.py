@@ -8,12 +8,22 @@ errors with ``retriable = True``, always with a bound).
 
 Leaves are registered by status code, so a wire status becomes exactly one
 exception type (:func:`error_for_status`).
+
+What a bookie's answer to an add means to a writer is one table, :data:`ADD_ANSWERS`:
+an acknowledgement, a *request error* (the same add would fail on any bookie, so the
+append fails with that status's error), or a *bookie failure* (this bookie cannot take
+it now: the writer replaces the bookie). Only a bookie failure may cause an ensemble
+change: moving a refused add to a fresh bookie would hide the refusal (a wrong master
+key would be accepted by a bookie that has never seen the ledger).
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
 from enum import IntEnum
-from typing import ClassVar
+from types import MappingProxyType
+from typing import ClassVar, Final
 
 
 class Status(IntEnum):
@@ -50,6 +60,7 @@ class Status(IntEnum):
     STORAGE = 111
     LEDGER_EXISTS = 112
     NOT_LEADER = 113
+    ENTRY_TOO_LARGE = 114
 
 
 _BY_STATUS: dict[Status, type[ScribaError]] = {}
@@ -242,6 +253,63 @@ class StorageError(ScribaError):
     """A disk operation failed (EIO, failed fsync). Nothing after it is acknowledged."""
 
     status = Status.STORAGE
+
+
+class EntryTooLargeError(ScribaError, ValueError):
+    """A payload larger than the bookies accept (the message names both sizes).
+
+    Refused by the client before anything was sent: the ledger goes on. Split the
+    payload, or raise the bookies' ``entry_size_max`` (advertised in their registrations).
+    """
+
+    status = Status.ENTRY_TOO_LARGE
+
+
+# --- what an answer to an add means -------------------------------------------------
+
+
+class AddAnswer(enum.Enum):
+    ACK = "ack"
+    REQUEST_ERROR = "request_error"  # any bookie would refuse it: fail the append
+    BOOKIE_FAILURE = "bookie_failure"  # this bookie cannot take it now: replace the bookie
+
+
+_REQUEST: Final = AddAnswer.REQUEST_ERROR
+_BOOKIE: Final = AddAnswer.BOOKIE_FAILURE
+
+ADD_ANSWERS: Final[Mapping[Status, AddAnswer]] = MappingProxyType({
+    Status.OK: AddAnswer.ACK,
+    # The ledger or the request is at fault; another bookie would answer the same.
+    Status.FENCED: _REQUEST,  # recovered by another client: this writer is deposed
+    Status.UNAUTHORIZED: _REQUEST,  # wrong master key (a fresh bookie would accept it)
+    Status.BAD_REQUEST: _REQUEST,  # malformed, or over the bookie's entry_size_max
+    Status.NO_SUCH_LEDGER: _REQUEST,  # the ledger is gone (deleted)
+    Status.LEDGER_CLOSED: _REQUEST,
+    Status.ENTRY_TOO_LARGE: _REQUEST,
+    Status.VALUE_TOO_LARGE: _REQUEST,
+    Status.DIGEST_MISMATCH: _REQUEST,  # the entry itself is bad
+    # This bookie cannot take the add now: down, slow, full, overloaded or broken.
+    Status.UNAVAILABLE: _BOOKIE,
+    Status.TIMEOUT: _BOOKIE,
+    Status.READ_ONLY: _BOOKIE,  # disk full or shutting down
+    Status.TOO_MANY_REQUESTS: _BOOKIE,  # over its (or the transport's) in-flight bound
+    Status.INTERNAL: _BOOKIE,  # a bug or a failed disk on the bookie
+    Status.STORAGE: _BOOKIE,
+    Status.CORRUPT: _BOOKIE,
+    Status.COOKIE_MISMATCH: _BOOKIE,
+    # Never a bookie's answer to an add: a bookie that sends one is broken.
+    Status.NO_SUCH_ENTRY: _BOOKIE,
+    Status.BAD_VERSION: _BOOKIE,
+    Status.NO_SUCH_KEY: _BOOKIE,
+    Status.KEY_EXISTS: _BOOKIE,
+    Status.METADATA_UNAVAILABLE: _BOOKIE,
+    Status.SESSION_EXPIRED: _BOOKIE,
+    Status.CONFIG: _BOOKIE,
+    Status.NOT_ENOUGH_BOOKIES: _BOOKIE,
+    Status.LEDGER_EXISTS: _BOOKIE,
+    Status.NOT_LEADER: _BOOKIE,
+})
+"""Every status, classified as an answer to an add (a test keeps the table total)."""
 
 
 # --- streams (scriba.stream) ---------------------------------------------------

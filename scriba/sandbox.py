@@ -1,9 +1,12 @@
 """``scriba sandbox``: a whole Scriba cluster on this machine, for trying things out.
 
 Starts a real etcd (one member, unless ``--metadata`` names an existing store) and
-N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region,
+N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
+(``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
+round-robin over the regions first; the default bookie count is then one per zone),
+starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
 writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
-PID), prints the URI and the next step, and runs until Ctrl-C / SIGTERM. Then it
+PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -36,6 +39,7 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -58,9 +62,10 @@ log = get_logger(__name__)
 DEFAULT_DATA_DIR = SANDBOX_DIR_DEFAULT
 LOCK_FILE = "sandbox.lock"
 LOG_FILE = "sandbox.log"
-REGION = "region-1"
+BOOKIES_DEFAULT = 4
 BOOKIES_MAX = 32
 ZONES_MAX = 26
+REGIONS_MAX = 9
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
@@ -77,16 +82,20 @@ class _Stop(BaseException):
 @dataclass(frozen=True, slots=True)
 class SandboxOptions:
     data_dir: Path
-    bookies: int = 4
-    zones: int = 3
+    bookies: int = BOOKIES_DEFAULT
+    zones: int = 3  # per region
+    regions: int = 1
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
+    console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
             raise ConfigError(f"--bookies: {self.bookies} is not in 1..{BOOKIES_MAX}")
         if not 1 <= self.zones <= ZONES_MAX:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
+        if not 1 <= self.regions <= REGIONS_MAX:
+            raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -95,8 +104,19 @@ class SandboxOptions:
             )
 
 
+    def location(self, index: int) -> tuple[str, str]:
+        """Bookie ``index``'s (region, zone): round-robin over regions first, then their zones,
+        so any ``regions * zones`` consecutive bookies fill every zone of every region once."""
+        slot = index % (self.regions * self.zones)
+        return region_name(slot % self.regions), zone_name((slot // self.regions) % self.zones)
+
+
 def zone_name(index: int) -> str:
     return f"zone-{chr(ord('a') + index)}"
+
+
+def region_name(index: int) -> str:
+    return f"region-{index + 1}"
 
 
 def default_data_dir() -> Path:
@@ -185,16 +205,18 @@ class Sandbox:
         self.data_dir = options.data_dir
         self.etcd: Any = None
         self.bookies: list[Any] = []
+        self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.metadata_uri = options.metadata or ""
 
     def _reap_orphans(self) -> None:
         """Kill what a SIGKILLed sandbox left running on this dir (PIDs from its sandbox.json
-        whose command line names this dir, so never anything else)."""
+        whose command line or working directory names this dir, so never anything else)."""
         try:
             doc = json.loads((self.data_dir / SANDBOX_FILE).read_text())
         except (OSError, ValueError):
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
+        pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -202,6 +224,8 @@ class Sandbox:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
+            with contextlib.suppress(OSError):
+                cmdline += " " + os.readlink(f"/proc/{pid}/cwd")
             if str(self.data_dir) in cmdline:
                 log.warning("sandbox_orphan_killed", pid=pid)
                 os.kill(pid, signal.SIGKILL)
@@ -245,16 +269,16 @@ class Sandbox:
                 raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
                                        f"program holds one now, stop it or start with --fresh)") from None
             self.metadata_uri = self.etcd.uri("scriba")
-        n, zones = self.options.bookies, self.options.zones
-        print(f"starting {n} bookies over {min(n, zones)} zones ...", file=out, flush=True)
+        n, places = self.options.bookies, self.options.regions * self.options.zones
+        print(f"starting {n} bookies over {min(n, places)} zones ...", file=out, flush=True)
         for i in range(n):
-            zone = zone_name(i % zones)
+            region, zone = self.options.location(i)
             self.bookies.append(
                 BookieProcess(
                     self.data_dir / f"bookie-{i + 1}",
                     self.metadata_uri,
                     bookie_id=self.bookie_id(i),
-                    region=REGION,
+                    region=region,
                     zone=zone,
                     rack=f"rack-{i + 1}",
                 )
@@ -263,6 +287,8 @@ class Sandbox:
             futures = [pool.submit(b.start, START_TIMEOUT_S) for b in self.bookies]
             for f in futures:
                 f.result()
+        if self.options.console:
+            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -284,14 +310,15 @@ class Sandbox:
             "metadata_uri": self.metadata_uri,
             "pid": os.getpid(),
             "started_at": time.time(),
-            "region": REGION,
+            "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
+            "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
                     "address": b.address,
-                    "region": REGION,
-                    "zone": zone_name(i % self.options.zones),
+                    "region": self.options.location(i)[0],
+                    "zone": self.options.location(i)[1],
                     "data_dir": str(b.data_dir),
                     "journal_dir": str(b.journal_dir),
                     "log": str(b.log_path),
@@ -311,6 +338,8 @@ class Sandbox:
         """Stop every process this sandbox started (bookies first, then etcd), waiting for each."""
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / SANDBOX_FILE).unlink()
+        if self.console is not None:
+            _stop_process(self.console[0])
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -328,6 +357,34 @@ def _running(process: Any) -> bool:
         return running
     pid = getattr(process, "pid", None)
     return pid is not None and _pid_alive(pid)
+
+
+def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
+    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen)
+    with open(data_dir / "console.log", "ab") as log_file:
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
+                                 cwd=data_dir)
+    pipe = child.stdout
+    if pipe is None:  # cannot happen with stdout=PIPE; keeps the type checker sure of it
+        raise ServerStartError("the console's stdout is not a pipe")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (left := deadline - time.monotonic()) > 0 and child.poll() is None:
+        if select.select([pipe], [], [], left)[0]:
+            line = pipe.readline().decode(errors="replace").strip()
+            if line.startswith("console: "):
+                return child, line.removeprefix("console: ")
+    _stop_process(child)
+    raise ServerStartError(f"the console did not start on {listen} (log {data_dir / 'console.log'})")
+
+
+def _stop_process(child: subprocess.Popen[bytes]) -> None:
+    child.terminate()
+    try:
+        child.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _stop_quietly(process: Any) -> None:
@@ -348,12 +405,19 @@ def register(subparsers: Any) -> None:
                     "The data dir is kept across a stop and start (ledgers written before stay "
                     "readable); --fresh wipes it first.",
     )
-    p.add_argument("--bookies", type=int, default=4, help="bookie processes to start (default 4)")
-    p.add_argument("--zones", type=int, default=3, help="zones to spread them over (default 3)")
+    p.add_argument("--bookies", type=int, default=None,
+                   help=f"bookie processes to start (default {BOOKIES_DEFAULT}; with --regions: one per zone)")
+    p.add_argument("--zones", "--zones-per-region", dest="zones", type=int, default=3,
+                   help="zones (in each region) to spread them over (default 3)")
+    p.add_argument("--regions", type=int, default=1,
+                   help="regions (region-1, region-2, ...) to spread them over, round-robin (default 1)")
     p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
     p.add_argument("--fresh", action="store_true",
                    help="wipe the etcd and bookie data a previous sandbox left in --data (default: keep it)")
+    p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
+    p.add_argument("--no-console", action="store_true", help="do not start the web console")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
@@ -365,8 +429,11 @@ def run(args: argparse.Namespace) -> int:
     data_dir = (args.data or default_data_dir()).resolve()
     if args.stop:
         return stop_detached(data_dir)
-    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, metadata=args.metadata,
-                             fresh=args.fresh)
+    if args.bookies is None:
+        args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
+    options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
+                             metadata=args.metadata, fresh=args.fresh,
+                             console=None if args.no_console else args.console)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -414,9 +481,12 @@ def run_foreground(options: SandboxOptions, *, simple_test: bool = False, out: I
 
 
 def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
-    zones = sorted({zone_name(i % sandbox.options.zones) for i in range(len(sandbox.bookies))})
+    places = {sandbox.options.location(i) for i in range(len(sandbox.bookies))}
+    zones = [f"{r}/{z}" if sandbox.options.regions > 1 else z for r, z in sorted(places)]
     print(f"sandbox running: {len(sandbox.bookies)} bookies in {', '.join(zones)}", file=out)
     print(f"metadata: {sandbox.metadata_uri}", file=out)
+    if sandbox.console is not None:
+        print(f"console:  {sandbox.console[1]}", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     print(
         f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
@@ -439,11 +509,13 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
         raise SandboxBusyError(f"a sandbox (pid {holder}) is already running on {data_dir}")
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = python_module_argv("scriba.cli", "sandbox", "--data", str(data_dir),
-                              "--bookies", str(args.bookies), "--zones", str(args.zones))
+                              "--bookies", str(args.bookies), "--zones", str(args.zones),
+                              "--regions", str(args.regions))
     if args.metadata:
         argv += ["--metadata", args.metadata]
     if args.fresh:
         argv.append("--fresh")
+    argv += ["--no-console"] if args.no_console else ["--console", args.console]
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
@@ -462,6 +534,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
         if doc.get("pid") == child.pid:
             print(f"sandbox running in the background (pid {child.pid}, log {log_path})")
             print(f"metadata: {doc['metadata_uri']}")
+            if doc.get("console"):
+                print(f"console:  {doc['console']['url']}")
             print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
                   f"stop with: scriba sandbox --stop --data {data_dir}")
             return 0

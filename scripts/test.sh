@@ -2,12 +2,12 @@
 # Set up (idempotent), lint, then run the whole test suite. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" = 0 ] && { ! dpkg -s zookeeper >/dev/null 2>&1 || ! dpkg -s etcd-client >/dev/null 2>&1; }; then
-  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper iproute2 etcd-client
+if [ "$(id -u)" = 0 ] && { ! dpkg -s zookeeper >/dev/null 2>&1 || ! dpkg -s etcd-client >/dev/null 2>&1 || ! dpkg -s chromium >/dev/null 2>&1; }; then
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper iproute2 etcd-client chromium
 fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/mypy scriba meta placement bookie client stream autorecovery rsm geo pipeline examples
+.venv/bin/mypy scriba meta placement bookie client stream autorecovery rsm geo pipeline examples console
 .venv/bin/python -m scriba.proto.generate --check
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
 # The mutation gate (tests/mutants.toml): every listed mutant of the safety rules must be

@@ -1,7 +1,131 @@
-"""Shared pytest setup: fixtures live in the shipped test kit (``scriba.testing``)."""
+"""Shared pytest setup: fixtures live in the shipped test kit (``scriba.testing``).
+
+No silent escapes (RELIABILITY.md, harness 8): an exception that reaches an event
+loop's exception handler ("Task exception was never retrieved", "Future exception was
+never retrieved", an exception in a ``call_soon`` callback, an error while a loop shuts
+down) fails the test that caused it. ``BaseEventLoop.call_exception_handler`` is wrapped
+once for the whole session, so every loop in every thread is covered: the tests' own,
+``asyncio.run`` inside a test, ``SyncClient``'s thread and in-process servers. The
+wrapper still calls the loop's handler (the message is logged as before) and records
+the context; the autouse fixture collects garbage at the end of a test that ran an
+event loop (an unretrieved task is reported when it is destroyed) and fails the test
+if anything was recorded. A test
+that provokes an escape on purpose takes the ``loop_exceptions`` fixture and clears
+what it expected (``tests/test_no_silent_escapes.py``).
+
+Exceptions Python cannot raise (in ``__del__``, in a generator's close) reach
+``sys.unraisablehook``; pytest turns them into ``PytestUnraisableExceptionWarning``,
+an error under ``filterwarnings = error`` (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio.base_events
+import gc
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from scriba.grpc_runtime import apply_defaults
 
 apply_defaults()  # tests run gRPC the way the scriba commands do (before anything imports it)
 
-pytest_plugins = ["scriba.testing.fixtures"]
+pytest_plugins = ["scriba.testing.fixtures", "pytester"]
+
+
+class LoopExceptions:
+    """Contexts passed to any loop's exception handler since the test began."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: list[dict[str, Any]] = []
+        self.loops_run = 0  # event loops started (run_forever) so far
+
+    def record(self, context: dict[str, Any]) -> None:
+        with self._lock:
+            self._contexts.append(dict(context))
+
+    def take(self, *, collect: bool = True) -> list[dict[str, Any]]:
+        """The recorded contexts; the record is cleared. ``collect``: collect garbage
+        first (an unretrieved task or future is reported when it is destroyed)."""
+        if collect:
+            gc.collect()
+        with self._lock:
+            contexts, self._contexts = self._contexts, []
+        return contexts
+
+
+def describe(context: dict[str, Any]) -> str:
+    exc = context.get("exception")
+    what = context.get("message", "")
+    if exc is not None:
+        what += f": {type(exc).__name__}: {exc}"
+    source = context.get("task") or context.get("future") or context.get("handle")
+    if source is not None:
+        what += f" (in {source!r:.200})"
+    return what
+
+
+LOOP_EXCEPTIONS = LoopExceptions()
+_call_exception_handler = asyncio.base_events.BaseEventLoop.call_exception_handler
+
+
+_run_forever = asyncio.base_events.BaseEventLoop.run_forever
+
+
+def stdlib_false_alarm(context: dict[str, Any]) -> bool:
+    """CPython before 3.12: when a ``start_server`` connection handler task is cancelled,
+    the stream protocol's done-callback calls ``task.exception()``, which raises
+    CancelledError inside the callback ("Exception in callback ... connection_made...").
+    Noise, not an escape: gh-113538, fixed in 3.12.2 (never backported to 3.11)."""
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    return (
+        sys.version_info < (3, 12, 2)
+        and isinstance(context.get("exception"), asyncio.CancelledError)
+        and getattr(callback, "__qualname__", "") == "StreamReaderProtocol.connection_made.<locals>.callback"
+    )
+
+
+def _recording_call_exception_handler(
+    self: asyncio.base_events.BaseEventLoop, context: dict[str, Any]
+) -> None:
+    if not stdlib_false_alarm(context):
+        LOOP_EXCEPTIONS.record(context)
+    _call_exception_handler(self, context)
+
+
+def _counting_run_forever(self: asyncio.base_events.BaseEventLoop) -> None:
+    LOOP_EXCEPTIONS.loops_run += 1
+    _run_forever(self)
+
+
+asyncio.base_events.BaseEventLoop.call_exception_handler = (  # type: ignore[method-assign]
+    _recording_call_exception_handler
+)
+asyncio.base_events.BaseEventLoop.run_forever = _counting_run_forever  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def loop_exceptions() -> LoopExceptions:
+    """For tests that provoke an escape on purpose: ``take()`` what was expected."""
+    return LOOP_EXCEPTIONS
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_loop_exceptions() -> Iterator[None]:
+    # Left by an earlier test's teardown or a wider-scoped fixture: reported here.
+    before = LOOP_EXCEPTIONS.take(collect=False)
+    loops_run = LOOP_EXCEPTIONS.loops_run
+    yield
+    # Collecting garbage costs ~0.1 s: only after a test that ran an event loop.
+    escaped = before + LOOP_EXCEPTIONS.take(collect=LOOP_EXCEPTIONS.loops_run != loops_run)
+    if escaped:
+        pytest.fail(
+            f"{len(escaped)} unhandled exception(s) in an event loop:\n"
+            + "\n".join(f"- {describe(c)}" for c in escaped),
+            pytrace=False,
+        )

@@ -21,7 +21,6 @@ from scriba.client import Client, ClientConfig
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import KvServer
 from scriba.log import configure
-from scriba.meta.connect import connect
 from scriba.rsm import ReplicatedStateMachine, RsmConfig
 
 
@@ -46,8 +45,8 @@ async def serve(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     peer = args.peer or f"{host}:{int(port) + 10}"
     config = RsmConfig(**{"zone": args.zone, **json.loads(args.rsm_config)})
-    store = await connect(args.metadata, session_timeout_s=args.session_timeout_s)
-    client = await Client.connect(args.metadata, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
+    client = await Client.connect(args.metadata, config=ClientConfig(
+        add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s))
     machine = KvMachine()
     rsm = ReplicatedStateMachine(client, namespace=args.namespace, name=args.name, state_machine=machine,
                                  replica_id=args.replica_id, address=peer, config=config)

@@ -13,11 +13,9 @@ import json
 import signal
 import sys
 
-from scriba.client import Client
+from scriba.client import Client, ClientConfig
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
-from scriba.meta import MetadataStore
-from scriba.meta.connect import connect
 from scriba.rsm import RsmConfig
 
 
@@ -48,16 +46,13 @@ async def run(args: argparse.Namespace) -> int:
     host, port = split_hostport(args.listen)
     rsm_address = args.rsm_listen or f"{host}:{port + 1}"
     config = RsmConfig(**json.loads(args.rsm_config)).validate()
-    store = await connect(args.metadata, session_timeout_s=args.session_timeout_s)
-    try:
-        return await serve_until_stopped(args, store, host, port, rsm_address, config)
-    finally:
-        await store.close()
+    return await serve_until_stopped(args, host, port, rsm_address, config)
 
 
-async def serve_until_stopped(args: argparse.Namespace, store: MetadataStore, host: str, port: int,
+async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                               rsm_address: str, config: RsmConfig) -> int:
-    async with Client.connect(args.metadata, store=store) as client:
+    client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s)
+    async with Client.connect(args.metadata, config=client_config) as client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
         runner = await serve(nn, host, port)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +24,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from scriba.embedded.process import ServerProcess, ServerStartError
+from scriba.embedded.process import ServerProcess, ServerStartError, free_ports
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
 
@@ -91,16 +90,7 @@ class EtcdCluster:
     @staticmethod
     def _new_layout(members: int, host: str) -> tuple[list[int], list[int], str]:
         """Distinct free ports (all bound at once, then released) and a fresh cluster token."""
-        socks: list[socket.socket] = []
-        try:
-            for _ in range(2 * members):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(sock)
-                sock.bind((host, 0))
-            ports = [int(sock.getsockname()[1]) for sock in socks]
-        finally:
-            for sock in socks:
-                sock.close()
+        ports = free_ports(2 * members, host)
         return ports[:members], ports[members:], f"scriba-{uuid.uuid4().hex[:12]}"
 
     def _build_members(self) -> list[ServerProcess]:

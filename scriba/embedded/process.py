@@ -14,6 +14,7 @@ where the user happens to stand cannot shadow the installed package.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,12 +35,49 @@ def python_module_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-P", "-m", module, *args]
 
 
+_LISTEN_PORT_MIN = 10_000  # listening ports are picked from here up to the ephemeral range
+
+
+def _ephemeral_port_min() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that were free a moment ago (all bound at once, then released).
+
+    They are drawn at random *below* the kernel's ephemeral range: a port from bind(0)
+    lies inside it, where any outgoing connection (a client's gRPC channel, say) may take
+    it as its local port before the child that was meant to listen there binds it."""
+    high = _ephemeral_port_min()
+    low = min(_LISTEN_PORT_MIN, high // 2)
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(64 * count):
+            if len(socks) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, rng.randrange(low, high)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < count:
+            raise ServerStartError(f"no {count} free ports on {host} in {low}..{high - 1}")
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port that was free a moment ago (see :func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from scriba.embedded.process import ServerProcess, ServerStartError
+from scriba.embedded.process import ServerProcess, ServerStartError, free_ports
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
 
@@ -118,20 +118,6 @@ def server_mode(host: str, port: int) -> str | None:
     return None
 
 
-def _distinct_free_ports(host: str, count: int) -> list[int]:
-    """``count`` different ports that were free a moment ago (all bound at once, then released)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 _LOG4J_PROPERTIES = """\
 log4j.rootLogger=INFO, CONSOLE
 log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender
@@ -156,7 +142,7 @@ class ZooKeeperEnsemble:
         self.host = host
         self.java = find_java()
         self.classpath = find_zookeeper_classpath()
-        ports = _distinct_free_ports(host, 3 * members)
+        ports = free_ports(3 * members, host)
         self.endpoints: list[tuple[str, int]] = [(host, ports[i]) for i in range(members)]
         self.quorum_ports = ports[members : 2 * members]
         self.election_ports = ports[2 * members :]

@@ -24,6 +24,7 @@ import pytest
 
 from scriba.client import Client, ClientConfig
 from scriba.client.grpc_transport import GrpcBookieTransport
+from scriba.client.transport import TransportConfig
 from scriba.errors import ScribaError, TimeoutError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.testing.checkers.acked_set import check_acked_set
@@ -81,7 +82,9 @@ async def test_r6_latency_blackhole_reset_no_hang_no_loss_and_resume(
 ) -> None:
     bookies = bookie_cluster.start_bookies(4)
     proxies = Proxies(proxy_url, bookies)
-    transport = GrpcBookieTransport(proxies.resolve, add_timeout_s=ADD_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S)
+    transport = GrpcBookieTransport(
+        proxies.resolve, TransportConfig(add_timeout_s=ADD_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S)
+    )
     config = ClientConfig(add_timeout_s=ADD_TIMEOUT_S)
     window_s: list[float] = []
     acked: list[tuple[int, bytes]] = []
@@ -219,7 +222,7 @@ async def test_r14_one_slow_bookie_keeps_order_and_p99(
 async def test_r6_read_deadline_through_blackholed_proxy(bookie_cluster: Any, proxy_url: str) -> None:
     (bookie,) = bookie_cluster.start_bookies(1)
     proxies = Proxies(proxy_url, [bookie])
-    transport = GrpcBookieTransport(proxies.resolve, read_timeout_s=0.5)
+    transport = GrpcBookieTransport(proxies.resolve, TransportConfig(read_timeout_s=0.5))
     b = BookieId(bookie.bookie_id)
     try:
         info = await transport.bookie_info(b)

@@ -63,6 +63,15 @@ def _start(data: Path, *extra: str, cwd: Path | None = None) -> subprocess.Popen
     )
 
 
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL and reap; close its output pipe (a pipe left to the garbage collector is
+    an unraisable ResourceWarning, which fails the test)."""
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 def _pids(doc: dict[str, Any]) -> list[int]:
     return [b["pid"] for b in doc["bookies"]] + list(doc["etcd"]["pids"] if doc.get("etcd") else [])
 
@@ -102,8 +111,7 @@ def test_sandbox_starts_describes_refuses_second_and_stops(tmp_path: Path, sig: 
         out = _stop(proc, sig)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            _kill(proc)
     assert proc.returncode == 0, out
     assert "metadata: etcd://" in out and "next:" in out and "sandbox stopped" in out
     _wait_for(lambda: not any(_alive(p) for p in pids), 10, "every sandbox process exiting")
@@ -158,13 +166,11 @@ def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None
         doc = _read_json(data / "sandbox.json")
         assert doc is not None
         orphans = _pids(doc)
-        first.kill()  # no cleanup: its etcd and bookies keep running
-        first.wait()
+        _kill(first)  # no cleanup: its etcd and bookies keep running
         assert all(_alive(p) for p in orphans)
     finally:
         if first.poll() is None:
-            first.kill()
-            first.wait()
+            _kill(first)
     second = _start(data, "--bookies", "2")
     try:
         _wait_for(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == second.pid or second.poll() is not None,
@@ -175,8 +181,7 @@ def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None
         assert second.returncode == 0, out
     finally:
         if second.poll() is None:
-            second.kill()
-            second.wait()
+            _kill(second)
         for pid in orphans:  # never leave them behind, even when the test fails
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from scriba.client.grpc_transport import GrpcBookieTransport
+from scriba.client.transport import TransportConfig
 from scriba.entry import Crc32cDigest, master_key, pack_entry, unpack_entry
 from scriba.errors import NoSuchEntryError, NoSuchLedgerError, Status, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
@@ -85,7 +86,7 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any) -> None:
 async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster: Any) -> None:
     (bookie,) = bookie_cluster.start_bookies(1)
     b = BookieId(bookie.bookie_id)
-    t = GrpcBookieTransport(lambda _: bookie.address, add_timeout_s=10)
+    t = GrpcBookieTransport(lambda _: bookie.address, TransportConfig(add_timeout_s=10))
     first = Answers()
     for e in range(100):
         t.add(b, LedgerId(3), EntryId(e), KEY, entry(3, e, b"a"), first)

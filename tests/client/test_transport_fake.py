@@ -10,6 +10,7 @@ import pytest
 from transport_fake_bookie import FakeBookie, FakeBookieServer
 
 from scriba.client.grpc_transport import GrpcBookieTransport
+from scriba.client.transport import TransportConfig
 from scriba.embedded.process import free_port
 from scriba.errors import (
     NoSuchEntryError,
@@ -49,7 +50,7 @@ class Recorder:
 
 
 def transport_for(server: FakeBookieServer, **kw: object) -> GrpcBookieTransport:
-    return GrpcBookieTransport(lambda b: server.address, **kw)  # type: ignore[arg-type]
+    return GrpcBookieTransport(lambda b: server.address, TransportConfig(**kw))  # type: ignore[arg-type]
 
 
 async def test_adds_are_batched_and_each_answered_once() -> None:
@@ -65,7 +66,7 @@ async def test_adds_are_batched_and_each_answered_once() -> None:
         assert len(rec.answers) == n
         assert set(rec.statuses.values()) == {Status.OK}
         assert len(server.servicer.entries) == n
-        assert max(server.servicer.batch_sizes) == t.batch_entries_max
+        assert max(server.servicer.batch_sizes) == t.config.batch_entries_max
         assert server.servicer.batches_received <= n // 32
         assert server.servicer.streams_opened == 1
         assert t.inflight_bytes(B) == 0 and t.pending_adds() == 0
@@ -339,33 +340,6 @@ async def test_long_poll_through_a_silent_bookie_ends_by_its_deadline() -> None:
             await t.long_poll_lac(B, LedgerId(1), EntryId(5), wait_s=0.2)
         assert time.monotonic() - t0 < 0.2 + 2.0 + 1.0  # wait + margin, never indefinitely
         await t.close()
-
-
-def test_encoded_runs_parse_as_the_addbatch_protobuf() -> None:
-    from scriba.client.grpc_transport import _encode_run, _Run
-    from scriba.proto import scriba_pb2 as pb
-
-    runs = []
-    for lid, flags, count, size in ((7, 0, 3, 150), (8, pb.RECOVERY_ADD, 1, 0), (7, 0, 200, 1000)):
-        run = _Run(lid, KEY, flags, None, False, 0.0)
-        for e in range(count):
-            entry = bytes([e % 251]) * (size + e)
-            run.entry_ids.append(e + (1 << 40))
-            run.entries.append(entry)
-            run.size += len(entry)
-        runs.append(run)
-    parts: list[bytes] = []
-    for run in runs:
-        _encode_run(run, parts)
-    expected = pb.AddBatch()
-    for run in runs:
-        expected.runs.add(
-            ledger_id=run.ledger_id, master_key=KEY, flags=run.flags, entry_ids=run.entry_ids,
-            sizes=[len(x) for x in run.entries], entries=b"".join(run.entries),
-        )
-    assert b"".join(parts) == expected.SerializeToString()
-    parsed = pb.AddBatch.FromString(b"".join(parts))
-    assert [list(r.entry_ids) for r in parsed.runs] == [r.entry_ids for r in runs]
 
 
 async def test_one_entry_to_several_bookies_keeps_each_adds_flags() -> None:

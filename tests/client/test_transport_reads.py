@@ -12,6 +12,7 @@ from transport_fake_bookie import FakeBookie, FakeBookieServer
 
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.reader import LedgerReader
+from scriba.client.transport import TransportConfig
 from scriba.entry import Crc32cDigest, pack_entry
 from scriba.errors import CorruptEntryError, InternalError, NoSuchEntryError, NoSuchLedgerError
 from scriba.ids import BookieId, EntryId, LedgerId
@@ -37,7 +38,7 @@ def with_entries(fake: FakeBookie, count: int) -> FakeBookie:
 
 
 def transport_for(server: FakeBookieServer, **kw: object) -> GrpcBookieTransport:
-    return GrpcBookieTransport(lambda b: server.address, **kw)  # type: ignore[arg-type]
+    return GrpcBookieTransport(lambda b: server.address, TransportConfig(**kw))  # type: ignore[arg-type]
 
 
 async def test_an_old_bookie_answers_in_entries_and_the_transport_reads_them_as_runs() -> None:

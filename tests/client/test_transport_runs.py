@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Any
 
 from transport_fake_bookie import FakeBookieServer
 
 from scriba.client.grpc_transport import GrpcBookieTransport
+from scriba.client.transport import TransportConfig
 from scriba.errors import Status, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
 
@@ -41,7 +43,7 @@ class RunRecorder:
 
 
 def transport_for(server: FakeBookieServer, **kw: object) -> GrpcBookieTransport:
-    return GrpcBookieTransport(lambda b: server.address, **kw)  # type: ignore[arg-type]
+    return GrpcBookieTransport(lambda b: server.address, TransportConfig(**kw))  # type: ignore[arg-type]
 
 
 async def test_add_entry_sends_runs_and_answers_each_add_once() -> None:
@@ -201,7 +203,7 @@ async def test_runs_survive_one_bookie_of_the_write_set_failing() -> None:
 
     async with FakeBookieServer() as server:
         dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-        t = GrpcBookieTransport(lambda b: dead if b == "b3" else server.address, add_timeout_s=5)
+        t = GrpcBookieTransport(lambda b: dead if b == "b3" else server.address, TransportConfig(add_timeout_s=5))
         rec = RunRecorder()
         n = 300
         for e in range(n):
@@ -218,3 +220,28 @@ async def test_runs_survive_one_bookie_of_the_write_set_failing() -> None:
         assert sum(len(r) * c for r, c in runs.items()) == 2 * n
         assert t.pending_adds() == 0 and all(t.inflight_bytes(b) == 0 for b in BOOKIES)
         await t.close()
+
+
+async def test_a_raising_add_callback_is_reported_to_the_loop_and_others_still_answered(
+    loop_exceptions: Any,
+) -> None:
+    """A bug in an answer callback is not swallowed: it reaches the event loop's exception
+    handler (which fails a test, ``tests/conftest.py``); the transport goes on."""
+
+    def broken(bookie_id: BookieId, ledger_id: int, entry_ids: list[int], status: Status) -> None:
+        raise RuntimeError("bug in a callback")
+
+    async with FakeBookieServer() as server:
+        t = transport_for(server)
+        rec = RunRecorder()
+        t.add_entry(BOOKIES[:1], LedgerId(3), EntryId(0), KEY, b"a", broken)
+        t.add_entry(BOOKIES[:1], LedgerId(4), EntryId(0), KEY, b"b", rec)
+        await rec.wait(1)
+        async with asyncio.timeout(10):
+            while t.pending_adds():
+                await asyncio.sleep(0.01)
+        await t.close()
+    (context,) = loop_exceptions.take()
+    assert context["message"] == "add callback failed: bookie b1 ledger 3 entry 0"
+    assert isinstance(context["exception"], RuntimeError)
+    assert rec.answers == {("b1", 4, 0): [Status.OK]}

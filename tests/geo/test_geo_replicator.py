@@ -240,3 +240,23 @@ async def test_link_status_counts_what_is_behind_and_metrics_follow(sites: dict[
     assert metrics.registry.get_sample_value("scriba_geo_lag_records",
                                              {"stream": "geo/test/orders", "source": "us"}) == 0
     await running.kill()
+
+
+async def test_replicator_survives_losing_the_target_writer_lock(sites: dict[str, Site]) -> None:
+    """The target's metadata session expires mid-shipping (the writer lock goes, appends fail with
+    WriterFencedError inside the link's nested task groups): the session ends, the next one resumes
+    from the target, the replicator keeps running — and the target still holds each record once."""
+    us, eu = sites["us"], sites["eu"]
+    source = await us.namespace()
+    producing = asyncio.create_task(produce(source, 200, "us"))
+    target = await eu.namespace()
+    running = await start(eu, [us])
+    await wait_for(lambda: has(target, 30), "30 records replicated")
+    await running.rep.target.namespace.client.store.expire_session_for_test()  # type: ignore[attr-defined]
+    await wait_for(lambda: _true(running.rep.sessions >= 2), "a new session after the lock was lost")
+    sent = await producing
+    await wait_for(lambda: has(target, len(sent)), "all records replicated")
+    assert not running.task.done(), "the replicator ended on a retriable error"
+    records = await read_all(target)
+    await running.kill()
+    assert check_replica(sent, payloads(records)) == []

@@ -104,7 +104,9 @@ async def env() -> AsyncIterator[Env]:
         yield e
     finally:
         for r in e.replicas:
-            if r._stopped is None:
+            # stop() every replica not stopped or crashed already: one its state machine
+            # stopped (StateMachineError) still serves, and its listening socket leaked
+            if not isinstance(r._stopped, ReplicaStoppedError):
                 await asyncio.wait_for(r.stop(), 10)
         for c in e.clients:
             await c.close()

@@ -331,6 +331,8 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
             await asyncio.sleep(0.01)
     assert a.error is not None and "Crash" in str(a.error)
     await a._segment.ledger.abort()
+    for task in list(a._tasks):  # the process dies: its tasks (the failed writer's resign) end with it
+        task.cancel()
     await env.crash(ns_a.client)
     monkeypatch.undo()
     ns_b = await _ns(env)

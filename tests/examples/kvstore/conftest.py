@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kv_procs import KvCluster
 
-from scriba.examples.kvstore.launcher import KvCluster
 from scriba.testing.cluster import BookieCluster
 
 _HERE = str(Path(__file__).resolve().parent)

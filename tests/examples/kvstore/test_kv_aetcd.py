@@ -12,8 +12,7 @@ import grpc
 import pytest
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
-
-from scriba.examples.kvstore.launcher import KvCluster
+from kv_procs import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

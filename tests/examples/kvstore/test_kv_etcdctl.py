@@ -10,8 +10,7 @@ import uuid
 
 import pytest
 from kv_harness import Ctl
-
-from scriba.examples.kvstore.launcher import KvCluster
+from kv_procs import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -11,8 +11,7 @@ import time
 import aetcd
 import pytest
 from kv_harness import Ctl
-
-from scriba.examples.kvstore.launcher import KvCluster
+from kv_procs import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

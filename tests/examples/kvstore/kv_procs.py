@@ -1,4 +1,4 @@
-"""``KvCluster``: replicas of the store as real processes (tests, and later the sandbox).
+"""``KvCluster``: replicas of the store as real processes (the tests).
 
     with KvCluster(metadata_uri, workdir, replicas=3) as kv:
         kv.endpoints          # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3" for etcdctl
@@ -16,7 +16,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,13 +24,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from scriba.embedded.process import free_port
+
 READY_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -1,0 +1,74 @@
+"""A populated cluster and a console on it: real etcd, three bookie processes in three
+zones, a zone-aware ledger and a stream with closed segments, the console in-process
+on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from scriba.client import Client, ClientConfig
+from scriba.console.cli import Console, ConsoleConfig
+from scriba.stream import open_namespace
+
+ZONES = ["z1", "z2", "z3"]
+
+
+@dataclass
+class Populated:
+    console: Console
+    cluster: Any  # scriba.testing.cluster.BookieCluster
+    ledger_id: int
+    http: aiohttp.ClientSession
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.http.get(self.console.url.rstrip("/") + path) as reply:
+            if reply.content_type == "application/json":
+                return reply.status, await reply.json()
+            return reply.status, await reply.text()
+
+
+async def wait_for(what: str, check: Callable[[], Any], deadline_s: float) -> Any:
+    """Poll the async ``check`` until it returns something truthy, or fail after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    last: Any = None
+    while time.monotonic() < end:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what}: not within {deadline_s} s (last: {last!r})")
+
+
+@pytest.fixture
+async def populated(bookie_cluster: Any) -> AsyncIterator[Populated]:
+    bookie_cluster.start_bookies(3, regions=["r1"], zones=ZONES, racks=["a", "b", "c"])
+    config = ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0)
+    async with Client.connect(bookie_cluster.metadata_uri, placement="zone-aware", config=config) as client:
+        await client.registry.wait_for_bookies(3, 20.0)
+        writer = await client.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(20):
+            await writer.append(b"entry-%d" % i)
+        await writer.close()
+        ns = await open_namespace(client, "apps", create=True, ensemble_size=3, write_quorum_size=2,
+                                  ack_quorum_size=2)
+        for _ in range(2):  # two closed segments
+            w = await ns.open_writer("orders", create=True)
+            for i in range(5):
+                await w.append(b"order-%d" % i)
+            await w.close()
+        ledger_id = int(writer.ledger_id)
+    console = Console(ConsoleConfig(bookie_cluster.metadata_uri, "127.0.0.1:0", probe_interval_s=0.5))
+    await console.start()
+    try:
+        await console.mirror.wait_synced(20.0)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            yield Populated(console, bookie_cluster, ledger_id, http)
+    finally:
+        await console.stop()

@@ -1,0 +1,72 @@
+"""The console in a real browser (headless Chromium over the DevTools protocol).
+
+The cluster map shows every bookie inside its zone's box; after SIGKILL of one bookie the
+open page — refreshed by its own script, never reloaded — shows it down within
+``DOWN_DEADLINE_S``; the ledger page draws one ensemble row per fragment with its write
+set spanning three zones; the streams page shows the stream's segments. A screenshot of
+each page is kept (``SCRIBA_CONSOLE_SCREENSHOTS`` or the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.console.browser import CHROMIUM, STATES_JS, Browser
+from tests.console.conftest import Populated
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+
+# probe interval 0.5 s + probe timeout 1 s + page refresh 2 s, with room for a busy machine
+DOWN_DEADLINE_S = 10.0
+
+
+def _shots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("SCRIBA_CONSOLE_SCREENSHOTS", str(tmp_path / "screenshots")))
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+async def test_console_pages_in_chromium(populated: Populated, tmp_path: Path) -> None:
+    shots = _shots(tmp_path)
+    (tmp_path / "profile").mkdir()
+    browser = Browser(tmp_path / "profile")
+    await browser.start()
+    try:
+        # ledger page: one row per fragment, each write set over three zones
+        await browser.open(f"{populated.console.url}ledgers/{populated.ledger_id}")
+        zones = json.loads(await browser.evaluate(
+            "JSON.stringify([...document.querySelectorAll('svg.ledger-map g.slot')].map(s => s.dataset.zone))"))
+        assert sorted(zones) == ["z1", "z2", "z3"]
+        assert "(3 zones)" in await browser.evaluate("document.getElementById('placement').innerText")
+        await browser.screenshot(shots / "ledger.png")
+
+        await browser.open(f"{populated.console.url}streams")
+        assert await browser.evaluate("document.querySelectorAll('g.segment').length") >= 2
+        await browser.screenshot(shots / "streams.png")
+
+        # the cluster map: every bookie in its zone, writable
+        await browser.open(populated.console.url)
+        expected = {"bookie-0": "z1", "bookie-1": "z2", "bookie-2": "z3"}
+        await browser.wait_for("three writable bookies on the map",
+                               f"(s => Object.values(s).filter(v => v[0] === 'writable').length === 3)({STATES_JS.replace('JSON.stringify', '')})",
+                               10.0)
+        states = json.loads(await browser.evaluate(STATES_JS))
+        assert {b: v[1] for b, v in states.items()} == expected
+        await browser.screenshot(shots / "cluster.png")
+
+        # SIGKILL one bookie: the open page turns it down by itself (no reload: the marker stays)
+        await browser.evaluate("window.__noReload = 'still here'")
+        populated.cluster.kill(1)
+        await browser.wait_for("bookie-1 down on the open page",
+                               f"JSON.parse({STATES_JS})['bookie-1'][0] === 'down'", DOWN_DEADLINE_S)
+        assert await browser.evaluate("window.__noReload") == "still here"
+        states = json.loads(await browser.evaluate(STATES_JS))
+        assert states["bookie-1"] == ["down", "z2", "down"]
+        assert states["bookie-0"][0] == states["bookie-2"][0] == "writable"
+        await browser.screenshot(shots / "cluster-bookie-down.png")
+    finally:
+        await browser.stop()
