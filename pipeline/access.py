@@ -21,6 +21,7 @@ from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.errors import TimeoutError as DeadlineError
 from scriba.log import get_logger
+from scriba.meta.records import LEDGERS_PREFIX
 from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
 from scriba.stream import Namespace, Position, Record, open_namespace
 from scriba.stream.ledgers import read_entry, records_of
@@ -102,8 +103,22 @@ class Access:
             self._namespaces[name] = self.run(open_namespace(self._sync.client, name, password=self._password))
         return self._namespaces[name]
 
+    @property
+    def client(self) -> Any:
+        """The asyncio client (its coroutines go through :meth:`run`)."""
+        return self._sync.client
+
     def list_streams(self, namespace: str) -> list[str]:
         return sorted(self.run(self.namespace(namespace).list_streams()))
+
+    def ledger_ids(self, namespace: str | None) -> list[int]:
+        """The segment ledgers of every stream of ``namespace``; None: every ledger there is."""
+        if namespace is None:
+            async def scan() -> list[int]:
+                return [int(key.rsplit("/", 1)[-1]) async for key, _ in self._sync.client.store.scan(LEDGERS_PREFIX)]
+            return sorted(self.run(scan()))
+        return sorted(span.ledger_id for s in self.list_streams(namespace)
+                      for span in self.view(f"{namespace}/{s}").spans)
 
     # --- driver: what there is to read ----------------------------------------------------
     def view(self, full_name: str) -> StreamView:

@@ -88,6 +88,11 @@ def split_stream(text: str) -> tuple[str, str]:
     return ns, name
 
 
+def parse_ledger_ids(text: str) -> list[int]:
+    """``"1,2,3"`` -> [1, 2, 3] (ConfigError for anything else)."""
+    return _ints(text, "ledgers")
+
+
 def _ints(text: str, name: str) -> list[int]:
     try:
         values = [int(p) for p in text.split(",") if p.strip()]

@@ -12,6 +12,20 @@ returns. Delivery is AT-LEAST-ONCE: if a task dies after some of its records wer
 confirmed, those stay in the stream and Spark's retry appends the partition again
 (duplicates of that prefix); ``abort`` cannot remove them. Tasks of one job write
 one after another (they queue on the lock), so a write job does not run in parallel.
+tests/pipeline/test_kill.py kills a task's Python worker mid-write and checks exactly
+this: the stream holds a confirmed prefix of the partition, in order, and the re-run
+appends the whole partition after it.
+
+Why not exactly-once (yet): it needs the commit to make every task's records visible
+at once, or none. The stream layer offers no such step: a segment enters a stream only
+through its writer (``add_segment`` under the writer's fencing token, then the writer's
+records); there is no operation that adopts closed ledgers written elsewhere as
+segments. The way there, inside ``scriba.stream``: each task writes its partition to
+its own staging ledger(s) in segment format; ``commit`` fences the stream, closes its
+open segment and, in ONE compare-and-set of the stream record, appends the staging
+ledgers as closed segments (their summaries as written); ``abort`` (and a janitor for
+a driver that died) deletes staging ledgers no stream record names. Done from here,
+through the stream record's bytes, it would bypass the stream layer's fencing rules.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "scriba.client.bench",     # scriba bench
     "scriba.autorecovery.cli",  # scriba autorecovery run|<verb>
     "scriba.geo.cli",          # scriba geo replicate
+    "scriba.pipeline.cli",     # scriba pipeline export|audit (Spark jobs)
     "scriba.console.cli",      # scriba console (the web console)
     "scriba.demo",             # scriba demo (metadata API demo)
     "scriba.testing.faults_cli",  # scriba faults-proxy

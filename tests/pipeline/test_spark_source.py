@@ -6,70 +6,17 @@ back, streaming reads resume from their checkpoint exactly once.
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _pipeline_support import Rec, _append, _ns, _read, _records
 
 from scriba.client import Client
 from scriba.errors import PositionTruncatedError
 from scriba.stream import Position, open_namespace
-from scriba.testing.cluster import BookieCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-Rec = tuple[str, bytes, dict[str, bytes]]
-
-
-@pytest.fixture(scope="module")
-def uri(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    metadata = str(etcd_cluster.uri(f"p{uuid.uuid4().hex[:8]}"))
-    bookies = BookieCluster(tmp_path_factory.mktemp("bookies"), metadata)
-    bookies.start_bookies(3, zones=["z1", "z2", "z3"])
-    try:
-        yield metadata
-    finally:
-        bookies.stop_all()
-
-
-def _ns() -> str:
-    return f"n{uuid.uuid4().hex[:8]}"
-
-
-async def _append(uri: str, ns: str, stream: str, records: list[tuple[bytes, dict[str, bytes]]],
-                  *, batch: int = 25, segment_records_max: int = 120) -> list[Position]:
-    async with Client.connect(uri) as client:
-        namespace = await open_namespace(client, ns, create=True, segment_records_max=segment_records_max)
-        writer = await namespace.open_writer(stream, create=True)
-        positions = []
-        for i in range(0, len(records), batch):
-            positions += await writer.append_many(records[i:i + batch])
-        await writer.close()
-        return positions
-
-
-async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list[Rec]:
-    async with Client.connect(uri) as client:
-        namespace = await open_namespace(client, ns)
-        end = await namespace.open_reader(stream, "latest")
-        stop = end.position
-        await end.close()
-        out: list[Rec] = []
-        async with await namespace.open_reader(stream, start) as reader:
-            while True:
-                rec = await reader.read_next(timeout_s=0.5)
-                if rec is None:
-                    break
-                out.append((str(rec.position), rec.payload, dict(rec.headers)))
-        assert not out or Position.parse(out[-1][0]) < stop
-        return out
-
-
-def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:
-    return [(f"{tag}{i}".encode(), {"i": str(i).encode()} if i % 3 else {}) for i in range(n)]
-
 
 def _rows(df: Any) -> list[Rec]:
     return sorted(((r.position, bytes(r.payload), {k: bytes(v) for k, v in (r.headers or {}).items()})

@@ -1,0 +1,128 @@
+"""Benchmark: a stream read into a Spark DataFrame against the same read through the client alone.
+
+1. A fresh cluster: a 1-member etcd and 3 bookie processes (zones z1..z3).
+2. One client appends ``--records`` records (default 100 000; ``--big``: 1 000 000) of
+   ``--size`` bytes to a stream (batches of 1000, one segment).
+3. Baseline: the client reads the whole stream with one catch-up reader
+   (``read_next`` until the end); then Spark (``local[N]``, N = the partitions)
+   reads it with 1, 2 and 4 partitions (``maxRecordsPerPartition``), forcing every
+   payload (``sum(length(payload))``). The session is started, and one untimed read
+   done, before timing.
+
+4. Spark appends ``--records`` rows (2 tasks) to another stream, against the client's write.
+
+Prints rows/s of each and the ratio Spark/client. The machine has 2 cores
+(``os.cpu_count()`` is printed) shared by every process: figures vary, and more
+partitions than cores cannot scale.
+
+Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--records N | --big] [--size 100]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from scriba.grpc_runtime import apply_defaults
+
+apply_defaults()
+
+from scriba.client import Client  # noqa: E402
+from scriba.embedded.etcd import EtcdCluster  # noqa: E402
+from scriba.stream import open_namespace  # noqa: E402
+from scriba.testing.cluster import BookieCluster  # noqa: E402
+
+
+async def _write(uri: str, records: int, size: int) -> None:
+    async with Client.connect(uri) as client:
+        ns = await open_namespace(client, "bench", create=True, segment_records_max=records)  # one segment: partitions split it
+        writer = await ns.open_writer("s", create=True)
+        body = b"x" * size
+        for i in range(0, records, 1000):
+            await writer.append_many([(body, None)] * min(1000, records - i))
+        await writer.close()
+
+
+async def _client_read(uri: str) -> int:
+    async with Client.connect(uri) as client:
+        ns = await open_namespace(client, "bench")
+        n = 0
+        async with await ns.open_reader("s", "earliest") as reader:
+            while await reader.read_next(timeout_s=0.5) is not None:
+                n += 1
+        return n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--big", action="store_true", help="1 000 000 records")
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--partitions", default="1,2,4")
+    args = parser.parse_args()
+    records = 1_000_000 if args.big else args.records
+    print(f"cores: {os.cpu_count()} (shared with everything else on the machine)")
+    with tempfile.TemporaryDirectory() as tmp:
+        etcd = EtcdCluster(Path(tmp) / "etcd", members=1)
+        etcd.start()
+        uri = str(etcd.uri("bench-pipeline"))
+        bookies = BookieCluster(Path(tmp) / "bookies", uri)
+        bookies.start_bookies(3, zones=["z1", "z2", "z3"])
+        try:
+            t = time.perf_counter()
+            asyncio.run(_write(uri, records, args.size))
+            write_base = records / (time.perf_counter() - t)
+            print(f"write (client, batches of 1000): {write_base:,.0f} rows/s  [baseline]")
+            t = time.perf_counter()
+            n = asyncio.run(_client_read(uri))
+            base = n / (time.perf_counter() - t)
+            assert n == records, (n, records)
+            print(f"read (client, one catch-up reader): {base:,.0f} rows/s  [baseline]")
+            _spark(uri, records, base, write_base, [int(p) for p in args.partitions.split(",")])
+        finally:
+            bookies.stop_all()
+            etcd.stop()
+
+
+async def _create(uri: str, stream: str) -> None:
+    async with Client.connect(uri) as client:
+        ns = await open_namespace(client, "bench")
+        await (await ns.open_writer(stream, create=True)).close()
+
+
+def _spark(uri: str, records: int, base: float, write_base: float, partitions: list[int]) -> None:
+    from pyspark.sql import functions as F
+
+    from scriba.pipeline import local_session
+
+    spark = local_session(f"local[{max(partitions)}]", "bench-pipeline")
+    try:
+        warm = spark.read.format("scriba").option("metadata", uri).option("stream", "bench/s").load()
+        warm.agg(F.count("*")).collect()  # untimed: starts the Python workers and the JVM's code paths
+        for p in partitions:
+            df = (spark.read.format("scriba").option("metadata", uri).option("stream", "bench/s")
+                  .option("maxRecordsPerPartition", str(-(-records // p))).load())
+            t = time.perf_counter()
+            row = df.agg(F.count("*").alias("n"), F.sum(F.length("payload")).alias("b")).collect()[0]
+            rate = row.n / (time.perf_counter() - t)
+            assert row.n == records, (row.n, records)
+            print(f"read (Spark, {df.rdd.getNumPartitions()} partitions): {rate:,.0f} rows/s  "
+                  f"ratio {rate / base:.2f}x the client")
+        # write: N payloads appended through the source (tasks queue on the writer lock)
+        asyncio.run(_create(uri, "out"))
+        rows = spark.range(records).select(F.lit(b"x" * 100).alias("payload")).coalesce(2).persist()
+        rows.count()
+        t = time.perf_counter()
+        rows.write.format("scriba").option("metadata", uri).option("stream", "bench/out").mode("append").save()
+        rate = records / (time.perf_counter() - t)
+        print(f"write (Spark, 2 tasks): {rate:,.0f} rows/s  ratio {rate / write_base:.2f}x the client's write")
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""``scriba pipeline export|audit``: the Spark jobs from the command line.
+
+Each command starts a SparkSession (``--master``, default ``local[2]``; Spark prints
+its stage progress on the console), runs the job and ends with a one-line summary
+(``--json``: one JSON object). ``audit`` exits 1 when it found a problem. pyspark is
+imported only when a command runs, so ``scriba --help`` works without the extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("pipeline", help="Spark jobs over streams and ledgers (needs scriba[spark])")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    e = verbs.add_parser("export", help="streams to Parquet (partitioned by namespace/stream/date); resumes")
+    _common(e)
+    which = e.add_mutually_exclusive_group(required=True)
+    which.add_argument("--stream", action="append", default=[], help="NS/STREAM (repeatable)")
+    which.add_argument("--namespace", help="every stream of this namespace")
+    e.add_argument("--to", required=True, metavar="DIR", help="the Parquet directory")
+    e.add_argument("--format", default="parquet", choices=["parquet"], help="output format")
+    e.add_argument("--skip-truncated", action="store_true",
+                   help="a stream truncated past the last export skips ahead (else an error)")
+    e.set_defaults(func=cmd_export)
+
+    a = verbs.add_parser("audit", help="every replica of every entry and every ensemble's placement")
+    _common(a)
+    scope = a.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", help="the segment ledgers of this namespace's streams")
+    scope.add_argument("--ledgers", help="comma-separated ledger ids (default: every ledger)")
+    a.add_argument("--no-digest", action="store_true", help="check headers only (password unknown)")
+    a.add_argument("--out", metavar="DIR", help="also write the problems as Parquet")
+    a.set_defaults(func=cmd_audit)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metadata", required=True, help="metadata URI, e.g. etcd://127.0.0.1:2379/prod")
+    p.add_argument("--password", default="", help="the ledgers' / namespace's password")
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _session(args: argparse.Namespace) -> tuple[Any, bool]:
+    """(the session, whether this command started it and so stops it)."""
+    from pyspark.sql import SparkSession
+
+    from scriba.pipeline import local_session, register
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # called from a program that has one (tests, notebooks)
+        register(active)
+        return active, False
+    return local_session(args.master, f"scriba-pipeline-{args.verb}"), True
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from scriba.pipeline.jobs.export import export
+
+    spark, owned = _session(args)
+    try:
+        report = export(spark, args.metadata, args.to, streams=tuple(args.stream), namespace=args.namespace,
+                        password=args.password, fail_on_data_loss=not args.skip_truncated)
+    finally:
+        if owned:
+            spark.stop()
+    print(report.to_json() if args.json else report.line())
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from scriba.pipeline.jobs.audit import audit
+    from scriba.pipeline.plan import parse_ledger_ids
+
+    spark, owned = _session(args)
+    try:
+        problems, report = audit(spark, args.metadata, namespace=args.namespace,
+                                 ledgers=tuple(parse_ledger_ids(args.ledgers or "")),
+                                 password=None if args.no_digest else args.password)
+        if args.out:
+            problems.write.mode("overwrite").parquet(args.out)
+        elif not args.json:
+            problems.show(20, truncate=False)
+    finally:
+        if owned:
+            spark.stop()
+    print(report.to_json() if args.json else report.line())
+    return 0 if report.healthy else 1

@@ -1,0 +1,47 @@
+"""Helpers of the pipeline tests: streams written and read through the client alone."""
+
+from __future__ import annotations
+
+import uuid
+
+from scriba.client import Client
+from scriba.stream import Position, open_namespace
+
+Rec = tuple[str, bytes, dict[str, bytes]]
+
+
+def _ns() -> str:
+    return f"n{uuid.uuid4().hex[:8]}"
+
+
+async def _append(uri: str, ns: str, stream: str, records: list[tuple[bytes, dict[str, bytes]]],
+                  *, batch: int = 25, segment_records_max: int = 120) -> list[Position]:
+    async with Client.connect(uri) as client:
+        namespace = await open_namespace(client, ns, create=True, segment_records_max=segment_records_max)
+        writer = await namespace.open_writer(stream, create=True)
+        positions = []
+        for i in range(0, len(records), batch):
+            positions += await writer.append_many(records[i:i + batch])
+        await writer.close()
+        return positions
+
+
+async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list[Rec]:
+    async with Client.connect(uri) as client:
+        namespace = await open_namespace(client, ns)
+        end = await namespace.open_reader(stream, "latest")
+        stop = end.position
+        await end.close()
+        out: list[Rec] = []
+        async with await namespace.open_reader(stream, start) as reader:
+            while True:
+                rec = await reader.read_next(timeout_s=0.5)
+                if rec is None:
+                    break
+                out.append((str(rec.position), rec.payload, dict(rec.headers)))
+        assert not out or Position.parse(out[-1][0]) < stop
+        return out
+
+
+def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:
+    return [(f"{tag}{i}".encode(), {"i": str(i).encode()} if i % 3 else {}) for i in range(n)]
