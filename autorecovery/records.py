@@ -29,7 +29,7 @@ from scriba.errors import BadRequestError
 from scriba.ids import BookieId, EntryId, LedgerId
 
 # one JSON framing and codec adapter for every record kind (scriba.meta.records owns them)
-from scriba.meta.records import _Codec, _dump, _load
+from scriba.meta.records import RecordCodec, dump_record, load_record
 
 PREFIX = "autorecovery/"
 UNDERREPLICATED_PREFIX = "autorecovery/underreplicated/"
@@ -135,7 +135,7 @@ class UnderReplicated:
         return all((m.first_entry_id, m.bookie_id) in have for m in marks)
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {
+        return dump_record(self.KIND, {
             "ledger_id": self.ledger_id,
             "marks": [[m.first_entry_id, m.bookie_id, m.reason.value] for m in self.marks],
             "marked_ms": self.marked_ms,
@@ -150,7 +150,7 @@ class UnderReplicated:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnderReplicated:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             deferred = d.get("deferred")
             return cls(
@@ -187,11 +187,11 @@ class Claim:
     since_ms: int
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {"worker_id": self.worker_id, "since_ms": self.since_ms})
+        return dump_record(self.KIND, {"worker_id": self.worker_id, "since_ms": self.since_ms})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Claim:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(str(d["worker_id"]), int(d["since_ms"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -213,14 +213,14 @@ class Decommission:
     finished_ms: int = 0
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {
+        return dump_record(self.KIND, {
             "bookie_id": self.bookie_id, "state": self.state.value,
             "started_ms": self.started_ms, "finished_ms": self.finished_ms,
         })
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Decommission:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(BookieId(str(d["bookie_id"])), DecommissionState(d["state"]),
                        int(d.get("started_ms", 0)), int(d.get("finished_ms", 0)))
@@ -245,7 +245,7 @@ class AuditorStatus:
     marks_written: int = 0
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {
+        return dump_record(self.KIND, {
             "candidate": self.candidate, "token": self.token, "updated_ms": self.updated_ms,
             "last_check_ms": self.last_check_ms, "last_full_check_ms": self.last_full_check_ms,
             "lost_bookies": list(self.lost_bookies), "pending_bookies": dict(self.pending_bookies),
@@ -254,7 +254,7 @@ class AuditorStatus:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AuditorStatus:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 str(d["candidate"]), int(d["token"]), int(d["updated_ms"]),
@@ -281,16 +281,16 @@ class AuditRequest:
     full: bool = False  # read every entry from every replica, not a sample
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {"sequence": self.sequence, "full": self.full})
+        return dump_record(self.KIND, {"sequence": self.sequence, "full": self.full})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AuditRequest:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(int(d["sequence"]), bool(d.get("full", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequestError(f"audit request: malformed ({exc!r})") from None
 
 
-UNDERREPLICATED_CODEC = _Codec(UnderReplicated)
-DECOMMISSION_CODEC = _Codec(Decommission)
+UNDERREPLICATED_CODEC = RecordCodec(UnderReplicated)
+DECOMMISSION_CODEC = RecordCodec(Decommission)

@@ -52,7 +52,8 @@ def cookie_key(bookie_id: str) -> str:
     return f"{COOKIES_PREFIX}{bookie_id}"
 
 
-def _load(data: bytes, kind: str) -> dict[str, Any]:
+def load_record(data: bytes, kind: str) -> dict[str, Any]:
+    """The JSON body of a record of ``kind`` (``BadRequestError`` if it is not one, or is newer)."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -70,7 +71,8 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _dump(kind: str, body: dict[str, Any]) -> bytes:
+def dump_record(kind: str, body: dict[str, Any]) -> bytes:
+    """A record of ``kind``: ``body`` as JSON with its kind and format version."""
     return json.dumps({"kind": kind, "format": FORMAT_VERSION, **body}, sort_keys=True).encode()
 
 
@@ -155,7 +157,7 @@ class LedgerMetadata:
 
     # --- codec ---------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "ledger_id": self.ledger_id,
@@ -177,7 +179,7 @@ class LedgerMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LedgerMetadata:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 ledger_id=LedgerId(d["ledger_id"]),
@@ -246,7 +248,7 @@ class BookieRegistration:
         return self.mode is BookieMode.READ_WRITE
 
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "bookie_id": self.bookie_id,
@@ -265,7 +267,7 @@ class BookieRegistration:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BookieRegistration:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 bookie_id=BookieId(d["bookie_id"]),
@@ -296,7 +298,7 @@ class Cookie:
     ledger_dirs: tuple[str, ...]
 
     def to_bytes(self) -> bytes:
-        return _dump(
+        return dump_record(
             self.KIND,
             {
                 "bookie_id": self.bookie_id,
@@ -308,7 +310,7 @@ class Cookie:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Cookie:
-        d = _load(data, cls.KIND)
+        d = load_record(data, cls.KIND)
         try:
             return cls(
                 bookie_id=BookieId(d["bookie_id"]),
@@ -320,7 +322,7 @@ class Cookie:
             raise BadRequestError(f"cookie: malformed ({exc!r})") from None
 
 
-class _Codec:
+class RecordCodec:
     """Adapts a record class with to_bytes/from_bytes to ``update_metadata``'s Codec."""
 
     def __init__(self, cls: Any) -> None:
@@ -334,6 +336,11 @@ class _Codec:
         return self._cls.from_bytes(data)
 
 
-LEDGER_CODEC = _Codec(LedgerMetadata)
-BOOKIE_CODEC = _Codec(BookieRegistration)
-COOKIE_CODEC = _Codec(Cookie)
+# The names these had before they were public, for code written against them meanwhile.
+_Codec = RecordCodec
+_dump = dump_record
+_load = load_record
+
+LEDGER_CODEC = RecordCodec(LedgerMetadata)
+BOOKIE_CODEC = RecordCodec(BookieRegistration)
+COOKIE_CODEC = RecordCodec(Cookie)

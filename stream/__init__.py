@@ -8,7 +8,10 @@
     async for rec in r: rec.position, rec.payload, rec.headers, rec.publish_time_ms
 
 The rules live in I/O-free modules (``position``, ``record_set``, ``settings``,
-``segments``); ``namespace``, ``writer`` and ``reader`` are the asyncio shells.
+``segments``, ``writer_core``); ``namespace``, ``writer``, ``reader`` and
+``retention`` are the asyncio shells. ``scriba.stream.sync.SyncNamespace`` is the
+blocking API (on a ``SyncClient``); ``scriba.stream.shell`` holds the
+``scriba shell stream-*`` verbs.
 """
 
 from scriba.stream.ledgers import Record

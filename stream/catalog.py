@@ -14,20 +14,24 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from scriba.clock import Clock
-from scriba.errors import NoSuchKeyError, StreamNotFoundError
+from scriba.errors import NamespaceNotFoundError, NoSuchKeyError, StreamNotFoundError
 from scriba.errors import TimeoutError as DeadlineError
 from scriba.meta.store import MetadataStore, Versioned
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream.position import Position
 from scriba.stream.segments import (
     CURSOR_CODEC,
+    NAMESPACE_CODEC,
     STREAM_CODEC,
     CursorRecord,
+    NamespaceRecord,
     StreamRecord,
     cursor_key,
     cursors_prefix,
+    namespace_key,
     stream_key,
 )
+from scriba.stream.settings import StreamSettings, effective_settings
 
 T = TypeVar("T")
 
@@ -58,6 +62,18 @@ class Catalog:
             return await self.call(read_record(self.store, stream_key(self.namespace, name), STREAM_CODEC))
         except NoSuchKeyError:
             raise StreamNotFoundError(f"stream {self.namespace}/{name} does not exist") from None
+
+    async def read_namespace(self) -> NamespaceRecord:
+        try:
+            found = await self.call(read_record(self.store, namespace_key(self.namespace), NAMESPACE_CODEC))
+        except NoSuchKeyError:
+            raise NamespaceNotFoundError(f"namespace {self.namespace} does not exist") from None
+        value: NamespaceRecord = found.value
+        return value
+
+    async def settings_of(self, record: StreamRecord) -> StreamSettings:
+        """A stream's effective settings now: the namespace's, then the stream's overrides."""
+        return effective_settings((await self.read_namespace()).settings, record.settings)
 
     async def update_stream(
         self,

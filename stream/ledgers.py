@@ -7,7 +7,7 @@ Uses only the public client API (``Client.create_ledger``, ``open_ledger``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from scriba.client import Client, LedgerReader, LedgerWriter
 from scriba.entry import Entry
@@ -21,9 +21,8 @@ from scriba.stream.settings import StreamSettings
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record as a reader sees it."""
+class Record(NamedTuple):
+    """One record as a reader sees it (a named tuple: a catching-up reader makes many)."""
 
     position: Position
     payload: bytes
@@ -65,13 +64,26 @@ async def recover_segment(client: Client, segment: Segment, password: bytes) -> 
     raise NoSuchLedgerError(f"ledger {segment.ledger_id}: last entry {last} not readable")
 
 
+async def peek_segment(client: Client, segment: Segment, password: bytes) -> SegmentSummary:
+    """An OPEN segment's summary so far (to its last add confirmed), without fencing its writer."""
+    reader = await client.open_ledger(segment.ledger_id, password, recovery=False)
+    try:
+        lac = int(await reader.read_last_add_confirmed())
+        if lac < 0:
+            return SegmentSummary()
+        return summary_of_last_entry(await read_entry(reader, lac))
+    finally:
+        await reader.close()
+
+
 def records_of(segment_seq: int, entry: Entry, first_slot: int = 0) -> list[Record]:
     """The records of one entry (a record set), from ``first_slot`` on."""
     header, items = record_set.decode(entry.payload)
     entry_id = int(entry.entry_id)
     publish = header.publish_time_ms
+    new = tuple.__new__  # Record and Position without their constructors' checks: the parts are ours
     return [
-        Record(Position(segment_seq, entry_id, slot), payload, headers, publish)
+        new(Record, (new(Position, (segment_seq, entry_id, slot)), payload, headers, publish))
         for slot, (payload, headers) in enumerate(items)
         if slot >= first_slot
     ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -38,27 +38,27 @@ from scriba.log import get_logger
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import delete_ledgers, read_entry, recover_segment
+from scriba.stream.ledgers import Record, delete_ledgers, peek_segment, read_entry, recover_segment
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
+from scriba.stream.retention import apply_retention, truncate_stream
 from scriba.stream.segments import (
     NAMESPACE_CODEC,
     STREAMS_PREFIX,
     CursorRecord,
     NamespaceRecord,
+    Segment,
+    SegmentSummary,
     StreamRecord,
     StreamState,
     advance_cursor,
     check_active,
     cursor_key,
-    finish_deletes,
     namespace_from_token,
     namespace_key,
     open_segments,
-    retention_point,
     stream_key,
     streams_prefix,
-    truncate,
 )
 from scriba.stream.settings import (
     StreamSettings,
@@ -165,12 +165,8 @@ class Namespace:
         return await self._settings_of(record)
 
     async def _settings_of(self, record: StreamRecord) -> StreamSettings:
-        try:
-            ns = await self.catalog.call(read_record(self.client.store, namespace_key(self.name), NAMESPACE_CODEC))
-        except NoSuchKeyError:
-            raise NamespaceNotFoundError(f"namespace {self.name} was deleted") from None
-        self.record = ns.value
-        return effective_settings(ns.value.settings, record.settings)
+        self.record = await self.catalog.read_namespace()
+        return effective_settings(self.record.settings, record.settings)
 
     async def info(self, name: str) -> StreamInfo:
         record = (await self.catalog.read_stream(check_name(name))).value
@@ -209,6 +205,27 @@ class Namespace:
         return StreamReader(self.client, self.catalog, name, record, position, self._password,
                             options or ReaderOptions())
 
+    async def read_range(
+        self, name: str, start: Start = "earliest", *, until: Position | None = None, count: int | None = None,
+        options: ReaderOptions | None = None,
+    ) -> AsyncIterator[Record]:
+        """The records from ``start`` up to ``until`` (inclusive; default: the last record
+        confirmed now), at most ``count`` of them; it ends there instead of tailing."""
+        last = until if until is not None else await self.last_position(name)
+        record = (await self.catalog.read_stream(check_name(name))).value
+        check_active(record)
+        position = await self._resolve_start(record, start)
+        if last is None or position > last or (count is not None and count <= 0):
+            return
+        seen = 0
+        async with StreamReader(self.client, self.catalog, name, record, position, self._password,
+                                options or ReaderOptions()) as reader:
+            async for found in reader:
+                yield found
+                seen += 1
+                if found.position >= last or (count is not None and seen >= count):
+                    return
+
     async def _resolve_start(self, record: StreamRecord, start: Start) -> Position:
         if isinstance(start, datetime.datetime):
             start = int(start.timestamp() * 1000)
@@ -228,6 +245,25 @@ class Namespace:
         if position > end:
             raise PositionOutOfRangeError(f"stream {record.name}: position {position} is beyond the end {end}")
         return position
+
+    async def end_position(self, name: str) -> Position:
+        """The position right after the last confirmed record (where ``"latest"`` starts)."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        return await self._end(record)
+
+    async def last_position(self, name: str) -> Position | None:
+        """The position of the last confirmed record (None: the stream holds none)."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        for segment in reversed(record.segments):
+            summary = (await peek_segment(self.client, segment, self._password)) if segment.is_open \
+                else segment.summary
+            if summary.record_count:
+                return Position(segment.seq, summary.last_entry_id, summary.last_slot)
+        return None
+
+    async def segment_summary(self, segment: Segment) -> SegmentSummary:
+        """A segment's summary: the recorded one, or an OPEN segment's so far (not fencing it)."""
+        return await peek_segment(self.client, segment, self._password) if segment.is_open else segment.summary
 
     async def _end(self, record: StreamRecord) -> Position:
         """The position right after the last confirmed record."""
@@ -306,34 +342,11 @@ class Namespace:
 
         Returns the ledgers deleted (with any a crashed earlier truncation left).
         """
-        check_name(stream)
-        point = Position.parse(before)
-        record = await self.catalog.update_stream(
-            stream, lambda r: truncate(r, point)[0] != r, lambda r: truncate(r, point)[0]
-        )
-        return await self._finish_deletes(stream, record)
-
-    async def _finish_deletes(self, stream: str, record: StreamRecord) -> tuple[int, ...]:
-        if not record.deleting:
-            return ()
-        done = await delete_ledgers(self.client, record.deleting)
-        await self.catalog.update_stream(stream, lambda r: bool(set(r.deleting) & set(done)),
-                                         lambda r: finish_deletes(r, done))
-        log.info("stream_truncated", stream=f"{self.name}/{stream}", truncated_before=str(record.truncated_before),
-                 ledgers=len(done))
-        return tuple(done)
+        return await truncate_stream(self.client, self.catalog, check_name(stream), Position.parse(before))
 
     async def apply_retention(self, stream: str) -> Position | None:
         """Truncate as the retention settings say now; returns the new truncation point, if any."""
-        record = (await self.catalog.read_stream(check_name(stream))).value
-        settings = await self._settings_of(record)
-        cursors = list((await self.catalog.cursors(stream)).values()) if settings.retain_unconsumed else []
-        point = retention_point(record, settings, self.catalog.now_ms(), cursors)
-        if point is None:
-            await self._finish_deletes(stream, record)
-            return None
-        await self.truncate(stream, point)
-        return point
+        return await apply_retention(self.client, self.catalog, check_name(stream))
 
     async def delete_stream(self, stream: str) -> None:
         """Mark it DELETING (readers and writers' CAS stop), fence a live writer by recovering

@@ -68,6 +68,7 @@ class StreamReader:
         self._position = start  # where the producer continues
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, options.read_ahead_entries))
         self._chunk: deque[Record] = deque()
+        self._held: Any = None  # an error (or the end) taken from the queue by read_batch, not yet raised
         self._changed = asyncio.Event()
         self._done = False
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
@@ -86,7 +87,7 @@ class StreamReader:
         while not self._chunk:
             if self._done:
                 raise StopAsyncIteration
-            item = await self._queue.get()
+            item, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
             if isinstance(item, BaseException):
                 self._done = True
                 raise item
@@ -104,12 +105,29 @@ class StreamReader:
         except TimeoutError:
             return None
 
+    async def read_batch(self, records_max: int, timeout_s: float | None = None) -> list[Record]:
+        """Up to ``records_max`` records: waits (at most ``timeout_s``) for the first, then
+        takes only what is already read ahead. An error comes with the next call, after
+        the records before it."""
+        first = await self.read_next(timeout_s)
+        if first is None:
+            return []
+        batch = [first]
+        chunk = self._chunk
+        while len(batch) < records_max:
+            if not chunk:
+                if self._held is not None or self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+                if isinstance(item, BaseException) or item is _END:
+                    self._held = item
+                    break
+                chunk.extend(item)
+            batch.append(chunk.popleft())
+        return batch
+
     async def close(self) -> None:
-        for task in (self._task, self._watch_task):
-            task.cancel()
-        for task in (self._task, self._watch_task):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _stop(self._task, self._watch_task)
         self._done = True
 
     async def __aenter__(self) -> StreamReader:
@@ -219,11 +237,7 @@ class StreamReader:
             try:
                 done, _ = await asyncio.wait({tailer, closed}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (tailer, closed):
-                    task.cancel()
-                for task in (tailer, closed):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await _stop(tailer, closed)
             if tailer in done and tailer.exception() is None and reader.is_closed:
                 return  # the ledger is closed and everything in it was read
             if tailer in done and tailer.exception() is not None:
@@ -250,6 +264,21 @@ class StreamReader:
             if current is None or not current.is_open or record.state is not StreamState.ACTIVE:
                 return
             await self._wait_change()
+
+
+async def _stop(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait until they are done, without swallowing a cancellation of
+    the caller (awaiting each under ``suppress(CancelledError)`` would: a reader being
+    closed would then read on). Their errors are marked seen; the caller asks for them."""
+    for task in tasks:
+        task.cancel()
+        task.add_done_callback(_seen)
+    await asyncio.wait(tasks)
+
+
+def _seen(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _deleted(record: StreamRecord) -> StreamRecord:

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from scriba.errors import ConfigError, RecordSetCorruptError
 
@@ -85,24 +85,33 @@ def encoded_size(payload: bytes, headers: Mapping[str, bytes]) -> int:
 
 
 def encode(
-    records: Sequence[RecordInput], *, records_before: int, bytes_before: int, publish_time_ms: int
+    records: Sequence[tuple[Any, ...]], *, records_before: int, bytes_before: int, publish_time_ms: int
 ) -> bytes:
-    """One record set (see the module docstring). ``records`` must not be empty."""
+    """One record set (see the module docstring) of ``records``: tuples whose first two
+    items are a payload and its headers (a ``RecordInput``, or a writer's queue item
+    with more after them). ``records`` must not be empty."""
     if not records or len(records) > RECORDS_PER_SET_MAX:
         raise ConfigError(f"a record set holds 1..{RECORDS_PER_SET_MAX} records, got {len(records)}")
     parts: list[bytes] = [
         _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(records), records_before, bytes_before, publish_time_ms)
     ]
+    append = parts.append
     pack_record = _RECORD.pack
-    for payload, headers in records:
-        parts.append(pack_record(len(payload), len(headers)))
+    for item in records:
+        payload = item[0]
+        headers = item[1]
+        if not headers:
+            append(pack_record(len(payload), 0))
+            append(payload)
+            continue
+        append(pack_record(len(payload), len(headers)))
         for key, value in headers.items():
             raw_key = key.encode()
-            parts.append(_KEY.pack(len(raw_key)))
-            parts.append(raw_key)
-            parts.append(_VALUE.pack(len(value)))
-            parts.append(value)
-        parts.append(payload)
+            append(_KEY.pack(len(raw_key)))
+            append(raw_key)
+            append(_VALUE.pack(len(value)))
+            append(value)
+        append(payload)
     return b"".join(parts)
 
 

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from scriba.errors import (
     BadRequestError,
@@ -49,7 +49,7 @@ from scriba.errors import (
     WriterFencedError,
 )
 from scriba.invariant import invariant
-from scriba.meta.records import _Codec, _dump, _load
+from scriba.meta.records import RecordCodec, dump_record, load_record
 from scriba.stream.position import ZERO, Position
 from scriba.stream.settings import StreamSettings
 
@@ -92,6 +92,18 @@ def lock_name(namespace: str, stream: str) -> str:
 
 
 # --- records ------------------------------------------------------------------------
+R = TypeVar("R")
+
+
+def _decode(data: bytes, kind: str, build: Callable[[dict[str, Any]], R]) -> R:
+    """A record of ``kind`` from its JSON body; a missing or mistyped field is ``BadRequestError``."""
+    doc = load_record(data, kind)
+    try:
+        return build(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadRequestError(f"{kind} record: malformed ({exc!r})") from None
+
+
 class SegmentState(enum.Enum):
     OPEN = "open"
     CLOSED = "closed"
@@ -205,7 +217,7 @@ class StreamRecord:
         return sum(s.summary.size_bytes for s in self.segments if not s.is_open)
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {
+        return dump_record(self.KIND, {
             "name": self.name, "settings": dict(self.settings), "ctime_ms": self.ctime_ms,
             "state": self.state.value, "writer_epoch": self.writer_epoch, "next_seq": self.next_seq,
             "segments": [s.to_list() for s in self.segments],
@@ -214,18 +226,14 @@ class StreamRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> StreamRecord:
-        doc = _load(data, cls.KIND)
-        try:
-            return cls(
-                name=str(doc["name"]), settings=dict(doc.get("settings", {})),
-                ctime_ms=int(doc.get("ctime_ms", 0)), state=StreamState(doc.get("state", "active")),
-                writer_epoch=int(doc.get("writer_epoch", 0)), next_seq=int(doc.get("next_seq", 0)),
-                segments=tuple(Segment.from_list(r) for r in doc.get("segments", [])),
-                truncated_before=Position.parse(doc.get("truncated_before", "0:0:0")),
-                deleting=tuple(int(x) for x in doc.get("deleting", [])),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequestError(f"stream record: malformed ({exc!r})") from None
+        return _decode(data, cls.KIND, lambda doc: cls(
+            name=str(doc["name"]), settings=dict(doc.get("settings", {})),
+            ctime_ms=int(doc.get("ctime_ms", 0)), state=StreamState(doc.get("state", "active")),
+            writer_epoch=int(doc.get("writer_epoch", 0)), next_seq=int(doc.get("next_seq", 0)),
+            segments=tuple(Segment.from_list(r) for r in doc.get("segments", [])),
+            truncated_before=Position.parse(doc.get("truncated_before", "0:0:0")),
+            deleting=tuple(int(x) for x in doc.get("deleting", [])),
+        ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,15 +247,13 @@ class NamespaceRecord:
     ctime_ms: int = 0
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {"name": self.name, "settings": dict(self.settings), "ctime_ms": self.ctime_ms})
+        return dump_record(self.KIND, {"name": self.name, "settings": dict(self.settings), "ctime_ms": self.ctime_ms})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> NamespaceRecord:
-        doc = _load(data, cls.KIND)
-        try:
-            return cls(str(doc["name"]), dict(doc.get("settings", {})), int(doc.get("ctime_ms", 0)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequestError(f"namespace record: malformed ({exc!r})") from None
+        return _decode(data, cls.KIND, lambda doc: cls(
+            str(doc["name"]), dict(doc.get("settings", {})), int(doc.get("ctime_ms", 0))
+        ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,20 +267,18 @@ class CursorRecord:
     updated_ms: int = 0
 
     def to_bytes(self) -> bytes:
-        return _dump(self.KIND, {"name": self.name, "position": str(self.position), "updated_ms": self.updated_ms})
+        return dump_record(self.KIND, {"name": self.name, "position": str(self.position), "updated_ms": self.updated_ms})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> CursorRecord:
-        doc = _load(data, cls.KIND)
-        try:
-            return cls(str(doc["name"]), Position.parse(doc["position"]), int(doc.get("updated_ms", 0)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequestError(f"cursor record: malformed ({exc!r})") from None
+        return _decode(data, cls.KIND, lambda doc: cls(
+            str(doc["name"]), Position.parse(doc["position"]), int(doc.get("updated_ms", 0))
+        ))
 
 
-STREAM_CODEC: Final = _Codec(StreamRecord)
-NAMESPACE_CODEC: Final = _Codec(NamespaceRecord)
-CURSOR_CODEC: Final = _Codec(CursorRecord)
+STREAM_CODEC: Final = RecordCodec(StreamRecord)
+NAMESPACE_CODEC: Final = RecordCodec(NamespaceRecord)
+CURSOR_CODEC: Final = RecordCodec(CursorRecord)
 
 
 # --- writer rules -------------------------------------------------------------------

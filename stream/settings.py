@@ -82,6 +82,7 @@ class StreamSettings:
     retention_age_s_max: float | None = None
     retention_bytes_max: int | None = None
     retain_unconsumed: bool = False
+    retention_interval_s: float | None = None  # a writer applies retention this often (None: never)
 
     def validate(self) -> StreamSettings:
         require(
@@ -94,7 +95,7 @@ class StreamSettings:
         for name in ("segment_bytes_max", "segment_records_max", "retention_bytes_max"):
             value = getattr(self, name)
             require(value is None or (type(value) is int and value >= 1), name, "an int >= 1, or None")
-        for name in ("segment_age_s_max", "retention_age_s_max"):
+        for name in ("segment_age_s_max", "retention_age_s_max", "retention_interval_s"):
             value = getattr(self, name)
             require(value is None or (isinstance(value, int | float) and value > 0), name, "> 0, or None")
         require(

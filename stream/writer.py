@@ -1,9 +1,12 @@
 """``StreamWriter``: the single writer of a stream (from ``Namespace.open_writer``).
 
-Opening (:func:`open_stream_writer`) follows :mod:`scriba.stream.segments`: take
-the writer lock (an :class:`~scriba.meta.election.Election`; its token fences),
-record the token in the stream record, recover and close every OPEN segment, then
-start a new segment.
+The rules are :class:`~scriba.stream.writer_core.WriterCore`'s and the steps of
+:func:`~scriba.stream.writer_core.open_steps`; this module carries them out over the
+ledger client, the metadata store and the event loop.
+
+Opening (:func:`open_stream_writer`): take the writer lock (an
+:class:`~scriba.meta.election.Election`; its token fences), record the token in the
+stream record, recover and close every OPEN segment, then start a new segment.
 
 Appends: ``append_async`` queues a record and returns a future; the records queued
 in one event-loop turn (or given to ``append_many``) are packed into one record set,
@@ -12,13 +15,15 @@ up to ``record_set_bytes_max``, and sent as one ledger entry. At most
 ``records_waiting_max``). Futures resolve in order with each record's
 :class:`~scriba.stream.position.Position`.
 
-Rolling: once the current segment passes a limit (checked after each set, so a
-segment overshoots by at most one set), nothing more is sent to it; appends are
-still accepted and wait. A new ledger is created and added to the stream record
-(CAS, fenced by the token); once the old ledger's sets are all confirmed (so a
-failure there can never leave later records in the stream without earlier ones)
-the writer switches to the new segment and sends what waited, and the old ledger
-is closed and its segment marked CLOSED in the background. Rolls run one at a time.
+Rolling: once the current segment passes a limit, nothing more is sent to it;
+appends are still accepted and wait. A new ledger is created and added to the stream
+record (CAS, fenced by the token); once the old ledger's sets are all confirmed the
+writer switches to the new segment and sends what waited, and the old ledger is
+closed and its segment marked CLOSED in the background.
+
+Retention: with ``retention_interval_s`` set, the writer applies the stream's retention
+settings that often (``stream.retention``) until it closes; a failed pass is logged
+and the next one tries again.
 
 Failure: a failed set fails its records and every later one; the writer is then
 unusable (``StreamWriterClosedError`` naming the cause) and releases its lock. A
@@ -30,52 +35,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
-import time
 import uuid
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from scriba.client import Client, LedgerWriter
 from scriba.errors import (
-    ConfigError,
-    LedgerClosedError,
-    LedgerFencedError,
     NoSuchKeyError,
-    RecordTooLargeError,
     ScribaError,
-    StreamNotFoundError,
     StreamWriterClosedError,
-    TooManyRequestsError,
-    WriterFencedError,
     WriterLockedError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
-from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
 from scriba.stream.ledgers import create_segment_ledger, delete_ledgers, recover_segment
-from scriba.stream.position import Position
-from scriba.stream.segments import (
-    SegmentStats,
-    SegmentSummary,
-    StreamRecord,
-    add_segment,
-    close_segment,
-    fence,
-    finish_deletes,
-    last_publish_ms,
-    lock_name,
-    next_publish_ms,
-    open_segments,
-    roll_due,
-    segment_closed,
-)
+from scriba.stream.position import Position, trusted
+from scriba.stream.retention import apply_retention
+from scriba.stream.segments import close_segment, last_publish_ms, lock_name, segment_closed
 from scriba.stream.settings import StreamSettings
+from scriba.stream.writer_core import (
+    AbandonSegment,
+    CloseSegment,
+    ConfirmRecords,
+    CreateLedger,
+    DeleteLedgers,
+    DiscardLedger,
+    Effect,
+    FailRecords,
+    RecoverSegment,
+    SendSet,
+    StartRoll,
+    Step,
+    Steps,
+    UpdateStream,
+    WriterCore,
+    WriterFailed,
+    add_segment_steps,
+    as_stream_error,
+    open_steps,
+)
 
 log = get_logger(__name__)
 
@@ -87,18 +91,35 @@ class WriterOptions:
     records_waiting_max: int = 100_000
 
 
-@dataclass(slots=True)
-class _Segment:
-    """The writer's view of the segment it writes."""
+class _Group:
+    """The records of one ``append_many``: one future for all their positions (records
+    are confirmed in order, so positions arrive in order)."""
 
-    seq: int
-    ledger: LedgerWriter
-    started: float
-    records: int = 0
-    size_bytes: int = 0
-    entries: int = 0
-    last_slot: int = -1
-    inflight: int = 0
+    __slots__ = ("count", "future", "positions")
+
+    def __init__(self, future: asyncio.Future[list[Position]], count: int) -> None:
+        self.future = future
+        self.count = count
+        self.positions: list[Position] = []
+
+    def confirm(self, positions: list[Position]) -> None:
+        self.positions += positions
+        if len(self.positions) >= self.count and not self.future.done():
+            self.future.set_result(self.positions)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+Handle = asyncio.Future[Position] | _Group
+"""What the core carries for each record: its ``append_async`` future, or its ``append_many`` group."""
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (its caller gave up on it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class StreamWriter:
@@ -116,31 +137,29 @@ class StreamWriter:
         publish_ms: int,
         options: WriterOptions,
     ) -> None:
-        self._client = client
-        self._catalog = catalog
         self.name = name
         self.settings = settings
-        self._password = password
+        self._catalog = catalog
+        self._steps = _StepRunner(client, catalog, name, settings, password)
         self._election = election
         self._leadership = leadership
-        self._options = options
         self._loop = asyncio.get_running_loop()
-        self._segment = _Segment(seq, ledger, time.monotonic())
-        self._publish_ms = publish_ms
-        self._waiting: deque[tuple[bytes, Mapping[str, bytes], int, asyncio.Future[Position]]] = deque()
+        self._core: WriterCore[Handle] = WriterCore(
+            name, settings, catalog.clock, segment_seq=seq, publish_ms=publish_ms,
+            sets_inflight_max=options.sets_inflight_max, records_waiting_max=options.records_waiting_max,
+        )
+        self._ledgers: dict[int, LedgerWriter] = {seq: ledger}  # by segment seq
         self._flush_scheduled = False
-        self._error: ScribaError | None = None
-        self._fails_inflight = True
         self._closing = False
         self._closed = False
-        self._switching = False  # a roll waits for the old segment's sets: do not send
-        self._roll_task: asyncio.Task[None] | None = None  # the roll that has not switched yet
-        self._rolls_running = 0
-        self._roll_lock = asyncio.Lock()
         self._progress = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._log = log.bind(stream=f"{catalog.namespace}/{name}", token=leadership.token)
         self._spawn(self._watch_lock())
+        self.retention_passes = 0  # retention passes this writer ran
+        self._retention: asyncio.Task[None] | None = None
+        if settings.retention_interval_s is not None:
+            self._retention = self._spawn(self._retain(client, settings.retention_interval_s))
 
     # --- views ---------------------------------------------------------------------
     @property
@@ -150,35 +169,24 @@ class StreamWriter:
 
     @property
     def segment_seq(self) -> int:
-        return self._segment.seq
+        return self._core.segment_seq
 
     @property
     def error(self) -> ScribaError | None:
-        return self._error
+        return self._core.error
 
     @property
     def pending(self) -> int:
-        return len(self._waiting) + self._segment.inflight
+        return self._core.waiting + self._core.sets_inflight
 
     # --- appends -------------------------------------------------------------------
     def append_async(self, payload: bytes, headers: Mapping[str, bytes] | None = None) -> asyncio.Future[Position]:
         """Queue one record; the future resolves to its position once confirmed."""
-        self._check_usable()
-        if not isinstance(payload, bytes):
-            if isinstance(payload, bytearray | memoryview):
-                payload = bytes(payload)
-            else:
-                raise ConfigError(f"record payload must be bytes, got {type(payload).__name__}")
-        checked = record_set.check_headers(headers)
-        size = record_set.encoded_size(payload, checked)
-        if size > self.settings.record_bytes_max:
-            raise RecordTooLargeError(
-                f"record of {size} bytes (with headers) exceeds record_bytes_max {self.settings.record_bytes_max}"
-            )
-        if len(self._waiting) >= self._options.records_waiting_max:
-            raise TooManyRequestsError(f"{len(self._waiting)} records waiting (records_waiting_max)")
+        core = self._core
+        core.check_usable()
+        record = core.check_record(payload, headers)
         future: asyncio.Future[Position] = self._loop.create_future()
-        self._waiting.append((payload, checked, size, future))
+        core.append(record, future)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -196,194 +204,151 @@ class StreamWriter:
 
         Every record is checked before any is queued: a bad one queues nothing.
         """
-        items = [r if isinstance(r, tuple) else (r, None) for r in records]
-        self._check_usable()
-        for payload, headers in items:
-            if not isinstance(payload, bytes | bytearray | memoryview):
-                raise ConfigError(f"record payload must be bytes, got {type(payload).__name__}")
-            size = record_set.encoded_size(bytes(payload), record_set.check_headers(headers))
-            if size > self.settings.record_bytes_max:
-                raise RecordTooLargeError(
-                    f"record of {size} bytes exceeds record_bytes_max {self.settings.record_bytes_max}"
-                )
-        await self._wait_room(len(items))
-        futures = [self.append_async(p, h) for p, h in items]
-        return list(await asyncio.gather(*futures))
+        core = self._core
+        core.check_usable()
+        checked = core.check_records(records)
+        group = _Group(self._loop.create_future(), len(checked))
+        if not checked:
+            return []
+        try:
+            queued = core.append_all(checked, group)
+            while queued < len(checked):  # more than may wait: queue the rest as room frees
+                self._schedule_flush()
+                await self._wait_room(1)
+                queued += core.append_all(checked[queued:], group)
+        except BaseException as exc:  # refused part-way: the records queued go on, unobserved
+            group.future.add_done_callback(_retrieve)
+            group.fail(exc if isinstance(exc, ScribaError) else StreamWriterClosedError(repr(exc)))
+            raise
+        finally:
+            self._schedule_flush()
+        return await group.future
 
     async def _wait_room(self, n: int) -> None:
-        limit = max(self._options.records_waiting_max - n, 0)
-        while len(self._waiting) > limit and self._error is None:
+        core = self._core
+        while core.room() < n and core.error is None and core.waiting:
             self._progress.clear()
             await self._progress.wait()
 
-    def _check_usable(self) -> None:
-        if self._error is not None:
-            raise self._error if isinstance(self._error, WriterFencedError) else StreamWriterClosedError(
-                f"stream writer {self.name} failed: {self._error}"
-            )
-        if self._closing or self._closed:
-            raise StreamWriterClosedError(f"stream writer {self.name}: close() was called")
-
-    # --- sending -------------------------------------------------------------------
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        waiting = self._waiting
-        limit = self.settings.record_set_bytes_max
-        while waiting and self._error is None and not self._switching:
-            segment = self._segment
-            if segment.inflight >= self._options.sets_inflight_max:
-                return
-            batch = [waiting.popleft()]
-            total = record_set.HEADER_BYTES + batch[0][2]
-            while waiting and total + waiting[0][2] <= limit:
-                item = waiting.popleft()
-                total += item[2]
-                batch.append(item)
-            self._send(segment, batch)
-            if self._roll_task is None and self._error is None:
-                stats = SegmentStats(segment.records, segment.size_bytes, time.monotonic() - segment.started)
-                reason = roll_due(self.settings, stats)
-                if reason is not None:  # nothing more goes to this segment
-                    self._switching = True
-                    self._roll_task = self._spawn(self._roll(reason))
-        self._progress.set()
-
-    def _send(self, segment: _Segment, batch: list[tuple[bytes, Mapping[str, bytes], int, asyncio.Future[Position]]]) -> None:
-        publish_ms = next_publish_ms(self._publish_ms, self._catalog.now_ms())
-        self._publish_ms = publish_ms
-        data = record_set.encode(
-            [(p, h) for p, h, _, _ in batch], records_before=segment.records,
-            bytes_before=segment.size_bytes, publish_time_ms=publish_ms,
-        )
-        futures = [f for _, _, _, f in batch]
-        try:
-            sent = segment.ledger.append_async(data)
-        except ScribaError as exc:
-            self._fail(self._as_stream_error(exc))
-            self._fail_futures(futures)
-            return
-        segment.records += len(batch)
-        segment.size_bytes += len(data)
-        segment.entries += 1
-        segment.last_slot = len(batch) - 1
-        segment.inflight += 1
-        sent.add_done_callback(lambda done: self._on_sent(segment, futures, done))
-
-    def _on_sent(self, segment: _Segment, futures: list[asyncio.Future[Position]], done: asyncio.Future[int]) -> None:
-        segment.inflight -= 1
-        if done.cancelled():
-            self._fail(StreamWriterClosedError(f"stream writer {self.name}: append cancelled"))
-        elif done.exception() is not None:
-            self._fail(self._as_stream_error(done.exception()))  # type: ignore[arg-type]
-        elif self._leadership.lost.is_set():
-            self._fail(WriterFencedError(f"stream {self.name}: writer lock lost ({self._leadership.reason})"))
-        if self._error is not None and (self._fails_inflight or done.exception() is not None or done.cancelled()):
-            self._fail_futures(futures)
-        else:
-            entry_id = done.result()
-            seq = segment.seq
-            for slot, future in enumerate(futures):
-                if not future.done():
-                    future.set_result(Position(seq, entry_id, slot))
-        self._progress.set()
-        if self._waiting and not self._flush_scheduled:
+    # --- carrying out the core's effects -------------------------------------------------
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._core.waiting:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def _fail_futures(self, futures: Iterable[asyncio.Future[Position]]) -> None:
-        error = self._error or StreamWriterClosedError("stream writer failed")
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
-
-    def _as_stream_error(self, exc: BaseException) -> ScribaError:
-        if isinstance(exc, LedgerFencedError | LedgerClosedError):
-            return WriterFencedError(f"stream {self.name}: a newer writer recovered the segment ({exc})")
-        if isinstance(exc, ScribaError):
-            return exc
-        return StreamWriterClosedError(f"stream {self.name}: {type(exc).__name__}: {exc}")
-
-    def _fail(self, error: ScribaError, *, inflight: bool = True) -> None:
-        """Fail the waiting records and all later ones; with ``inflight`` also the sets sent.
-
-        A roll that failed leaves the sets already sent to finish as the bookies say
-        (they precede everything failed); a fenced or lock-less writer confirms nothing more.
-        """
-        if self._error is not None:
-            return
-        self._error = error
-        self._fails_inflight = inflight
-        self._log.warning("stream_writer_failed", error=str(error))
-        while self._waiting:
-            *_, future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._execute(self._core.flush())
         self._progress.set()
-        if not self._closing:
-            self._spawn(self._release())
+
+    def _execute(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            kind = type(effect)
+            if kind is SendSet:
+                self._send(effect)  # type: ignore[arg-type]
+            elif kind is ConfirmRecords:
+                self._confirm(effect)  # type: ignore[arg-type]
+            elif kind is FailRecords:
+                error = effect.error  # type: ignore[union-attr]
+                for handle in effect.handles:  # type: ignore[union-attr]
+                    if type(handle) is _Group:
+                        handle.fail(error)
+                    elif not handle.done():
+                        handle.set_exception(error)
+            elif kind is StartRoll:
+                self._spawn(self._roll(effect))  # type: ignore[arg-type]
+            elif kind is CloseSegment:
+                self._spawn(self._finish_roll(effect))  # type: ignore[arg-type]
+                self._schedule_flush()
+            elif kind is AbandonSegment:
+                abandoned = self._ledgers.pop(effect.segment_seq, None)  # type: ignore[union-attr]
+                if abandoned is not None:
+                    self._spawn(abandoned.abort())
+            elif kind is WriterFailed:
+                self._log.warning("stream_writer_failed", error=str(effect.error))  # type: ignore[union-attr]
+                if not self._closing:
+                    self._spawn(self._release())
+            else:
+                invariant(False, f"unknown stream writer effect {effect!r}")
+
+    @staticmethod
+    def _confirm(effect: ConfirmRecords[Handle]) -> None:
+        seq, entry_id, handles = effect.segment_seq, effect.entry_id, effect.handles
+        first = handles[0]
+        if type(first) is _Group and first is handles[-1]:  # a set of one append_many's records
+            first.confirm([trusted(seq, entry_id, slot) for slot in range(len(handles))])
+            return
+        for slot, handle in enumerate(handles):
+            if type(handle) is _Group:
+                handle.confirm([trusted(seq, entry_id, slot)])
+            elif not handle.done():
+                handle.set_result(trusted(seq, entry_id, slot))
+
+    def _send(self, effect: SendSet) -> None:
+        try:
+            sent = self._ledgers[effect.segment_seq].append_async(effect.data)
+        except ScribaError as exc:
+            self._execute(self._core.on_set_failed(effect.set_id, as_stream_error(exc, self.name)))
+            return
+        sent.add_done_callback(functools.partial(self._on_sent, effect.set_id))
+
+    def _on_sent(self, set_id: int, done: asyncio.Future[int]) -> None:
+        core = self._core
+        if done.cancelled():
+            effects = core.on_set_failed(set_id, StreamWriterClosedError(f"stream writer {self.name}: append cancelled"))
+        elif done.exception() is not None:
+            effects = core.on_set_failed(set_id, as_stream_error(done.exception(), self.name))  # type: ignore[arg-type]
+        else:
+            effects = core.on_lock_lost(self._leadership.reason) if self._leadership.lost.is_set() else []
+            effects += core.on_set_confirmed(set_id, done.result())
+        self._execute(effects)
+        self._progress.set()
+        self._schedule_flush()
 
     # --- rolling -------------------------------------------------------------------
-    async def _roll(self, reason: str) -> None:
-        self._rolls_running += 1
+    async def _roll(self, start: StartRoll) -> None:
         try:
-            async with self._roll_lock:
-                await self._roll_locked(reason)
+            record, seq = await self._steps.run(add_segment_steps(self.token, self._catalog.now_ms))
+            self._ledgers[seq] = self._steps.take(record, seq)
+            effects = self._core.on_segment_added(seq)
         except ScribaError as exc:
-            self._fail(exc, inflight=isinstance(exc, WriterFencedError))
+            effects = self._core.on_roll_failed(exc)
         except Exception as exc:  # a bug or a closed client: fail loudly, through the writer
             self._log.exception("stream_roll_failed")
-            self._fail(StreamWriterClosedError(f"stream {self.name}: roll failed: {exc!r}"), inflight=False)
-        finally:
-            self._rolls_running -= 1
-            self._progress.set()
+            effects = self._core.on_roll_failed(StreamWriterClosedError(f"stream {self.name}: roll failed: {exc!r}"))
+        self._execute(effects)
+        self._progress.set()
 
-    async def _roll_locked(self, reason: str) -> None:
-        old = self._segment
-        token = self.token
-        new_ledger = await create_segment_ledger(
-            self._client, self.settings, self._password, namespace=self._catalog.namespace, stream=self.name
-        )
+    async def _finish_roll(self, effect: CloseSegment) -> None:
+        self._log.info("stream_segment_rolled", segment=effect.segment_seq, next_segment=self._core.segment_seq,
+                       records=effect.summary.record_count)
         try:
-            record = await self._catalog.update_stream(
-                self.name,
-                lambda r: all(s.ledger_id != new_ledger.ledger_id for s in r.segments),
-                lambda r: add_segment(r, token, new_ledger.ledger_id, self._catalog.now_ms()),
-            )
-        except BaseException as exc:
-            await _discard(self._client, new_ledger, exc)
-            raise
-        new_seq = next(s.seq for s in record.segments if s.ledger_id == new_ledger.ledger_id)
-        while old.inflight and self._error is None:
-            self._progress.clear()
-            await self._progress.wait()
-        if self._error is not None:
-            await new_ledger.abort()
-            return  # the new segment stays OPEN and empty: the next writer recovers it
-        self._segment = _Segment(new_seq, new_ledger, time.monotonic())
-        self._switching = False
-        self._roll_task = None
-        self._log.info("stream_segment_rolled", reason=reason, segment=old.seq, next_segment=new_seq,
-                       records=old.records)
-        self._flush()
-        await self._close_segment(old)
+            await self._close_segment(effect)
+            effects = self._core.on_segment_closed(effect.segment_seq)
+        except ScribaError as exc:
+            effects = self._core.on_roll_failed(exc)
+        except Exception as exc:
+            self._log.exception("stream_roll_failed")
+            effects = self._core.on_roll_failed(StreamWriterClosedError(f"stream {self.name}: roll failed: {exc!r}"))
+        self._execute(effects)
+        self._progress.set()
 
-    async def _close_segment(self, segment: _Segment) -> None:
-        invariant(segment.inflight == 0, f"closing segment {segment.seq} with sets in flight")
-        await segment.ledger.close()
+    async def _close_segment(self, effect: CloseSegment) -> None:
+        """Close the segment's ledger (at the summary's last entry) and mark the segment CLOSED."""
+        seq, summary = effect.segment_seq, effect.summary
+        ledger = self._ledgers[seq]
+        await ledger.close()
         invariant(
-            int(segment.ledger.last_add_confirmed) == segment.entries - 1,
-            f"segment {segment.seq}: LAC {segment.ledger.last_add_confirmed} != {segment.entries - 1} entries",
-        )
-        summary = SegmentSummary(
-            segment.entries - 1, segment.last_slot if segment.entries else -1,
-            segment.records, segment.size_bytes, self._publish_ms if segment.entries else 0,
+            int(ledger.last_add_confirmed) == summary.last_entry_id,
+            f"segment {seq}: LAC {ledger.last_add_confirmed} != last entry {summary.last_entry_id}",
         )
         token = self.token
         await self._catalog.update_stream(
             self.name,
-            lambda r: not segment_closed(r, segment.seq),
-            lambda r: close_segment(r, segment.seq, summary, self._catalog.now_ms(), token),
+            lambda r: not segment_closed(r, seq),
+            lambda r: close_segment(r, seq, summary, self._catalog.now_ms(), token),
         )
+        self._ledgers.pop(seq, None)
 
     # --- close ---------------------------------------------------------------------
     async def close(self) -> None:
@@ -391,31 +356,54 @@ class StreamWriter:
         if self._closed:
             return
         self._closing = True
+        core = self._core
+        core.begin_close()
         try:
-            while self._error is None and (self._waiting or self._segment.inflight or self._rolls_running):
+            while core.error is None and not core.idle:
                 self._progress.clear()
                 await self._progress.wait()
-            if self._error is not None:
-                raise self._error
-            await self._close_segment(self._segment)
-            self._log.info("stream_writer_closed", segment=self._segment.seq)
+            if core.error is not None:
+                raise core.error
+            effect = core.close()
+            await self._close_segment(effect)
+            self._log.info("stream_writer_closed", segment=effect.segment_seq)
         finally:
             self._closed = True
+            await self._stop_retention()
             await self._release()
 
     async def abort(self) -> None:
         """Stop at once without closing the segment (a crash, as the next writer sees it)."""
         self._closing = True
-        self._fail(StreamWriterClosedError(f"stream writer {self.name}: aborted"))
+        self._execute(self._core.abort())
         for task in list(self._tasks):
             task.cancel()
-        await self._segment.ledger.abort()
+        for ledger in [*self._ledgers.values(), *self._steps.created.values()]:
+            await ledger.abort()
         self._closed = True
         await self._release()
 
     async def _release(self) -> None:
         with contextlib.suppress(ScribaError, NoSuchKeyError):
             await self._election.resign()
+
+    async def _retain(self, client: Client, interval_s: float) -> None:
+        """Apply retention every ``interval_s`` while the writer writes."""
+        while not self._closing and self._core.error is None:
+            await asyncio.sleep(interval_s)  # the period, not a wait for a condition
+            try:
+                point = await apply_retention(client, self._catalog, self.name)
+            except ScribaError as exc:
+                self._log.warning("stream_retention_failed", error=str(exc))
+                continue
+            self.retention_passes += 1
+            if point is not None:
+                self._log.info("stream_retention_applied", truncated_before=str(point))
+
+    async def _stop_retention(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            await asyncio.wait({self._retention})  # a cancellation of close() itself still propagates
 
     async def __aenter__(self) -> StreamWriter:
         return self
@@ -430,13 +418,74 @@ class StreamWriter:
     async def _watch_lock(self) -> None:
         await self._leadership.lost.wait()
         if not self._closed and not self._closing:
-            self._fail(WriterFencedError(f"stream {self.name}: writer lock lost ({self._leadership.reason})"))
+            self._execute(self._core.on_lock_lost(self._leadership.reason))
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+class _StepRunner:
+    """Performs the opening and roll steps (``writer_core.Step``) over the client and the store."""
+
+    def __init__(self, client: Client, catalog: Catalog, name: str, settings: StreamSettings, password: bytes) -> None:
+        self._client = client
+        self._catalog = catalog
+        self._name = name
+        self._settings = settings
+        self._password = password
+        self.created: dict[int, LedgerWriter] = {}  # ledgers created, not yet taken or discarded
+
+    async def run(self, steps: Steps) -> Any:
+        """Drive ``steps`` to their return value; a step's error is thrown into them."""
+        result: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result, error = await self._perform(step), None
+            except BaseException as exc:  # thrown into the steps, which re-raise it
+                result, error = None, exc
+
+    def take(self, record: Any, seq: int) -> LedgerWriter:
+        """The created ledger of segment ``seq`` (now in the stream record)."""
+        segment = record.segment(seq)
+        invariant(segment is not None and segment.ledger_id in self.created, f"segment {seq}: no ledger created")
+        return self.created.pop(segment.ledger_id)
+
+    async def _perform(self, step: Step) -> Any:
+        name = self._name
+        catalog = self._catalog
+        if isinstance(step, UpdateStream):
+            return await catalog.update_stream(name, step.needs_update, step.transform)
+        if isinstance(step, RecoverSegment):
+            summary = await recover_segment(self._client, step.segment, self._password)
+            log.info("stream_segment_recovered", stream=f"{catalog.namespace}/{name}", segment=step.segment.seq,
+                     records=summary.record_count)
+            return summary
+        if isinstance(step, DeleteLedgers):
+            return await delete_ledgers(self._client, step.ledger_ids)
+        if isinstance(step, CreateLedger):
+            ledger = await create_segment_ledger(
+                self._client, self._settings, self._password, namespace=catalog.namespace, stream=name
+            )
+            self.created[int(ledger.ledger_id)] = ledger
+            return int(ledger.ledger_id)
+        if isinstance(step, DiscardLedger):
+            discarded = self.created.pop(step.ledger_id, None)
+            if discarded is not None:
+                await discarded.abort()
+            if step.delete:
+                with contextlib.suppress(ScribaError):
+                    await delete_ledgers(self._client, (step.ledger_id,))
+            return None
+        invariant(False, f"unknown stream writer step {step!r}")
+        return None
 
 
 # --- opening ----------------------------------------------------------------------------
@@ -449,17 +498,25 @@ async def _take_lock(election: Election, candidate: str, timeout_s: float) -> Le
         async with asyncio.timeout(timeout_s):
             return await election.campaign(candidate)
     except TimeoutError:
-        # A create that landed just before the deadline would hold the lock for nobody.
-        with contextlib.suppress(ScribaError):
-            leader = await election.leader()
-            if leader is not None and leader[0] == candidate:
-                record = await election.store.get(election.key)
-                await election.store.delete(election.key, expected_version=record.version)
+        await _drop_claim(election, candidate)
         holder = await election.leader()
         raise WriterLockedError(
             f"writer lock {election.name} held by {holder[0] if holder else 'someone'}; "
             f"not free within {timeout_s} s"
         ) from None
+    except asyncio.CancelledError:
+        await _drop_claim(election, candidate)
+        raise
+
+
+async def _drop_claim(election: Election, candidate: str) -> None:
+    """A campaign given up on: a claim whose create landed just before would hold the
+    lock for nobody until the session ends, so delete it if it is ours."""
+    with contextlib.suppress(ScribaError, NoSuchKeyError):
+        leader = await election.leader()
+        if leader is not None and leader[0] == candidate:
+            record = await election.store.get(election.key)
+            await election.store.delete(election.key, expected_version=record.version)
 
 
 async def open_stream_writer(
@@ -470,24 +527,14 @@ async def open_stream_writer(
     password: bytes,
     options: WriterOptions,
 ) -> StreamWriter:
-    """Lock, fence, recover every OPEN segment, start a new one (see the module docstring)."""
+    """Lock, fence, recover every OPEN segment, start a new one (``writer_core.open_steps``)."""
     election = Election(catalog.store, lock_name(catalog.namespace, name))
     leadership = await _take_lock(election, _candidate(), options.lock_timeout_s)
     token = leadership.token
+    steps = _StepRunner(client, catalog, name, settings, password)
     try:
-        record = await catalog.update_stream(name, lambda r: r.writer_epoch != token, lambda r: fence(r, token))
-        record = await _recover_open_segments(client, catalog, name, record, token, password)
-        ledger = await create_segment_ledger(client, settings, password, namespace=catalog.namespace, stream=name)
-        try:
-            record = await catalog.update_stream(
-                name,
-                lambda r: all(s.ledger_id != ledger.ledger_id for s in r.segments),
-                lambda r: add_segment(r, token, ledger.ledger_id, catalog.now_ms()),
-            )
-        except BaseException as exc:
-            await _discard(client, ledger, exc)
-            raise
-        seq = next(s.seq for s in record.segments if s.ledger_id == ledger.ledger_id)
+        record, seq = await steps.run(open_steps(token, catalog.now_ms))
+        ledger = steps.take(record, seq)
     except BaseException:
         with contextlib.suppress(ScribaError):
             await election.resign()
@@ -495,34 +542,3 @@ async def open_stream_writer(
     log.info("stream_writer_opened", stream=f"{catalog.namespace}/{name}", token=token, segment=seq)
     return StreamWriter(client, catalog, name, settings, password, election, leadership, ledger, seq,
                         last_publish_ms(record), options)
-
-
-async def _discard(client: Client, ledger: LedgerWriter, error: BaseException) -> None:
-    """A new segment's ledger whose CAS failed: delete it only if the CAS surely did not land.
-
-    After a timeout the record may hold it; deleting it then would cut the stream,
-    while keeping an unused ledger only leaks it.
-    """
-    await ledger.abort()
-    if isinstance(error, WriterFencedError | StreamNotFoundError):
-        with contextlib.suppress(ScribaError):
-            await delete_ledgers(client, (ledger.ledger_id,))
-
-
-async def _recover_open_segments(
-    client: Client, catalog: Catalog, name: str, record: StreamRecord, token: int, password: bytes
-) -> StreamRecord:
-    for segment in open_segments(record):
-        summary = await recover_segment(client, segment, password)
-        record = await catalog.update_stream(
-            name,
-            lambda r, seq=segment.seq: not segment_closed(r, seq),  # type: ignore[misc]
-            lambda r, seq=segment.seq, s=summary: close_segment(r, seq, s, catalog.now_ms(), token),  # type: ignore[misc]
-        )
-        log.info("stream_segment_recovered", stream=f"{catalog.namespace}/{name}", segment=segment.seq,
-                 records=summary.record_count)
-    if record.deleting:  # a truncation that crashed before deleting its ledgers
-        done = await delete_ledgers(client, record.deleting)
-        record = await catalog.update_stream(name, lambda r: bool(set(r.deleting) & set(done)),
-                                             lambda r: finish_deletes(r, done))
-    return record

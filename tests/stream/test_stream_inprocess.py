@@ -122,6 +122,11 @@ async def read_all(ns: Namespace, name: str, start: Any = "earliest") -> list[Re
     return out
 
 
+def _current_ledger(writer: Any) -> Any:
+    """The ledger of the segment a writer writes (to make it die mid-stream, as a crash does)."""
+    return writer._ledgers[writer.segment_seq]
+
+
 def pairs(records: Sequence[Record]) -> list[tuple[Position, bytes]]:
     return [(r.position, r.payload) for r in records]
 
@@ -151,6 +156,19 @@ async def test_append_read_positions_headers_and_record_sets(env: Env) -> None:
     tail = await read_all(ns, "orders", start=many[1])
     assert [r.payload for r in tail][:2] == [b"b", b"c"]
     assert next(r.payload for r in await read_all(ns, "orders", start=str(many[2].successor()))) == b"x0"
+
+
+async def test_append_many_larger_than_the_waiting_bound_queues_as_room_frees(env: Env) -> None:
+    ns = await _ns(env)
+    w = await ns.open_writer("big", create=True, options=WriterOptions(records_waiting_max=10, sets_inflight_max=2),
+                             record_set_bytes_max=1024)
+    payloads = [b"b%03d" % i for i in range(100)]
+    positions = await w.append_many(payloads)
+    assert positions == sorted(positions) and len(set(positions)) == 100
+    single = await w.append(b"after")
+    assert single > positions[-1]
+    await w.close()
+    assert [r.payload for r in await read_all(ns, "big")] == [*payloads, b"after"]
 
 
 async def test_rolls_with_tiny_limits_reader_crosses_every_boundary(env: Env) -> None:
@@ -270,6 +288,35 @@ async def test_writers_racing_to_open_exactly_one_holds_tokens_increase(env: Env
     assert tokens == sorted(tokens) and len(set(tokens)) == 50
 
 
+async def test_an_open_cancelled_after_its_lock_claim_landed_leaves_the_lock_free(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller gives up (a deadline, a cancelled task) just after the claim was created:
+    the claim must not hold the stream for nobody until the session ends."""
+    from scriba.meta.election import Election
+
+    ns = await _ns(env)
+    await ns.create_stream("claimed")
+    landed = asyncio.Event()
+    real_campaign = Election.campaign
+
+    async def campaign_then_stall(self: Election, candidate: str, value: bytes = b"") -> Any:
+        await real_campaign(self, candidate, value)  # the claim is in the store now
+        landed.set()
+        await asyncio.Event().wait()  # the answer never reaches the caller
+
+    monkeypatch.setattr(Election, "campaign", campaign_then_stall)
+    opening = asyncio.ensure_future(ns.open_writer("claimed"))
+    await landed.wait()
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    monkeypatch.undo()
+    other = await (await _ns(env)).open_writer("claimed", options=FAST_LOCK)  # free at once
+    await other.append(b"x")
+    await other.close()
+
+
 # --- crash at each step of a roll and of a truncation ---------------------------------------
 class Crash(Exception):
     """The process dies here (what follows in that process never happens)."""
@@ -327,10 +374,10 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
             confirmed[r] = p
     # let the roll reach the crash point
     async with asyncio.timeout(5.0):  # the roll reaches the crash point
-        while a._rolls_running:
+        while a.error is None:
             await asyncio.sleep(0.01)
-    assert a.error is not None and "Crash" in str(a.error)
-    await a._segment.ledger.abort()
+    assert "Crash" in str(a.error)
+    await _current_ledger(a).abort()
     for task in list(a._tasks):  # the process dies: its tasks (the failed writer's resign) end with it
         task.cancel()
     await env.crash(ns_a.client)
@@ -352,7 +399,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
 
 @pytest.mark.parametrize("step", ["after_cas", "after_deletes"])
 async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
-    from scriba.stream import namespace as namespace_module
+    from scriba.stream import retention as retention_module
 
     ns = await _ns(env)
     w = await ns.open_writer("trunc", create=True, segment_records_max=2)
@@ -361,8 +408,8 @@ async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pyte
         positions.append(await w.append(b"t%d" % i))
     await w.close()
     before = (await ns.info("trunc")).record
-    real_delete = namespace_module.delete_ledgers
-    real_finish = namespace_module.finish_deletes
+    real_delete = retention_module.delete_ledgers
+    real_finish = retention_module.finish_deletes
 
     async def delete(client: Any, ids: Any) -> Any:
         if step == "after_cas":
@@ -374,8 +421,8 @@ async def test_crash_in_truncation_is_finished_later(env: Env, monkeypatch: pyte
             raise Crash()
         return real_finish(*args)
 
-    monkeypatch.setattr(namespace_module, "delete_ledgers", delete)
-    monkeypatch.setattr(namespace_module, "finish_deletes", finish)
+    monkeypatch.setattr(retention_module, "delete_ledgers", delete)
+    monkeypatch.setattr(retention_module, "finish_deletes", finish)
     cut = positions[6]
     with pytest.raises(Crash):
         await ns.truncate("trunc", before=cut)
@@ -425,6 +472,34 @@ async def test_reader_tails_open_segment_and_latest_and_timestamp(env: Env) -> N
     await earliest.close()
 
 
+async def test_closing_a_reader_while_it_stops_its_tail_does_not_lose_the_close(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() lands while the reader is stopping its tail of a segment that just closed:
+    the reader must stop, not swallow the cancellation and wait for the next segment forever."""
+    ns = await _ns(env)
+    w = await ns.open_writer("closing", create=True)
+    first = await w.append(b"a")
+    stopping = asyncio.Event()
+
+    async def slow_to_stop(self: StreamReader, reader: Any, segment: Any) -> None:
+        try:
+            await asyncio.Event().wait()  # tails without delivering
+        except asyncio.CancelledError:
+            stopping.set()  # the segment closed: the reader is stopping this tail now
+            await asyncio.sleep(0.05)  # a tail that takes a moment to stop
+            raise
+
+    monkeypatch.setattr(StreamReader, "_tail_entries", slow_to_stop)
+    reader = await ns.open_reader("closing", first)
+    await w.close()  # closes the segment the reader tails
+    async with asyncio.timeout(5.0):
+        await stopping.wait()
+    closing = asyncio.ensure_future(reader.close())  # waited on from outside: a timeout here
+    done, _ = await asyncio.wait({closing}, timeout=5.0)  # must not be swallowed by close()
+    assert closing in done, "reader.close() hangs: the reader lost its cancellation and reads on"
+
+
 async def test_reader_after_failover_sees_exactly_what_recovery_kept(env: Env) -> None:
     ns_a = await _ns(env)
     a = await ns_a.open_writer("fo", create=True, segment_records_max=7)
@@ -437,7 +512,7 @@ async def test_reader_after_failover_sees_exactly_what_recovery_kept(env: Env) -
     in_flight = [a.append_async(b"u%d" % i) for i in range(5)]
     attempted += [b"u%d" % i for i in range(5)]
     await asyncio.sleep(0)
-    await a._segment.ledger.abort()
+    await _current_ledger(a).abort()
     await env.crash(ns_a.client)
     for f in in_flight:
         f.cancel()
@@ -501,6 +576,40 @@ async def test_cursors_truncate_and_retention(env: Env) -> None:
     remaining = (await ns.info("ret")).record.segments
     assert len(remaining) <= 2
     assert (await read_all(ns, "ret"))[-1].payload == b"r9"
+
+
+async def test_writer_applies_retention_every_interval_in_its_own_process(env: Env) -> None:
+    ns = await _ns(env)
+    with pytest.raises(ConfigError, match="retention_interval_s"):
+        await ns.open_writer("bad-interval", create=True, retention_interval_s=0)
+    periodic = await ns.open_writer("periodic", create=True, segment_records_max=2, retention_bytes_max=1,
+                                    retention_interval_s=0.05)
+    manual = await ns.open_writer("manual", create=True, segment_records_max=2, retention_bytes_max=1)
+    for i in range(10):
+        await periodic.append(b"p%d" % i)
+        await manual.append(b"m%d" % i)
+    before = (await ns.info("periodic")).record
+    assert len(before.segments) >= 5
+    async with asyncio.timeout(10.0):  # the writer's own retention drops every CLOSED segment
+        while True:
+            record = (await ns.info("periodic")).record
+            if [s.seq for s in record.segments] == [periodic.segment_seq] and not record.deleting:
+                break
+            await asyncio.sleep(0.02)
+    assert record.truncated_before == Position(periodic.segment_seq, 0, 0)
+    assert periodic.retention_passes >= 1
+    for segment in before.segments[:-1]:
+        with pytest.raises(NoSuchLedgerError):
+            await ns.client.ledger_metadata(segment.ledger_id)
+    # the same stream without an interval: nothing dropped until someone applies retention
+    assert manual.retention_passes == 0
+    assert len((await ns.info("manual")).record.segments) >= 5
+    assert (await periodic.append(b"after")).segment_seq == periodic.segment_seq
+    await periodic.close()
+    await manual.close()
+    got = [r.payload for r in await read_all(ns, "periodic")]  # what the current segment held
+    assert got[-1] == b"after" and got[:-1] == [b"p%d" % i for i in range(10)][10 - (len(got) - 1):]
+    assert len(got) <= 3
 
 
 async def test_delete_stream_and_namespace(env: Env) -> None:
@@ -612,3 +721,11 @@ async def test_reader_of_corrupt_record_set_gets_typed_error(env: Env) -> None:
     with pytest.raises(RecordSetCorruptError):
         await reader.read_next(2.0)
     await reader.close()
+    batched: StreamReader = await ns.open_reader("raw")
+    async with asyncio.timeout(5.0):  # both chunks read ahead: the good record, then the error
+        while batched._queue.qsize() < 2:
+            await asyncio.sleep(0.01)
+    assert [r.payload for r in await batched.read_batch(10, 2.0)] == [b"good"]  # the error waits
+    with pytest.raises(RecordSetCorruptError):
+        await batched.read_batch(10, 2.0)
+    await batched.close()

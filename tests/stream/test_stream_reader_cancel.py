@@ -1,8 +1,7 @@
-"""Reported bugs of the stream layer found by the RSM work (#13), as tests that fail
-until they are fixed (``xfail(strict=True)``: a fix turns them into failures to remove
-the mark).
+"""A bug of the stream layer found by the RSM work (#13), fixed in ``stream/reader.py``
+(``_stop``: the cancelled children are awaited with ``asyncio.wait``); this test keeps it fixed.
 
-(a) ``StreamReader._tail`` awaits its two child tasks in a ``finally`` under
+(a) ``StreamReader._tail`` awaited its two child tasks in a ``finally`` under
 ``contextlib.suppress(asyncio.CancelledError)``. When the producer task is cancelled
 (``close()``) while it waits there — after ``asyncio.wait`` returned because the
 segment's record changed, while the cancelled tailer is still unwinding — the
@@ -21,8 +20,6 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from scriba.stream.reader import StreamReader
 
 
@@ -34,7 +31,6 @@ async def _uninterruptible(event: asyncio.Event) -> None:
             continue
 
 
-@pytest.mark.xfail(strict=True, reason="stream bug (a): a cancel during _tail's cleanup is swallowed")
 async def test_cancel_while_tail_waits_for_its_cancelled_tailer_ends_the_producer() -> None:
     reader: Any = StreamReader.__new__(StreamReader)
     segment = SimpleNamespace(seq=1, is_open=True)
