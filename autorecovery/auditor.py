@@ -217,7 +217,7 @@ class Auditor:
         # Only answers that say the copy is not there or not right; a bookie that did not
         # answer is a membership matter, not a mark.
         for p in problems:
-            if p.error in ("UnavailableError", "TimeoutError"):
+            if p.error in ("UnavailableError", "DeadlineExceededError"):
                 continue
             marks.append(Mark(p.segment_first, p.bookie_id, Reason.UNREADABLE))
         return marks

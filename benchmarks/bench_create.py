@@ -30,8 +30,7 @@ from typing import Any
 
 from scriba.client.bench import percentile
 from scriba.client.client import Client
-from scriba.errors import ScribaError
-from scriba.errors import TimeoutError as DeadlineError
+from scriba.errors import DeadlineExceededError, ScribaError
 from scriba.log import configure
 from scriba.testing.cluster import LocalCluster
 
@@ -55,7 +54,7 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
                 try:
                     writer = await client.create_ledger(3, 3, 2)
                     await writer.close()
-                except DeadlineError:
+                except DeadlineExceededError:
                     timeouts += 1
                     continue
                 except ScribaError:

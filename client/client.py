@@ -34,6 +34,7 @@ from scriba.config import require
 from scriba.entry import Digest, make_digest, master_key, password_hash
 from scriba.errors import (
     ConfigError,
+    DeadlineExceededError,
     KeyExistsError,
     NoSuchKeyError,
     NoSuchLedgerError,
@@ -41,7 +42,6 @@ from scriba.errors import (
     ScribaError,
     UnauthorizedError,
 )
-from scriba.errors import TimeoutError as DeadlineError
 from scriba.ids import BookieId, LedgerId
 from scriba.log import get_logger
 from scriba.meta.records import (
@@ -377,7 +377,7 @@ class Client:
             async with asyncio.timeout(limit):
                 return await call
         except TimeoutError:
-            raise DeadlineError(f"metadata store {self._store.uri}: no answer in {limit} s") from None
+            raise DeadlineExceededError(f"metadata store {self._store.uri}: no answer in {limit} s") from None
 
     def _check_open(self) -> None:
         if self._closed:

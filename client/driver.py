@@ -16,11 +16,11 @@ from scriba.client.effects import (
 )
 from scriba.config import require
 from scriba.errors import (
+    DeadlineExceededError,
     InternalError,
     NoSuchKeyError,
     NoSuchLedgerError,
     ScribaError,
-    TimeoutError,
 )
 from scriba.log import get_logger
 from scriba.meta.records import LEDGER_CODEC, LedgerMetadata, ledger_key
@@ -51,7 +51,7 @@ def as_scriba_error(exc: BaseException) -> ScribaError:
     if isinstance(exc, ScribaError):
         return exc
     if isinstance(exc, builtins.TimeoutError):
-        return TimeoutError("metadata store did not answer in time")
+        return DeadlineExceededError("metadata store did not answer in time")
     return InternalError(f"{type(exc).__name__}: {exc}")
 
 
@@ -92,6 +92,6 @@ async def read_ledger_metadata(
     except NoSuchKeyError:
         raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
     except builtins.TimeoutError:
-        raise TimeoutError(f"ledger {ledger_id}: metadata read timed out") from None
+        raise DeadlineExceededError(f"ledger {ledger_id}: metadata read timed out") from None
     value: LedgerMetadata = record.value
     return value

@@ -66,6 +66,7 @@ from scriba.client.transport import (
     TransportConfig,
 )
 from scriba.errors import (
+    DeadlineExceededError,
     InternalError,
     NoSuchEntryError,
     ScribaError,
@@ -73,7 +74,6 @@ from scriba.errors import (
     UnavailableError,
     error_for_status,
 )
-from scriba.errors import TimeoutError as DeadlineError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
@@ -519,7 +519,7 @@ class GrpcBookieTransport:
             if conn.channel is not None and conn.call is None:
                 self._close_channel_later(conn.channel)
                 conn.channel = conn.stub = conn.add_stream = None
-            return DeadlineError(text)
+            return DeadlineExceededError(text)
         return UnavailableError(text)
 
     def _timeout(self, timeout_s: float | None) -> float:

@@ -56,11 +56,11 @@ from scriba.client.transport import EntryRun, LacResult
 from scriba.config import require
 from scriba.entry import HEADER, HEADER_SIZE, Crc32cDigest, Digest, Entry, unpack_entry
 from scriba.errors import (
+    DeadlineExceededError,
     DigestMismatchError,
     NoSuchEntryError,
     ScribaError,
     Status,
-    TimeoutError,
     UnauthorizedError,
     UnavailableError,
 )
@@ -456,7 +456,7 @@ class ReadCore:
             return NoSuchEntryError(f"{where}: no replica has it ({detail})")
         if pending.bad + pending.missing == replicas:
             return DigestMismatchError(f"{where}: no valid replica ({detail})")
-        return TimeoutError(f"{where}: no replica answered in time ({detail})")
+        return DeadlineExceededError(f"{where}: no replica answered in time ({detail})")
 
     def _fail(self, error: ScribaError) -> Effects:
         if self._finished:

@@ -24,8 +24,7 @@ from scriba.client.client import Client
 from scriba.client.reader import LedgerReader
 from scriba.client.writer import LedgerWriter
 from scriba.entry import Entry
-from scriba.errors import ConfigError
-from scriba.errors import TimeoutError as DeadlineError
+from scriba.errors import ConfigError, DeadlineExceededError
 from scriba.ids import EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata
 
@@ -54,7 +53,7 @@ class _LoopThread:
             return future.result(timeout_s)
         except TimeoutError:
             future.cancel()
-            raise DeadlineError(f"call did not finish within {timeout_s} s") from None
+            raise DeadlineExceededError(f"call did not finish within {timeout_s} s") from None
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

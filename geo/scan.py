@@ -13,7 +13,7 @@ import asyncio
 import builtins
 from collections.abc import Collection, Mapping
 
-from scriba.errors import StreamNotFoundError, TimeoutError
+from scriba.errors import DeadlineExceededError, StreamNotFoundError
 from scriba.geo.progress import resume_points
 from scriba.stream import Namespace, Position
 
@@ -62,7 +62,7 @@ async def read_headers(ns: Namespace, stream: str, start: Position, last: Positi
                 if record.position >= last:
                     break
     except builtins.TimeoutError as exc:
-        raise TimeoutError(f"reading {ns.name}/{stream} from {start} to {last} took over {timeout_s}s") from exc
+        raise DeadlineExceededError(f"reading {ns.name}/{stream} from {start} to {last} took over {timeout_s}s") from exc
     finally:
         await reader.close()
     return out

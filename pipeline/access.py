@@ -18,8 +18,7 @@ from typing import Any, TypeVar
 from scriba.client import LedgerReader
 from scriba.client.sync import SyncClient
 from scriba.entry import Entry
-from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
-from scriba.errors import TimeoutError as DeadlineError
+from scriba.errors import DeadlineExceededError, PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
 from scriba.meta.records import LEDGERS_PREFIX
 from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
@@ -87,7 +86,7 @@ class Access:
             return future.result(self._timeout_s)
         except FutureTimeout:
             future.cancel()
-            raise DeadlineError(f"call did not finish within {self._timeout_s} s") from None
+            raise DeadlineExceededError(f"call did not finish within {self._timeout_s} s") from None
 
     def close(self) -> None:
         self._sync.close()

@@ -18,13 +18,13 @@ import time
 from typing import TYPE_CHECKING
 
 from scriba.errors import (
+    DeadlineExceededError,
     NoSuchKeyError,
     ReplicaNotFoundError,
     ReplicaStoppedError,
     ScribaError,
     StateMachineError,
 )
-from scriba.errors import TimeoutError as ScribaTimeoutError
 from scriba.meta.election import Leadership
 from scriba.rsm import membership as mb
 from scriba.rsm.role import Role
@@ -169,6 +169,6 @@ class Leading:
                     self._changed.clear()
                     await self._changed.wait()
         except TimeoutError:
-            raise ScribaTimeoutError(f"{replica_id} did not take over within {self.config.transfer_timeout_s} s")\
+            raise DeadlineExceededError(f"{replica_id} did not take over within {self.config.transfer_timeout_s} s")\
                 from None
 

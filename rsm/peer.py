@@ -148,9 +148,9 @@ class PeerClient:
             async with asyncio.timeout(timeout_s):
                 ok, answer = await future
         except TimeoutError:
-            from scriba.errors import TimeoutError as ScribaTimeout
+            from scriba.errors import DeadlineExceededError
 
-            raise ScribaTimeout(f"rsm replica {self.address}: no answer to {op.name} within {timeout_s} s") from None
+            raise DeadlineExceededError(f"rsm replica {self.address}: no answer to {op.name} within {timeout_s} s") from None
         finally:
             self._pending.pop(request_id, None)
         if not ok:

@@ -24,18 +24,18 @@ from typing import Any
 from scriba.errors import (
     CommandOutcomeUnknownError,
     ConfigError,
+    DeadlineExceededError,
     ReplicaStoppedError,
     RsmNotLeaderError,
     ScribaError,
     UnavailableError,
 )
-from scriba.errors import TimeoutError as ScribaTimeoutError
 from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
 from scriba.rsm.peer import PeerPool
 from scriba.stream import Position
 
-RETRIABLE = (RsmNotLeaderError, UnavailableError, CommandOutcomeUnknownError, ScribaTimeoutError, ReplicaStoppedError)
+RETRIABLE = (RsmNotLeaderError, UnavailableError, CommandOutcomeUnknownError, DeadlineExceededError, ReplicaStoppedError)
 
 
 class RsmClient:

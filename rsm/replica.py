@@ -55,6 +55,7 @@ from scriba.errors import (
     CommandOutcomeUnknownError,
     CommandTooLargeError,
     ConfigError,
+    DeadlineExceededError,
     PositionTruncatedError,
     ReplicaStoppedError,
     RsmNotLeaderError,
@@ -64,7 +65,6 @@ from scriba.errors import (
     StreamExistsError,
     UnavailableError,
 )
-from scriba.errors import TimeoutError as ScribaTimeoutError
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
@@ -294,7 +294,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
                     self._changed.clear()
                     await self._changed.wait()
         except TimeoutError:
-            raise ScribaTimeoutError(
+            raise DeadlineExceededError(
                 f"replica {self.replica_id}: not applied up to {position} within {timeout_s} s "
                 f"(at {self.state.applied})"
             ) from None
@@ -405,7 +405,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
                                                forwarded=False)
                 session.answered(seq, committed.position)
                 return committed
-            except (CommandOutcomeUnknownError, RsmNotLeaderError, UnavailableError, ScribaTimeoutError):
+            except (CommandOutcomeUnknownError, RsmNotLeaderError, UnavailableError, DeadlineExceededError):
                 if time.monotonic() > deadline:
                     raise
                 self._check_running()
@@ -489,7 +489,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
                 _, position = await asyncio.wait_for(asyncio.shield(term.barrier(int(time.time() * 1000))),
                                                      self.config.read_timeout_s)
             except TimeoutError:
-                raise ScribaTimeoutError(f"read barrier not confirmed within {self.config.read_timeout_s} s") from None
+                raise DeadlineExceededError(f"read barrier not confirmed within {self.config.read_timeout_s} s") from None
             return position
         leader = self._leader
         if forwarded or leader is None or not leader[1] or leader[0] == self.replica_id:

@@ -109,7 +109,7 @@ class BadRequestError(ScribaError):
     status = Status.BAD_REQUEST
 
 
-class TimeoutError(ScribaError):
+class DeadlineExceededError(ScribaError):
     """A deadline passed. The operation's outcome is unknown (indeterminate)."""
 
     status = Status.TIMEOUT
@@ -448,3 +448,8 @@ class ClientSessionError(RsmError):
 
 class SnapshotCorruptError(RsmError):
     """A snapshot's bytes do not match its recorded digest (or cannot be read/decoded)."""
+
+
+# The old name of DeadlineExceededError, kept for programs that import it. Imported by that
+# name it shadows the builtin ``TimeoutError``; import ``DeadlineExceededError`` instead.
+TimeoutError = DeadlineExceededError

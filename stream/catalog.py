@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from scriba.clock import Clock
-from scriba.errors import NamespaceNotFoundError, NoSuchKeyError, StreamNotFoundError
-from scriba.errors import TimeoutError as DeadlineError
+from scriba.errors import (
+    DeadlineExceededError,
+    NamespaceNotFoundError,
+    NoSuchKeyError,
+    StreamNotFoundError,
+)
 from scriba.meta.store import MetadataStore, Versioned
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream.position import Position
@@ -55,7 +59,7 @@ class Catalog:
             async with asyncio.timeout(self.timeout_s):
                 return await call
         except builtins.TimeoutError:
-            raise DeadlineError(f"metadata store {self.store.uri}: no answer in {self.timeout_s} s") from None
+            raise DeadlineExceededError(f"metadata store {self.store.uri}: no answer in {self.timeout_s} s") from None
 
     async def read_stream(self, name: str) -> Versioned[StreamRecord]:
         try:

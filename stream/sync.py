@@ -32,8 +32,7 @@ from typing import Any, Final, TypeVar
 
 from scriba.client import SyncClient
 from scriba.client.sync import CALL_TIMEOUT_S_DEFAULT
-from scriba.errors import ConfigError
-from scriba.errors import TimeoutError as DeadlineError
+from scriba.errors import ConfigError, DeadlineExceededError
 from scriba.stream.ledgers import Record
 from scriba.stream.namespace import (
     Namespace,
@@ -68,7 +67,7 @@ class _Loop:
             return future.result(self.timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise DeadlineError(f"call did not finish within {self.timeout_s} s") from None
+            raise DeadlineExceededError(f"call did not finish within {self.timeout_s} s") from None
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         try:

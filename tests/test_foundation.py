@@ -83,3 +83,15 @@ def test_the_scriba_command_starts_grpc_with_the_defaults() -> None:
     from scriba.grpc_runtime import GRPC_EXPERIMENTS_DEFAULT
 
     assert out.stdout.split()[-2:] == [GRPC_EXPERIMENTS_DEFAULT, "False"], out.stderr
+
+
+def test_the_deadline_error_does_not_shadow_the_builtin_and_keeps_its_old_name() -> None:
+    import builtins
+
+    from scriba import errors
+
+    assert errors.DeadlineExceededError is not builtins.TimeoutError
+    assert not issubclass(errors.DeadlineExceededError, builtins.TimeoutError)
+    assert errors.TimeoutError is errors.DeadlineExceededError  # programs that import the old name
+    err = errors.error_for_status(errors.Status.TIMEOUT, "late")
+    assert type(err) is errors.DeadlineExceededError and err.retriable

@@ -31,13 +31,13 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from scriba.errors import (
     CommandOutcomeUnknownError,
+    DeadlineExceededError,
     KeyExistsError,
     NoSuchKeyError,
     RsmNotLeaderError,
     ScribaError,
     UnavailableError,
 )
-from scriba.errors import TimeoutError as ScribaTimeoutError
 from scriba.examples.kvstore import commands as cmd
 from scriba.examples.kvstore import errors
 from scriba.examples.kvstore.commands import Op
@@ -154,7 +154,7 @@ async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
 def rsm_error(exc: ScribaError) -> EtcdError:
     if isinstance(exc, RsmNotLeaderError | UnavailableError):
         return errors.NO_LEADER
-    if isinstance(exc, CommandOutcomeUnknownError | ScribaTimeoutError):
+    if isinstance(exc, CommandOutcomeUnknownError | DeadlineExceededError):
         return errors.TIMEOUT
     return EtcdError("UNAVAILABLE", f"etcdserver: {type(exc).__name__}: {exc}")
 

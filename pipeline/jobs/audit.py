@@ -34,7 +34,7 @@ AUDIT_SCHEMA_DDL = (
 )
 PROBLEMS = ("missing", "corrupt", "unreadable", "misplaced")
 _MISSING = ("NoSuchEntryError", "NoSuchLedgerError")
-_UNREADABLE = ("UnavailableError", "TimeoutError", "TooManyRequestsError")
+_UNREADABLE = ("UnavailableError", "DeadlineExceededError", "TooManyRequestsError")
 
 
 @dataclass(frozen=True, slots=True)

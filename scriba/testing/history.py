@@ -58,7 +58,7 @@ DEFINITE_FAILURES: tuple[type[BaseException], ...] = (
 # Errors after which the outcome is unknown: the operation may have taken effect.
 INDETERMINATE: tuple[type[BaseException], ...] = (
     errors.LedgerFencedError,
-    errors.TimeoutError,
+    errors.DeadlineExceededError,
     errors.UnavailableError,
     errors.MetadataUnavailableError,
     errors.SessionExpiredError,

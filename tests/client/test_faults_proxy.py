@@ -25,7 +25,7 @@ import pytest
 from scriba.client import Client, ClientConfig
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
-from scriba.errors import ScribaError, TimeoutError
+from scriba.errors import DeadlineExceededError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.testing.checkers.acked_set import check_acked_set
 from scriba.testing.faults import ToxiproxyProcess, toxiproxy_client
@@ -230,7 +230,7 @@ async def test_r6_read_deadline_through_blackholed_proxy(bookie_cluster: Any, pr
         await asyncio.to_thread(proxies.add, bookie.bookie_id, "timeout", {"timeout": 0}, "upstream")
         for _ in range(3):
             t0 = time.monotonic()
-            with pytest.raises(TimeoutError):
+            with pytest.raises(DeadlineExceededError):
                 await transport.bookie_info(b)
             assert time.monotonic() - t0 < 1.5
         await asyncio.to_thread(proxies.heal)

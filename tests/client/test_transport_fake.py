@@ -13,10 +13,10 @@ from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
 from scriba.embedded.process import free_port
 from scriba.errors import (
+    DeadlineExceededError,
     NoSuchEntryError,
     NoSuchLedgerError,
     Status,
-    TimeoutError,
     UnauthorizedError,
     UnavailableError,
 )
@@ -247,7 +247,7 @@ async def test_read_deadline_and_unreachable_bookie() -> None:
         server.servicer.silent = True
         t = transport_for(server)
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError) as info:
+        with pytest.raises(DeadlineExceededError) as info:
             await t.read_entry(B, LedgerId(1), EntryId(0), timeout_s=0.3)
         assert time.monotonic() - t0 < 1.5
         assert info.value.retriable
@@ -336,7 +336,7 @@ async def test_long_poll_through_a_silent_bookie_ends_by_its_deadline() -> None:
     async with FakeBookieServer(Mute()) as server:
         t = transport_for(server)
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(DeadlineExceededError):
             await t.long_poll_lac(B, LedgerId(1), EntryId(5), wait_s=0.2)
         assert time.monotonic() - t0 < 0.2 + 2.0 + 1.0  # wait + margin, never indefinitely
         await t.close()

@@ -13,13 +13,13 @@ from scriba.client import SyncClient
 from scriba.client.client import ClientConfig
 from scriba.errors import (
     ConfigError,
+    DeadlineExceededError,
     NamespaceNotFoundError,
     PositionTruncatedError,
     RecordTooLargeError,
     StreamNotFoundError,
     WriterLockedError,
 )
-from scriba.errors import TimeoutError as DeadlineError
 from scriba.stream import Position, WriterOptions
 from scriba.stream.sync import SyncNamespace, sync_delete_namespace, sync_list_namespaces
 from scriba.testing.sim import StorageTransport, register_bookies
@@ -103,7 +103,7 @@ def test_errors_deadlines_and_the_loop_thread(client: SyncClient) -> None:
         ns.open_writer("bad/name", create=True)
     writer = ns.open_writer("s", create=True)
     # a second writer waits for the lock past the call's deadline: a typed timeout, not a hang
-    with pytest.raises((DeadlineError, WriterLockedError)):
+    with pytest.raises((DeadlineExceededError, WriterLockedError)):
         ns.open_writer("s", options=WriterOptions(lock_timeout_s=5.0))
     assert writer.append(b"still the writer") == Position(writer.segment_seq, 0, 0)
     writer.close()

@@ -9,10 +9,10 @@ import pytest
 from scriba.clock import ManualClock
 from scriba.errors import (
     ConfigError,
+    DeadlineExceededError,
     LedgerFencedError,
     RecordTooLargeError,
     StreamWriterClosedError,
-    TimeoutError,
     TooManyRequestsError,
     WriterFencedError,
 )
@@ -104,7 +104,7 @@ def test_a_roll_that_fails_unfenced_lets_sets_in_flight_confirm() -> None:
     assert of(effects, StartRoll) == [StartRoll("records", 0)]
     queue(c, "c")
     assert of(c.flush(), SendSet) == []  # nothing more to the rolling segment
-    failed = c.on_roll_failed(TimeoutError("store slow"))
+    failed = c.on_roll_failed(DeadlineExceededError("store slow"))
     assert [h for e in of(failed, FailRecords) for h in e.handles] == ["c"]
     assert c.on_set_confirmed(send.set_id, 0) == [ConfirmRecords(0, 0, ["a", "b"])]
 
@@ -254,14 +254,14 @@ def test_add_segment_steps_delete_the_ledger_only_when_the_cas_surely_failed() -
         raise WriterFencedError("newer token")
 
     def slow(step: UpdateStream) -> None:
-        raise TimeoutError("no answer")
+        raise DeadlineExceededError("no answer")
 
     for failing, delete in ((fenced, True), (slow, False)):
         seen, result = _drive(add_segment_steps(1, lambda: 0), {
             CreateLedger: 21, UpdateStream: failing, DiscardLedger: None,
         })
         assert seen[-1] == DiscardLedger(21, delete=delete)
-        assert isinstance(result, WriterFencedError | TimeoutError)
+        assert isinstance(result, WriterFencedError | DeadlineExceededError)
 
 
 def test_append_all_queues_what_room_allows_in_order_with_one_handle() -> None:
@@ -288,8 +288,8 @@ def test_after_a_roll_failed_unfenced_a_failed_set_still_fails_every_later_one()
     (a,) = of(c.flush(), SendSet)
     queue(c, "b")
     (b,) = of(c.flush(), SendSet)
-    c.on_roll_failed(TimeoutError("store slow"))
-    failed = c.on_set_failed(a.set_id, TimeoutError("bookies slow"))
+    c.on_roll_failed(DeadlineExceededError("store slow"))
+    failed = c.on_set_failed(a.set_id, DeadlineExceededError("bookies slow"))
     assert [h for e in of(failed, FailRecords) for h in e.handles] == ["a"]
     (later,) = c.on_set_confirmed(b.set_id, 1)
     assert isinstance(later, FailRecords) and later.handles == ["b"]

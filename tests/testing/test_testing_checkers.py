@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scriba.errors import LedgerFencedError, TimeoutError, UnauthorizedError
+from scriba.errors import DeadlineExceededError, LedgerFencedError, UnauthorizedError
 from scriba.invariant import InvariantViolation
 from scriba.testing.checkers import (
     UNKNOWN,
@@ -65,7 +65,7 @@ def test_checkers_acked_set_from_history_rejected_but_read() -> None:
         elif value == 1:
             history.fail(op_id, UnauthorizedError("bad password"))
         elif value == 2:
-            history.info(op_id, TimeoutError("deadline"))
+            history.info(op_id, DeadlineExceededError("deadline"))
         # value 3 never completes: indeterminate
     good = check_acked_set_history(history, read=[0, 2])
     assert good.ok, good.explain()

@@ -19,7 +19,7 @@ from scriba.testing.history import History, classify_error
     ("exc", "kind"),
     [
         (errors.LedgerFencedError("fenced"), "info"),
-        (errors.TimeoutError("deadline"), "info"),
+        (errors.DeadlineExceededError("deadline"), "info"),
         (errors.UnavailableError("down"), "info"),
         (errors.MetadataUnavailableError("etcd down"), "info"),
         (TimeoutError(), "info"),
@@ -40,7 +40,7 @@ def test_history_classify_error_caller_definite() -> None:
     assert classify_error(errors.BookieReadOnlyError("ro")) == "info"
     assert classify_error(errors.BookieReadOnlyError("ro"), definite=(errors.BookieReadOnlyError,)) == "fail"
     # timeouts stay indeterminate whatever the caller says
-    assert classify_error(errors.TimeoutError("t"), definite=(errors.ScribaError,)) == "info"
+    assert classify_error(errors.DeadlineExceededError("t"), definite=(errors.ScribaError,)) == "info"
 
 
 def test_history_records_and_round_trips(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_history_records_and_round_trips(tmp_path: Path) -> None:
     a = history.invoke("p1", "add", b"\x00\xffpayload")
     history.ok(a, {"entry_id": 0})
     b = history.invoke(2, "add", b"two")
-    history.info(b, errors.TimeoutError("deadline passed"))
+    history.info(b, errors.DeadlineExceededError("deadline passed"))
     c = history.invoke("p3", "cas", [1, 2])
     history.fail(c, "mismatch")
     d = history.invoke("p4", "read")  # never completes
@@ -57,7 +57,7 @@ def test_history_records_and_round_trips(tmp_path: Path) -> None:
     assert [o.type for o in ops] == ["invoke", "ok", "invoke", "info", "invoke", "fail", "invoke"]
     assert [o.index for o in ops] == list(range(7))
     assert all(x.time_ns < y.time_ns for x, y in itertools.pairwise(ops))
-    assert ops[3].error == "TimeoutError: deadline passed" and ops[3].process == "2"
+    assert ops[3].error == "DeadlineExceededError: deadline passed" and ops[3].process == "2"
     assert [p.status for p in history.pairs()] == ["ok", "info", "fail", "info"]
     assert history.pairs()[3].completion is None and history.pairs()[3].invoke.op_id == d
     path = tmp_path / "history.jsonl"
@@ -130,7 +130,7 @@ async def test_history_asyncio_tasks_record_consistently() -> None:
             op_id = history.invoke(name, "add", i)
             await asyncio.sleep(0)
             if i % 10 == 9:
-                history.error(op_id, errors.TimeoutError("late"))
+                history.error(op_id, errors.DeadlineExceededError("late"))
             else:
                 history.ok(op_id)
 
