@@ -211,6 +211,8 @@ def start_metadata(data_dir: Path, *, members: int, port_base: int, prefix: str,
                 cluster.start_member(i, timeout_s=timeout_s)
     records = [alive.get(m.name) or ProcessRecord.of(m.name, m.pid, m.log_path) for m in cluster.members]
     write_records(records_path, records, metadata_uri=uri)
+    for m in cluster.members:
+        m.detach()  # they outlive this call; stopped by their records
     print(f"metadata store running: {uri} (pids {', '.join(str(r.pid) for r in records)})", flush=True)
     return uri
 
@@ -298,6 +300,7 @@ def start_bookie(data_dir: Path, spec: BookieSpec, timeout_s: float = START_TIME
                   bookie_id=spec.bookie_id, address=bookie.address, http_address=bookie.http_address,
                   location=f"/{spec.region}/{spec.zone}/{spec.rack}")
     print(f"bookie {spec.bookie_id} serving on {bookie.address} (pid {bookie.pid})", flush=True)
+    bookie.process.detach()  # it outlives this call; stopped by its record
 
 
 def _format(argv: list[str]) -> None:

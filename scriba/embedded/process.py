@@ -101,6 +101,11 @@ def wait_until(
         time.sleep(interval_s)
 
 
+# Children left running on purpose (``ServerProcess.detach``), their handles kept for the
+# life of this process so that collecting them does not warn "subprocess ... is still running".
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
 class ServerProcess:
     """One child process with a log file, started and stopped by PID."""
 
@@ -148,6 +153,13 @@ class ServerProcess:
                 cwd=cwd,
                 start_new_session=True,  # a Ctrl-C to the parent does not hit children first
             )
+
+    def detach(self) -> None:
+        """Leave the child running past this object (a detached server, stopped later by the
+        PID its caller recorded); this object no longer knows it."""
+        if self._proc is not None:
+            _DETACHED.append(self._proc)
+            self._proc = None
 
     def wait_ready(self, ready: Callable[[], bool], timeout_s: float) -> None:
         """Wait for ``ready()``; fail early (with the log's tail) if the process exits."""

@@ -40,6 +40,13 @@ def _child(code: str) -> subprocess.Popen[str]:
     return proc
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 def _record(proc: subprocess.Popen[str], *, ticks_delta: int = 0) -> ProcessRecord:
     ticks = process_start_ticks(proc.pid)
     assert ticks is not None
@@ -59,8 +66,7 @@ def test_a_record_signals_only_the_process_it_names() -> None:
         assert not own.alive  # gone (a zombie until we reap it counts as gone)
         assert proc.wait(timeout=10) == -15
     finally:
-        proc.kill()
-        proc.wait()
+        _end(proc)
 
 
 def test_a_process_that_ignores_sigterm_is_killed() -> None:
@@ -70,8 +76,7 @@ def test_a_process_that_ignores_sigterm_is_killed() -> None:
         record.stop(timeout_s=0.3)
         assert not record.alive and proc.wait(timeout=10) == -9
     finally:
-        proc.kill()
-        proc.wait()
+        _end(proc)
 
 
 async def _write(uri: str, entries: int) -> int:

@@ -107,6 +107,8 @@ class KvCluster:
             assert r.proc is not None
             os.kill(r.proc.pid, signal.SIGKILL)  # our own child, by its PID
             r.proc.wait()
+        if r.proc is not None and r.proc.stdout is not None:
+            r.proc.stdout.close()
 
     def stop_all(self) -> None:
         for r in self.replicas:
@@ -118,7 +120,8 @@ class KvCluster:
                 try:
                     r.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    self.kill_replica(r)
+                    pass
+                self.kill_replica(r)  # kills a straggler; closes the pipe either way
 
     def __enter__(self) -> KvCluster:
         return self.start_all()

@@ -126,4 +126,6 @@ def test_watch_from_history_and_live(ctl: Ctl) -> None:
     finally:
         watcher.kill()  # our own child
         watcher.wait()
+        if watcher.stdout is not None:
+            watcher.stdout.close()
     assert lines == ["PUT", f"{p}a", "1", "PUT", f"{p}b", "2", "DELETE", f"{p}a", "", "PUT", f"{p}c"]
