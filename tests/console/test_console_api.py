@@ -7,12 +7,12 @@ turning down, and a store that is not there (the console keeps serving and says 
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import aiohttp
 
 from scriba.console.cli import Console, ConsoleConfig
+from scriba.embedded.process import free_port
 from tests.console.conftest import ZONES, Populated, wait_for
 
 DOWN_DEADLINE_S = 5.0  # the console's probe interval is 0.5 s here, 1 s by default
@@ -109,9 +109,7 @@ async def test_streams_show_segments(populated: Populated) -> None:
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # free a moment ago, and nothing listens there
 
 
 async def test_store_away_console_keeps_serving() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ from rsm_machines import Counter, Register
 import scriba.meta
 from scriba.client import Client, ClientConfig
 from scriba.client.driver import DriverConfig
+from scriba.embedded.process import free_port
 from scriba.errors import (
     BadConsistencyError,
     ClientSessionError,
@@ -49,9 +49,7 @@ FAST = RsmConfig(campaign_backoff_s=0.05, writer_lock_timeout_s=5.0, propose_tim
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 @dataclass

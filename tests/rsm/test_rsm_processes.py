@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from scriba.embedded.process import free_port
 from scriba.errors import ScribaError
 from scriba.rsm.remote import RsmClient
 from scriba.testing.checkers import Applied, Operation, ReplicaTrace, check_register, check_rsm
@@ -45,9 +45,7 @@ REPLICA_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "snapshot
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")

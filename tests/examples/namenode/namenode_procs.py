@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from typing import Any, TypeVar
 
 import requests
 
+from scriba.embedded.process import free_port
+
 T = TypeVar("T")
 RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
               "snapshot_every_commands": 50}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 30.0) -> T:
