@@ -9,16 +9,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
-import scriba.meta
-from scriba.client import Client, ClientConfig
+from scriba.client import ClientConfig
 from scriba.client.driver import DriverConfig
 from scriba.geo import Cluster
-from scriba.meta.store import MetadataStore
 from scriba.stream import Namespace, Position, Record, WriterOptions, open_namespace
 from scriba.testing.checkers import LogRead, check_acked_set, check_log
-from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.sim import InProcessSite
 
 BOOKIES = [f"bk{i}" for i in range(3)]
 CONFIG = ClientConfig(
@@ -30,20 +27,10 @@ NAMESPACE = "geo/test"
 STREAM = "orders"
 
 
-@dataclass
-class Site:
-    name: str
-    uri: str
-    transport: StorageTransport
-    stores: list[MetadataStore] = field(default_factory=list)
-    clients: list[Client] = field(default_factory=list)
-
-    async def client(self) -> Client:
-        store = await scriba.meta.connect(self.uri)
-        self.stores.append(store)
-        client = await Client.connect(self.uri, store=store, transport=self.transport, config=CONFIG)
-        self.clients.append(client)
-        return client
+class Site(InProcessSite):
+    def __init__(self, name: str, uri: str) -> None:
+        super().__init__(uri, BOOKIES, CONFIG)
+        self.name = name
 
     async def namespace(self) -> Namespace:
         return await open_namespace(await self.client(), NAMESPACE, create=True, ensemble_size=3,
@@ -52,23 +39,12 @@ class Site:
     async def cluster(self) -> Cluster:
         return Cluster(self.name, await self.namespace())
 
-    async def crash(self, client: Client) -> None:
-        await client.store.close()
-
-    async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
-        for s in self.stores:
-            await s.close()
-        await self.transport.close()
 
 
 async def make_site(name: str) -> Site:
     uri = f"memory://geo-{name}-{uuid.uuid4().hex[:8]}"
-    store = await scriba.meta.connect(uri)
-    await register_bookies(store, BOOKIES)
-    site = Site(name, uri, StorageTransport(BOOKIES))
-    site.stores.append(store)
+    site = Site(name, uri)
+    await site.start()
     return site
 
 

@@ -10,15 +10,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rsm_machines import Counter, Register
 
-import scriba.meta
-from scriba.client import Client, ClientConfig
+from scriba.client import ClientConfig
 from scriba.client.driver import DriverConfig
 from scriba.embedded.process import free_port
 from scriba.errors import (
@@ -32,14 +30,13 @@ from scriba.errors import (
     RsmNotLeaderError,
     StateMachineError,
 )
-from scriba.meta.store import MetadataStore
 from scriba.rsm import ClientSession, ReplicatedStateMachine, Role, RsmConfig
 from scriba.rsm import membership as mb
 from scriba.rsm.snapshot_store import read_catalog
 from scriba.rsm.snapshots_core import CATALOG_CODEC
 from scriba.stream import Position, open_namespace
 from scriba.testing.checkers import Applied, ReplicaTrace, check_rsm
-from scriba.testing.sim.memory import StorageTransport, register_bookies
+from scriba.testing.sim import InProcessSite
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CLIENT_CONFIG = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
@@ -52,20 +49,10 @@ def free_address() -> str:
     return f"127.0.0.1:{free_port()}"
 
 
-@dataclass
-class Env:
-    uri: str
-    transport: StorageTransport
-    stores: list[MetadataStore] = field(default_factory=list)
-    clients: list[Client] = field(default_factory=list)
-    replicas: list[ReplicatedStateMachine] = field(default_factory=list)
-
-    async def client(self) -> Client:
-        store = await scriba.meta.connect(self.uri)
-        self.stores.append(store)
-        client = await Client.connect(self.uri, store=store, transport=self.transport, config=CLIENT_CONFIG)
-        self.clients.append(client)
-        return client
+class Env(InProcessSite):
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri, BOOKIES, CLIENT_CONFIG)
+        self.replicas: list[ReplicatedStateMachine] = []
 
     async def replica(self, rid: str, machine: Any = None, config: RsmConfig = FAST, name: str = "counter",
                       start: bool = True, metrics_listen: str | None = None) -> ReplicatedStateMachine:
@@ -94,10 +81,8 @@ class Env:
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     uri = f"memory://rsm-{uuid.uuid4().hex[:10]}"
-    store = await scriba.meta.connect(uri)
-    await register_bookies(store, BOOKIES)
-    e = Env(uri, StorageTransport(BOOKIES))
-    e.stores.append(store)
+    e = Env(uri)
+    await e.start()
     try:
         yield e
     finally:
@@ -106,11 +91,7 @@ async def env() -> AsyncIterator[Env]:
             # stopped (StateMachineError) still serves, and its listening socket leaked
             if not isinstance(r._stopped, ReplicaStoppedError):
                 await asyncio.wait_for(r.stop(), 10)
-        for c in e.clients:
-            await c.close()
-        for s in e.stores:
-            await s.close()
-        await e.transport.close()
+        await e.close()
 
 
 async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from stream_checks import check_stream
 
-import scriba.meta
-from scriba.client import Client, ClientConfig
+from scriba.client import ClientConfig
 from scriba.client.driver import DriverConfig
 from scriba.errors import (
     ConfigError,
@@ -35,7 +33,6 @@ from scriba.errors import (
     WriterFencedError,
     WriterLockedError,
 )
-from scriba.meta.store import MetadataStore
 from scriba.stream import (
     Namespace,
     Position,
@@ -47,7 +44,7 @@ from scriba.stream import (
 )
 from scriba.stream import writer as writer_module
 from scriba.stream.segments import SegmentState
-from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.sim import InProcessSite
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CONFIG = ClientConfig(
@@ -57,41 +54,18 @@ CONFIG = ClientConfig(
 FAST_LOCK = WriterOptions(lock_timeout_s=0.5)
 
 
-@dataclass
-class Env:
-    uri: str
-    transport: StorageTransport
-    stores: list[MetadataStore] = field(default_factory=list)
-    clients: list[Client] = field(default_factory=list)
-
-    async def client(self) -> Client:
-        """A new "process": its own store session, the shared bookies."""
-        store = await scriba.meta.connect(self.uri)
-        self.stores.append(store)
-        client = await Client.connect(self.uri, store=store, transport=self.transport, config=CONFIG)
-        self.clients.append(client)
-        return client
-
-    async def crash(self, client: Client) -> None:
-        """The process dies: its session ends (its locks go), nothing is closed cleanly."""
-        await client.store.close()
+Env = InProcessSite  # each client() is a "process"; crash() ends its session uncleanly
 
 
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     uri = f"memory://stream-{uuid.uuid4().hex[:10]}"
-    store = await scriba.meta.connect(uri)
-    await register_bookies(store, BOOKIES)
-    e = Env(uri, StorageTransport(BOOKIES))
-    e.stores.append(store)
+    e = Env(uri, BOOKIES, CONFIG)
+    await e.start()
     try:
         yield e
     finally:
-        for c in e.clients:
-            await c.close()
-        for s in e.stores:
-            await s.close()
-        await e.transport.close()
+        await e.close()
 
 
 async def _ns(env: Env, **settings: Any) -> Namespace:

@@ -98,7 +98,7 @@ Example (a whole run; ``tests/sim/test_sim_kit.py`` executes this very text)::
     check_seeds(run, range(20))  # raises, listing each failing seed and its replay
 """
 
-from scriba.testing.sim.memory import StorageTransport, register_bookies
+from scriba.testing.sim.memory import InProcessSite, StorageTransport, register_bookies
 from scriba.testing.sim.seeds import (
     SEED_ENV,
     SeedReport,
@@ -121,6 +121,7 @@ from scriba.testing.sim.world import (
 
 __all__ = [
     "SEED_ENV",
+    "InProcessSite",
     "Net",
     "SeedReport",
     "SimBookie",

@@ -26,9 +26,11 @@ from typing import Any
 
 from scriba.bookie.memory_storage import InMemoryLedgerStorage
 from scriba.bookie.storage_api import AddOp
+from scriba.client.client import Client, ClientConfig
 from scriba.client.transport import AddCallback, BookieInfo, LacResult
 from scriba.errors import ScribaError, Status, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.meta.connect import connect
 from scriba.meta.records import BookieRegistration, bookie_key
 from scriba.meta.store import MetadataStore
 
@@ -156,3 +158,46 @@ async def register_bookies(store: MetadataStore, bookie_ids: Iterable[str]) -> N
         )
         await store.create(bookie_key(b), registration.to_bytes(), ephemeral=True)
 
+
+
+class InProcessSite:
+    """A whole cluster in this process: ``memory://`` metadata and in-memory bookies, shared
+    by simulated *processes*. Each :meth:`client` is one process (its own metadata session,
+    the shared bookies); :meth:`crash` ends a process's session without closing anything
+    cleanly (its locks and ephemerals go); :meth:`close` ends everything this site opened.
+
+        site = InProcessSite(f"memory://t-{uuid.uuid4().hex}", ["bk0", "bk1", "bk2"])
+        await site.start()
+        client = await site.client()
+    """
+
+    def __init__(self, uri: str, bookie_ids: Iterable[str], config: ClientConfig | None = None) -> None:
+        self.uri = uri
+        self.bookie_ids = list(bookie_ids)
+        self.transport = StorageTransport(self.bookie_ids)
+        self.config = config
+        self.stores: list[MetadataStore] = []
+        self.clients: list[Client] = []
+
+    async def start(self) -> None:
+        """Register the bookies (their ephemerals live in a session held until close)."""
+        store = await connect(self.uri)
+        self.stores.append(store)
+        await register_bookies(store, self.bookie_ids)
+
+    async def client(self) -> Client:
+        store = await connect(self.uri)
+        self.stores.append(store)
+        client = await Client.connect(self.uri, store=store, transport=self.transport, config=self.config)
+        self.clients.append(client)
+        return client
+
+    async def crash(self, client: Client) -> None:
+        await client.store.close()
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.close()
+        for s in self.stores:
+            await s.close()
+        await self.transport.close()
