@@ -21,6 +21,9 @@ def register(subparsers: Any) -> None:
     run = verbs.add_parser("run", help="run one bookie in the foreground (SIGTERM stops it cleanly)")
     _common(run)
     run.add_argument("--listen", required=True, help="HOST:PORT of the gRPC service")
+    run.add_argument("--binary-port", default="0",
+                     help="port of the binary data path on the --listen host (0: any free port; "
+                          "'off': none, clients use gRPC)")
     run.add_argument("--id", dest="bookie_id", help="bookie id (default: the listen address)")
     run.add_argument("--advertise", help="HOST other machines use to reach this bookie")
     run.add_argument("--region", default=DEFAULT_REGION)
@@ -100,6 +103,11 @@ def build_config(args: argparse.Namespace) -> Any:
             extra[name] = getattr(args, name)
     if args.session_timeout_s is not None:
         extra["metadata_session_timeout_s"] = args.session_timeout_s
+    binary = str(getattr(args, "binary_port", "0"))
+    try:
+        extra["binary_port"] = None if binary == "off" else int(binary)
+    except ValueError:
+        raise ConfigError(f"--binary-port {binary!r}: expected a port number or 'off'") from None
     return BookieConfig(
         metadata_uri=args.metadata,
         data_dir=args.data,

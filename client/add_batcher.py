@@ -172,9 +172,11 @@ class BookieAdds:
         """After an answer: adds are queued and the send window has room."""
         return bool(self.queued_entries) and self.sent_unanswered < self._window
 
-    def take_message(self, parts: list[bytes]) -> int:
+    def take_message(self, parts: list[bytes], encode: Callable[[AddRun, list[bytes]], None] | None = None) -> int:
         """Move whole queued runs (at least one, within the batch limits) into ``parts``
-        as one message; returns the number of adds taken."""
+        as one message (each run by ``encode``: ``encode_run`` for gRPC); returns the
+        number of adds taken."""
+        encode = encode or encode_run
         entries_max, bytes_max = self._entries_max, self._bytes_max
         queue = self.queue
         count = size = taken = 0
@@ -186,7 +188,7 @@ class BookieAdds:
             count += n
             size += run.size
             self._register(run)
-            encode_run(run, parts)
+            encode(run, parts)
         if taken == len(queue):
             self.queue = []
             self.open_run = None

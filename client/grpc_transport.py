@@ -327,12 +327,7 @@ class GrpcBookieTransport:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         try:
-            if conn.stub is None:  # the channel was dropped while waiting
-                self._ensure_channel(conn)
-            add_stream = conn.add_stream
-            if add_stream is None:
-                raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
-            call = add_stream()
+            call = await self._open_add_call(conn)
         except Exception as exc:
             if conn.sender is asyncio.current_task():
                 self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
@@ -342,6 +337,20 @@ class GrpcBookieTransport:
             self._read_loop(conn, call), name=f"scriba-add-recv-{conn.bookie_id}"
         )
         await self._send_loop(conn, call)
+
+    async def _open_add_call(self, conn: _Connection) -> Any:
+        """The call adds to ``conn``'s bookie are written to (``write(bytes)``,
+        ``read()``, ``cancel()``): here an ``AddStream``; a subclass may offer another."""
+        if conn.stub is None:  # the channel was dropped while waiting
+            self._ensure_channel(conn)
+        add_stream = conn.add_stream
+        if add_stream is None:
+            raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
+        return add_stream()
+
+    def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
+        """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
+        return None
 
     def _ensure_channel(self, conn: _Connection) -> None:
         try:
@@ -423,6 +432,7 @@ class GrpcBookieTransport:
         adds = conn.adds
         wake = conn.wake
         join = b"".join
+        encode = self._run_encoder(call)
         try:
             while True:
                 if not adds.ready():
@@ -430,7 +440,7 @@ class GrpcBookieTransport:
                     await wake.wait()
                     continue
                 parts: list[bytes] = []
-                count = adds.take_message(parts)
+                count = adds.take_message(parts, encode)
                 self.batches_sent += 1
                 self.entries_sent += count
                 await call.write(join(parts))
