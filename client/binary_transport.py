@@ -285,22 +285,14 @@ class BinaryTransport(GrpcBookieTransport):
         address = self._binary_address(bookie_id)
         if not address:
             return None
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]")
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.read_timeout_s):
-                _, link = await loop.create_connection(
-                    lambda: BinaryLink(bookie_id, self._frame_bytes_max), host, int(port),
-                    ssl=self._ssl, server_hostname=host if self._ssl is not None else None,
-                )
-                await link.handshake()
+            link = await self._connect(bookie_id, address)
         except _VersionRefused as exc:
             log.warning("binary_version_refused", bookie_id=bookie_id, address=address, reason=str(exc))
             self._grpc_only.add(bookie_id)
             return None
-        except TimeoutError:
-            raise UnavailableError(f"bookie {bookie_id} ({address}): binary connect timed out") from None
+        except TimeoutError:  # as a read's deadline would (a blackhole accepts, then is silent)
+            raise DeadlineExceededError(f"bookie {bookie_id} ({address}): binary connect timed out") from None
         except OSError as exc:
             raise UnavailableError(f"bookie {bookie_id} ({address}): binary connect: {exc}") from None
         if self._closed:
@@ -308,6 +300,25 @@ class BinaryTransport(GrpcBookieTransport):
             raise UnavailableError("transport is closed")
         self._links[bookie_id] = link
         self.links_opened += 1
+        return link
+
+    async def _connect(self, bookie_id: BookieId, address: str) -> BinaryLink:
+        """TCP connect + HELLO within ``read_timeout_s`` (a link that fails is closed)."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        loop = asyncio.get_running_loop()
+        link: BinaryLink | None = None
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                _, link = await loop.create_connection(
+                    lambda: BinaryLink(bookie_id, self._frame_bytes_max), host, int(port),
+                    ssl=self._ssl, server_hostname=host if self._ssl is not None else None,
+                )
+                await link.handshake()
+        except BaseException:
+            if link is not None:
+                link.cancel()
+            raise
         return link
 
     # --- the add stream hooks ---------------------------------------------------------------------
