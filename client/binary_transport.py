@@ -258,6 +258,11 @@ class BinaryTransport(GrpcBookieTransport):
         self._grpc_only: set[BookieId] = set()  # refused every version we speak
         self.links_opened = 0
 
+    def wire_of(self, bookie_id: BookieId) -> str:
+        """"binary" while a link to ``bookie_id`` is open, else "grpc" (what it uses now)."""
+        link = self._links.get(bookie_id)
+        return "binary" if link is not None and not link.closed else "grpc"
+
     # --- links ------------------------------------------------------------------------------
     def _binary_address(self, bookie_id: BookieId) -> str:
         if bookie_id in self._grpc_only:
