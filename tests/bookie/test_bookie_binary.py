@@ -9,7 +9,10 @@ as in test_bookie_fuzz.py; Hypothesis drives the generated frames.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
 import struct
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +40,7 @@ FRAME_CAP = 1024 * 1024 + 8192  # the in-process bookie's cap (inflight bound + 
 class Harness:
     """The bookie and its private loop."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, binary_ssl: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
 
@@ -49,7 +52,7 @@ class Harness:
             bookie_id="bin", entry_size_max=4096, long_poll_timeout_ms_max=20, read_range_bytes_max=8192,
             read_range_entries_max=16, inflight_bytes_per_connection_max=4096 * 2,
         )
-        self.bookie = Bookie(config, storage_factory=factory)
+        self.bookie = Bookie(config, storage_factory=factory, binary_ssl=binary_ssl)
         self.loop.run_until_complete(self.bookie.start())
         host, _, port = self.bookie.binary_address.rpartition(":")
         self.host, self.port = host, int(port)
@@ -239,3 +242,43 @@ def test_generated_frames_are_answered_or_refused_and_the_bookie_keeps_serving(h
     check()
     assert outcomes == {"answered", "refused"}, outcomes
     assert answered_ok(harness, 14, 0)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a test certificate")
+def test_tls_hook_serves_the_binary_path_over_tls(tmp_path: Path) -> None:
+    """The TLS hook: an ``ssl.SSLContext`` on the bookie's binary listener and on the
+    client's links (TLS configuration itself is issue 21's)."""
+    from scriba.client.binary_transport import BinaryTransport
+    from scriba.ids import BookieId, EntryId, LedgerId
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    h = Harness(tmp_path, binary_ssl=server_ctx)
+    try:
+        plain, closed = h.run(h.exchange(add_frame(15, [0])))  # plain TCP to a TLS listener: no answer
+        assert closed and not [f for f in plain if f[0].type == FrameType.ADD_ACK]
+
+        async def over_tls() -> tuple[Status, bytes, str]:
+            b = BookieId("bin")
+            t = BinaryTransport(lambda _: h.bookie.address, resolve_binary=lambda _: h.bookie.binary_address,
+                                ssl_context=client_ctx)
+            done: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
+            data = pack_entry(Crc32cDigest(), 15, 0, -1, 0, b"secret")
+            try:
+                t.add(b, LedgerId(15), EntryId(0), KEY, data, lambda *a: done.set_result(a[3]))
+                status = await asyncio.wait_for(done, 10)
+                return status, await t.read_entry(b, LedgerId(15), EntryId(0)), t.wire_of(b)
+            finally:
+                await t.close()
+
+        status, got, used = h.run(over_tls())
+        assert status == Status.OK and got == pack_entry(Crc32cDigest(), 15, 0, -1, 0, b"secret") and used == "binary"
+    finally:
+        h.close()
