@@ -32,7 +32,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from scriba.bookie.service import BookieService, ServingState
 from scriba.errors import Status
@@ -67,8 +67,7 @@ class BinaryConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")

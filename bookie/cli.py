@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+from scriba import eventloop
 from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     async def main() -> int:
         return await Bookie(config, storage_factory=factory).run_until_signal()
 
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 def _format(args: argparse.Namespace) -> int:
@@ -166,7 +166,7 @@ def _format(args: argparse.Namespace) -> int:
               f"dirs {', '.join(str(d) for d in config.cookie_dirs)}")
         return 0
 
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 from typing import Any
 
+from scriba import eventloop
 from scriba.errors import ConfigError, ScribaError
 
 PROGRESS_INTERVAL_S = 1.0
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         batches_inflight_max=args.batches_inflight,
         transport=args.transport,
     ).validate()
-    result = asyncio.run(run_bench(cfg, progress=not args.quiet))
+    result = eventloop.run(run_bench(cfg, progress=not args.quiet))
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:

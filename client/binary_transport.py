@@ -31,7 +31,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from scriba.client.add_batcher import AddRun
 from scriba.client.grpc_transport import (
@@ -89,8 +89,7 @@ class BinaryLink(asyncio.Protocol):
 
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
