@@ -39,12 +39,12 @@ from scriba.client.grpc_transport import (
     GrpcBookieTransport,
     _Connection,
     _message,
+    follow_runs,
 )
 from scriba.client.transport import BookieTransport, EntryRun, LacResult, TransportConfig
 from scriba.errors import (
     DeadlineExceededError,
     InternalError,
-    NoSuchEntryError,
     ScribaError,
     Status,
     UnavailableError,
@@ -411,34 +411,33 @@ class BinaryTransport(GrpcBookieTransport):
                 async for run in runs:
                     yield run
             return
-        got = 0
-        chunks = link.chunks(lambda rid: wire.encode_read_range(
-            rid, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes))
         timeout = self._timeout(timeout_s)
-        async with contextlib.aclosing(chunks):
-            while True:
-                try:
-                    async with asyncio.timeout(timeout):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    self._deadline_passed(bookie_id, link)
-                    raise DeadlineExceededError(
-                        f"bookie {bookie_id} read_range: no answer within {timeout} s") from None
-                run = _chunk_run(chunk, bookie_id, ledger_id, first_entry_id + got, max_entries - got)
-                if run is not None:
-                    got += len(run)
-                    yield run
-                if chunk.status != 0:
-                    if got:
-                        break
-                    raise error_for_status(
-                        chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id))
-                if got >= max_entries:
-                    break
-        if not got and first_entry_id <= last_entry_id:
-            raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
+
+        async def timed() -> AsyncGenerator[wire.RangeChunk, None]:
+            """The link's chunks, each within the read's deadline."""
+            chunks = link.chunks(lambda rid: wire.encode_read_range(
+                rid, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes))
+            async with contextlib.aclosing(chunks):
+                while True:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        self._deadline_passed(bookie_id, link)
+                        raise DeadlineExceededError(
+                            f"bookie {bookie_id} read_range: no answer within {timeout} s") from None
+                    yield chunk
+
+        runs = follow_runs(
+            timed(), lambda chunk, next_id, count_max: (
+                chunk.status, chunk.message, _chunk_run(chunk, bookie_id, ledger_id, next_id, count_max)),
+            bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries,
+        )
+        async with contextlib.aclosing(runs):
+            async for run in runs:
+                yield run
 
     async def read_lac(
         self,

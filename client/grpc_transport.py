@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from itertools import accumulate
 from typing import Any, Final
 
@@ -600,28 +600,20 @@ class GrpcBookieTransport:
             max_bytes=max_bytes,
             packed=self.packed_reads,
         )
-        got = 0
         call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
+        runs = follow_runs(
+            call, lambda chunk, next_id, count_max: (
+                chunk.status, chunk.message, _chunk_run(chunk, bookie_id, ledger_id, next_id, count_max)),
+            bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries,
+        )
         try:
-            async for chunk in call:
-                run = _chunk_run(chunk, bookie_id, ledger_id, first_entry_id + got, max_entries - got)
-                if run is not None:
-                    got += len(run)
+            async with contextlib.aclosing(runs):
+                async for run in runs:
                     yield run
-                if chunk.status != 0:
-                    if got:  # a short answer: the caller goes on from the next entry
-                        break
-                    raise error_for_status(
-                        chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id)
-                    )
-                if got >= max_entries:
-                    break
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(conn, exc, "read_range") from None
         finally:
             call.cancel()
-        if not got and first_entry_id <= last_entry_id:
-            raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
 
     async def read_lac(
         self,
@@ -722,6 +714,35 @@ class GrpcBookieTransport:
             await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
             if self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+async def follow_runs(
+    chunks: AsyncIterator[Any],
+    to_run: Callable[[Any, int, int], tuple[int, str, EntryRun | None]],
+    bookie_id: BookieId,
+    ledger_id: LedgerId,
+    first_entry_id: EntryId,
+    last_entry_id: EntryId,
+    max_entries: int,
+) -> AsyncGenerator[EntryRun, None]:
+    """A range read's answer chunks (either wire) as runs: ``to_run(chunk, next_id,
+    count_max)`` gives a chunk's status, message and run (at most ``count_max``
+    entries from ``next_id``). Stops after ``max_entries``, or at a non-OK chunk (its
+    error raised when no entry came before it); ``NoSuchEntryError`` when none came."""
+    got = 0
+    async for chunk in chunks:
+        status, message, run = to_run(chunk, first_entry_id + got, max_entries - got)
+        if run is not None:
+            got += len(run)
+            yield run
+        if status != 0:
+            if got:  # a short answer: the caller goes on from the next entry
+                break
+            raise error_for_status(status, _message(message, bookie_id, ledger_id, first_entry_id))
+        if got >= max_entries:
+            break
+    if not got and first_entry_id <= last_entry_id:
+        raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
 
 
 def _chunk_run(

@@ -1,14 +1,17 @@
 """Which asyncio event loop a Scriba process runs on (``scriba bookie run``, ``scriba bench``).
 
 ``run(main)`` is ``asyncio.run(main)`` on the loop ``SCRIBA_EVENT_LOOP`` names:
-``asyncio`` (the standard loop, the default) or ``uvloop`` (the optional ``fast``
-extra; falls back to the standard loop, with a warning, when it is not installed).
+``asyncio`` (the standard loop, the default) or ``uvloop`` (when installed; else the
+standard loop, with a warning). uvloop is not a dependency: on this 2-core machine it
+showed no gain beyond the noise for the binary data path (``benchmarks/bench_client.py``
+under ``SCRIBA_EVENT_LOOP=uvloop``, 2026-11-25), so it stays an opt-in to re-measure.
 Only command entry points call it: a library never picks its caller's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -30,7 +33,7 @@ def loop_name() -> str:
 def run(main: Coroutine[Any, Any, T]) -> T:
     if loop_name() == "uvloop":
         try:
-            import uvloop
+            uvloop: Any = importlib.import_module("uvloop")  # optional: not a dependency
         except ImportError:
             log.warning("uvloop_missing", fallback="asyncio")
         else:
