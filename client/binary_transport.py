@@ -282,8 +282,14 @@ class BinaryTransport(GrpcBookieTransport):
         if dialing is None:
             dialing = asyncio.get_running_loop().create_task(self._dial(bookie_id))
             self._dialing[bookie_id] = dialing
-            dialing.add_done_callback(lambda _t: self._dialing.pop(bookie_id, None))
+            dialing.add_done_callback(lambda t: self._dial_done(bookie_id, t))
         return await asyncio.shield(dialing)
+
+    def _dial_done(self, bookie_id: BookieId, task: asyncio.Task[BinaryLink | None]) -> None:
+        if self._dialing.get(bookie_id) is task:
+            del self._dialing[bookie_id]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have gone (their own deadlines)
 
     async def _dial(self, bookie_id: BookieId) -> BinaryLink | None:
         address = self._binary_address(bookie_id)

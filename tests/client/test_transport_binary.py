@@ -69,3 +69,34 @@ async def test_a_bookie_refusing_every_version_is_served_over_grpc(bookie_cluste
         await t.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_garbage_from_a_bookie_fails_the_link_and_its_adds_unavailable() -> None:
+    """The client's decoder (R21): a bookie that answers HELLO, then garbage, breaks the
+    link; the adds on it are answered UNAVAILABLE at once (the write core's cue for an
+    ensemble change), not after the add timeout."""
+    got_add = asyncio.Event()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(wire.HEADER_SIZE + 2)  # HELLO
+        writer.write(b"".join(bytes(p) for p in wire.encode_hello_ok(0, wire.VERSION)))
+        await reader.read(wire.HEADER_SIZE)  # the ADD's first bytes
+        got_add.set()
+        writer.write(b"\xff" * 64)
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    t = BinaryTransport(lambda _: "127.0.0.1:1", TransportConfig(add_timeout_s=30), resolve_binary=lambda _: address)
+    done: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
+    try:
+        data = pack_entry(Crc32cDigest(), 22, 0, -1, 0, b"x")
+        t.add(BookieId("b"), LedgerId(22), EntryId(0), master_key(b"pw"), data, lambda *a: done.set_result(a[3]))
+        assert await asyncio.wait_for(done, 10) == Status.UNAVAILABLE  # well before add_timeout_s
+        assert got_add.is_set()
+    finally:
+        await t.close()
+        server.close()
+        await server.wait_closed()
