@@ -13,6 +13,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,99 @@ def test_secrets_never_in_uris(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="ca/cert/key need etcd\\+tls"):
         parse_uri("etcd://h:1/p?ca=/x")
     assert parse_uri("etcd+tls://h:1/p?ca=/x").tls  # positive control
+
+
+# --- ZooKeeper: digest authentication and ACLs on every znode ----------------------------
+
+
+def _kazoo(hosts: str, auth: list[tuple[str, str]] | None = None) -> Any:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, auth_data=auth or [], timeout=5.0)
+    client.start(timeout=10)
+    return client
+
+
+def _walk(client: Any, path: str) -> Iterator[str]:
+    yield path
+    for child in client.get_children(path):
+        yield from _walk(client, f"{path}/{child}")
+
+
+@pytest.fixture
+def zk_chroot(zk1_server: Any) -> tuple[str, str]:
+    """(hosts, chroot) of a fresh chroot on the session's ZooKeeper."""
+    hosts = ",".join(f"{h}:{p}" for h, p in zk1_server.endpoints)
+    return hosts, f"sec{uuid.uuid4().hex[:10]}"
+
+
+async def test_zk_digest_acl_on_every_znode(zk_chroot: tuple[str, str], tmp_path: Path) -> None:
+    from kazoo.exceptions import NoAuthError
+
+    from scriba.meta.store import Put
+
+    hosts, chroot = zk_chroot
+    digest = tmp_path / "zk-digest"
+    digest.write_text("scriba:zk-secret\n")
+    store = await connect(f"zk://{hosts}/{chroot}?digest_file={digest}")
+    try:
+        await store.create("ledgers/1", b"meta")
+        await store.create("bookies/b1", b"reg", ephemeral=True)
+        await store.txn([], [Put("streams/a/segments", b"s")])
+        owner = _kazoo(hosts, [("digest", "scriba:zk-secret")])
+        stranger = _kazoo(hosts)
+        try:
+            paths = list(_walk(owner, f"/{chroot}"))
+            assert len(paths) >= 7  # chroot, containers, records, the ephemeral, the txn's create
+            for path in paths:
+                acls, _ = owner.get_acls(path)
+                assert [(a.id.scheme, a.id.id.split(":")[0]) for a in acls] == [("digest", "scriba")], path
+            with pytest.raises(NoAuthError):
+                stranger.get(f"/{chroot}/ledgers/1")
+            with pytest.raises(NoAuthError):
+                stranger.create(f"/{chroot}/ledgers/2", b"x")
+        finally:
+            for c in (owner, stranger):
+                c.stop()
+                c.close()
+    finally:
+        await store.close()
+
+
+async def test_zk_unauthenticated_and_wrong_digest_are_refused(zk_chroot: tuple[str, str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts, chroot = zk_chroot
+    monkeypatch.setenv("SCRIBA_TEST_ZK_DIGEST", "scriba:zk-secret")
+    store = await connect(f"zk://{hosts}/{chroot}?digest_env=SCRIBA_TEST_ZK_DIGEST")
+    try:
+        await store.create("k", b"v")
+        assert (await store.get("k")).value == b"v"  # positive control
+    finally:
+        await store.close()
+    wrong = tmp_path / "wrong"
+    wrong.write_text("scriba:not-it")
+    for uri in (f"zk://{hosts}/{chroot}", f"zk://{hosts}/{chroot}?digest_file={wrong}"):
+        with pytest.raises(UnauthorizedError, match="not on the znode's ACL") as caught:
+            other = await connect(uri)
+            try:
+                await asyncio.wait_for(other.get("k"), 15)
+            finally:
+                await other.close()
+        assert "not-it" not in str(caught.value) and "zk-secret" not in str(caught.value)
+
+
+async def test_zk_without_digest_stays_world_open(zk_chroot: tuple[str, str]) -> None:
+    """Negative control of the ACL check above: without credentials znodes are world-open."""
+    hosts, chroot = zk_chroot
+    store = await connect(f"zk://{hosts}/{chroot}")
+    try:
+        await store.create("k", b"v")
+        client = _kazoo(hosts)
+        try:
+            acls, _ = client.get_acls(f"/{chroot}/k")
+            assert [a.id.scheme for a in acls] == ["world"]
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        await store.close()
