@@ -1,6 +1,6 @@
 """Metadata URIs.
 
-``memory://NAME`` | ``etcd[+tls]://HOST:PORT[,...]/PREFIX[?OPTIONS]`` | ``zk://HOST:PORT[,...]/CHROOT[?OPTIONS]``
+``memory://NAME`` | ``etcd[+tls]://HOST:PORT[,...]/PREFIX[?OPTIONS]`` | ``zk[+tls]://HOST:PORT[,...]/CHROOT[?OPTIONS]``
 
 Options (query parameters) carry security settings, never secrets: secrets are named by
 a file or an environment variable, so a URI can sit on a command line, in a log line or
@@ -9,7 +9,8 @@ in a bookie's registration without giving anything away.
 - etcd: ``ca``, ``cert``, ``key`` (PEM paths; ``etcd+tls`` only), ``user`` and
   ``password_file`` or ``password_env`` (etcd's user/password authentication; only
   over ``etcd+tls``, so a password never crosses the network in clear).
-- zk: ``digest_file`` or ``digest_env`` (``USER:PASSWORD``): SASL-less digest
+- zk: ``ca``, ``cert``, ``key`` (``zk+tls`` only: ZooKeeper's secure client port, which
+  asks for a client certificate by default), ``digest_file`` or ``digest_env`` (``USER:PASSWORD``): SASL-less digest
   authentication, and every znode Scriba creates gets an ACL that admits only that
   user (see ``scriba.meta.zookeeper``).
 
@@ -26,10 +27,10 @@ from urllib.parse import parse_qsl
 from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 
-SCHEMES = ("memory", "etcd", "etcd+tls", "zk")
+SCHEMES = ("memory", "etcd", "etcd+tls", "zk", "zk+tls")
 OPTIONS: Final = {
     "etcd": frozenset({"ca", "cert", "key", "user", "password_file", "password_env"}),
-    "zk": frozenset({"digest_file", "digest_env"}),
+    "zk": frozenset({"ca", "cert", "key", "digest_file", "digest_env"}),
     "memory": frozenset(),
 }
 _SECRETS: Final = frozenset({"password", "pass", "passwd", "secret", "digest", "token"})
@@ -97,17 +98,17 @@ def _options(uri: str, scheme: str, query: str, tls: bool) -> tuple[tuple[str, s
         if names.count(name) > 1:
             raise ConfigError(f"{uri!r}: option {name!r} given twice")
     given = set(names)
+    if given & {"ca", "cert", "key"} and not tls:
+        raise ConfigError(f"{uri!r}: ca/cert/key need {scheme}+tls://")
+    if ("cert" in given) != ("key" in given):
+        raise ConfigError(f"{uri!r}: cert= and key= go together")
     if scheme == "etcd":
-        if given & {"ca", "cert", "key"} and not tls:
-            raise ConfigError(f"{uri!r}: ca/cert/key need etcd+tls://")
         if given & {"password_file", "password_env"} and not tls:
             raise ConfigError(f"{uri!r}: a password goes only over TLS: use etcd+tls://")
         if ("user" in given) != bool(given & {"password_file", "password_env"}):
             raise ConfigError(f"{uri!r}: user= needs password_file= or password_env= (and the reverse)")
         if {"password_file", "password_env"} <= given:
             raise ConfigError(f"{uri!r}: give password_file= or password_env=, not both")
-        if ("cert" in given) != ("key" in given):
-            raise ConfigError(f"{uri!r}: cert= and key= go together")
     if scheme == "zk" and {"digest_file", "digest_env"} <= given:
         raise ConfigError(f"{uri!r}: give digest_file= or digest_env=, not both")
     return tuple(pairs)

@@ -33,9 +33,13 @@ containers, records, ephemerals, transaction creates) gets one ACL: that digest 
 all permissions; nobody else, not even readers. A request the ACLs refuse is an
 ``UnauthorizedError`` (a wrong password shows as that: ZooKeeper accepts any digest
 credentials and refuses at each znode). A chroot someone else created world-open is
-logged (``zookeeper_chroot_world_open``): its ACL is not ours to change. TLS: the
-Debian ZooKeeper 3.8 ships Netty, so a ``secureClientPort`` server is possible; this
-driver does not dial TLS yet.
+logged (``zookeeper_chroot_world_open``): its ACL is not ours to change.
+
+TLS (``zk+tls://``, ``ca=``, ``cert=``, ``key=``): kazoo dials the server's secure client
+port and verifies its certificate and host name; ZooKeeper asks for a client
+certificate by default (``ssl.clientAuth=need``). The Debian ZooKeeper 3.8 serves TLS
+with ``serverCnxnFactory=NettyServerCnxnFactory``, PEM key and trust stores and the
+Debian Netty jars on its classpath (``scriba.embedded.zookeeper`` does this).
 
 Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
 CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
@@ -46,13 +50,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.protocol.states import KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_digest_acl
@@ -87,6 +95,7 @@ from scriba.meta.store import (
 )
 from scriba.meta.uri import MetadataUri, parse_uri
 from scriba.retry import RetryPolicy, retry_async
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -267,6 +276,7 @@ class ZooKeeperStore:
             logger=logging.getLogger("scriba.meta.zookeeper.kazoo"),
             auth_data=auth_data,
             default_acl=acl,
+            **_tls_options(parsed),
         )
         store = cls(
             parsed,
@@ -938,6 +948,38 @@ class ZooKeeperStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _tls_options(parsed: MetadataUri) -> dict[str, Any]:
+    """kazoo's arguments for ``zk+tls://``: a handler dialing with Scriba's client context
+    (chain and host name verified; files checked first: a clear ConfigError)."""
+    if not parsed.tls:
+        return {}
+    ca, cert, key = (parsed.option(name) for name in ("ca", "cert", "key"))
+    loaded = TlsConfig(cert=Path(cert) if cert else None, key=Path(key) if key else None,
+                       ca=Path(ca) if ca else None).load()
+    return {"use_ssl": True, "handler": _TlsHandler(loaded.client_ssl_context())}
+
+
+class _TlsHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler, dialing TLS with our context. Unlike kazoo 2.11's own
+    TLS dialer it closes the socket of a failed handshake (a client retrying against a
+    server it must refuse would otherwise leak one descriptor per attempt)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    def create_connection(self, address: tuple[str, int], hostname: str | None = None,
+                          timeout: float | None = None, **_kazoo_tls_args: Any) -> ssl.SSLSocket:
+        sock = socket.create_connection(address, timeout)
+        try:
+            conn = self._context.wrap_socket(sock, server_hostname=hostname or address[0])
+        except BaseException:
+            sock.close()
+            raise
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
 
 
 def _digest_auth(parsed: MetadataUri) -> tuple[list[tuple[str, str]], list[ACL] | None]:
