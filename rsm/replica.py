@@ -123,7 +123,8 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self._term: LeaderTerm | None = None
         self._leadership: Leadership | None = None
         self._server: ReplicaServer | None = None
-        self._peers = PeerPool()
+        self._tls = self.config.tls.load() if self.config.tls is not None else None  # bad files: ConfigError
+        self._peers = PeerPool(self._tls)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()  # applied position or role moved
         self._leader: tuple[str, str] | None = None  # (replica id, address)
@@ -155,7 +156,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         try:
             await self._restore_newer()
             if self.address:
-                self._server = ReplicaServer(self.address, self._handle, self.config.connections_max)
+                self._server = ReplicaServer(self.address, self._handle, self.config.connections_max, self._tls)
                 await self._server.start()
             if self._metrics_endpoint is not None:
                 await self._metrics_endpoint.start()

@@ -169,6 +169,14 @@ class LoadedTls:
         return [("grpc.ssl_target_name_override", name)] if name else []
 
 
+def as_client(config: TlsConfig | None) -> TlsConfig | None:
+    """A server's config turned into the client config of the same process (its own
+    certificate, its CA; no allow-lists): how a server dials the servers it depends on."""
+    if config is None:
+        return None
+    return TlsConfig(cert=config.cert, key=config.key, ca=config.ca)
+
+
 # --- identities and allow-lists ---------------------------------------------------------
 
 
