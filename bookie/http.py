@@ -21,9 +21,8 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from scriba.errors import UnauthorizedError
 from scriba.log import get_logger
-from scriba.tls import LoadedTls, Role, authorize, identities_from_peercert
+from scriba.tls import LoadedTls, Role, refusal
 
 log = get_logger(__name__)
 
@@ -117,14 +116,11 @@ class HttpEndpoint:
 
     def _refusal(self, writer: asyncio.StreamWriter) -> str | None:
         """Why this connection's peer may not use the endpoint (None: it may)."""
-        if self._tls is None or not self._tls.config.require_client_cert:
+        refused = refusal(self._tls, writer.get_extra_info("peercert"), (Role.ADMIN,))
+        if refused is None:
             return None
-        try:
-            authorize(self._tls.config, identities_from_peercert(writer.get_extra_info("peercert")), (Role.ADMIN,))
-        except UnauthorizedError as exc:
-            log.warning("http_request_refused", reason=str(exc))
-            return f"forbidden: {exc}"
-        return None
+        log.warning("http_request_refused", reason=str(refused))
+        return f"forbidden: {refused}"
 
     def _route(self, method: str, path: str, query: str) -> Reply:
         if path == "/api/gc":

@@ -32,7 +32,7 @@ from scriba.errors import (
 )
 from scriba.log import get_logger
 from scriba.rsm import wire
-from scriba.tls import LoadedTls, Role, authorize, identities_from_peercert
+from scriba.tls import LoadedTls, Role, refusal
 
 HANDSHAKE_TIMEOUT_S = 5.0
 
@@ -107,14 +107,10 @@ class ReplicaServer:
             writer.close()
 
     def _refusal(self, writer: asyncio.StreamWriter) -> UnauthorizedError | None:
-        if self._tls is None or not self._tls.config.require_client_cert:
-            return None
-        try:
-            authorize(self._tls.config, identities_from_peercert(writer.get_extra_info("peercert")), tuple(Role))
-        except UnauthorizedError as exc:
-            log.warning("rsm_peer_refused", reason=str(exc))
-            return exc
-        return None
+        refused = refusal(self._tls, writer.get_extra_info("peercert"), tuple(Role))
+        if refused is not None:
+            log.warning("rsm_peer_refused", reason=str(refused))
+        return refused
 
     async def _answer(self, writer: asyncio.StreamWriter, request_id: int, op: wire.Op, flags: int,
                       body: bytes) -> None:

@@ -137,7 +137,8 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self.restored_from: Any = None  # the last snapshot restored
         self._log = log.bind(rsm=f"{namespace}/{name}", replica=self.replica_id)
         self.metrics = RsmMetrics()
-        self._metrics_endpoint = (MetricsEndpoint(check_listen(metrics_listen), self.metrics, self.refresh_metrics)
+        self._metrics_endpoint = (MetricsEndpoint(check_listen(metrics_listen), self.metrics, self.refresh_metrics,
+                                                  self._tls)
                                   if metrics_listen is not None else None)
 
     # --- lifecycle ---------------------------------------------------------------------

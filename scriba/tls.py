@@ -227,6 +227,19 @@ def authorize(config: TlsConfig, identities: frozenset[str], roles: Iterable[Rol
         raise UnauthorizedError(f"certificate identities [{names}] are not on the {wanted} allow-list")
 
 
+def refusal(tls: LoadedTls | None, peercert: Mapping[str, Any] | None, roles: Iterable[Role]) -> UnauthorizedError | None:
+    """Why a connection with this peer certificate (``ssl``'s ``getpeercert()``) may not act
+    in ``roles`` on a server serving ``tls``; None when it may (or when the server does not
+    ask for client certificates)."""
+    if tls is None or not tls.config.require_client_cert:
+        return None
+    try:
+        authorize(tls.config, identities_from_peercert(peercert), roles)
+    except UnauthorizedError as exc:
+        return exc
+    return None
+
+
 def parse_allow(entries: Iterable[str]) -> Mapping[Role, frozenset[str]]:
     """``ROLE=IDENTITY`` strings (``--tls-allow client=writer-1``) into allow-lists."""
     lists: dict[Role, set[str]] = {}

@@ -62,3 +62,30 @@ async def test_rsm_peer_mutual_tls_admits_and_refuses(served: tuple[str, list[by
     with pytest.raises(UnavailableError):
         await call(address, None, b"plaintext")  # the server hangs up on a non-TLS peer
     assert seen == [b"ok"]
+
+
+async def test_rsm_metrics_https_admin_only(pki: TestPki) -> None:
+    from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics
+
+    async def refresh() -> None:
+        return None
+
+    endpoint = MetricsEndpoint("127.0.0.1:0", RsmMetrics(), refresh, pki.server_tls().load())
+    await endpoint.start()
+    try:
+        host, port = endpoint.address.rsplit(":", 1)
+
+        async def get(who: object) -> bytes:
+            ctx = pki.client_tls(who).load().client_ssl_context()  # type: ignore[arg-type]
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), DEADLINE_S)
+            try:
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                return await asyncio.wait_for(reader.read(), DEADLINE_S)
+            finally:
+                writer.close()
+
+        assert (await get(pki.admin)).startswith(b"HTTP/1.1 200")  # positive control
+        answer = await get(pki.client)
+        assert answer.startswith(b"HTTP/1.1 403") and b"admin allow-list" in answer
+    finally:
+        await endpoint.close()
