@@ -170,9 +170,9 @@ class EtcdCluster:
         ``options``: more URI options, e.g. ``user``, ``password_file``, ``cert``, ``key``)."""
         hosts = ",".join(f"{h}:{p}" for h, p in self.endpoints)
         if self.tls is None:
-            query = urllib.parse.urlencode(options)
+            query = urllib.parse.urlencode(options, safe="/")
             return f"etcd://{hosts}/{prefix}" + (f"?{query}" if query else "")
-        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options})
+        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options}, safe="/")
         return f"etcd+tls://{hosts}/{prefix}" + (f"?{query}" if query else "")
 
     def _health_context(self) -> ssl.SSLContext | None:

@@ -260,10 +260,10 @@ class ZooKeeperEnsemble:
         serving TLS (``options``: more URI options: ``cert``, ``key``, ``digest_file``...)."""
         if self.tls is None:
             hosts = ",".join(f"{h}:{p}" for h, p in self.endpoints)
-            query = urllib.parse.urlencode(options)
+            query = urllib.parse.urlencode(options, safe="/")
             return f"zk://{hosts}/{prefix}" + (f"?{query}" if query else "")
         hosts = ",".join(f"{self.host}:{p}" for p in self.secure_ports)
-        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options})
+        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options}, safe="/")
         return f"zk+tls://{hosts}/{prefix}" + (f"?{query}" if query else "")
 
     def mode(self, index: int) -> str | None:
