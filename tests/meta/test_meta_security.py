@@ -235,3 +235,52 @@ async def test_zk_over_mutual_tls(zk_tls: Any, pki: TestPki) -> None:
         with pytest.raises(MetadataUnavailableError, match="cannot connect to ZooKeeper"):
             await connect(uri, connect_timeout_s=3)
     gc.collect()  # a leaked socket of a failed handshake would be reported now (kazoo's own dialer leaks)
+
+
+def test_secrets_never_in_logs_or_metrics(etcd_tls: EtcdCluster, password_file: Path, tmp_path: Path) -> None:
+    """A bookie on the password-protected etcd and a client writing a password-protected
+    ledger: neither the etcd password nor the ledger password appears in the bookie's log,
+    its /metrics, or the client's output (scanned as text and as hex)."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from scriba.embedded.bookie import BookieProcess
+
+    ledger_password = f"ledger-{uuid.uuid4().hex}"
+    uri = etcd_tls.uri(PREFIX, user="scriba", password_file=str(password_file))
+    bookies = [BookieProcess(tmp_path / f"b{i}", uri, bookie_id=f"sec-{i}") for i in range(3)]
+    try:
+        for b in bookies:
+            b.start()
+        script = (
+            "import asyncio, sys\n"
+            "from scriba.client import Client\n"
+            "from scriba.log import configure\n"
+            "async def main():\n"
+            "    configure(level='debug')\n"
+            "    async with Client.connect(sys.argv[1]) as c:\n"
+            "        w = await c.create_ledger(3, 3, 2, password=sys.argv[2].encode(), digest='hmac-sha256')\n"
+            "        for i in range(20):\n"
+            "            await w.append(b'x%d' % i)\n"
+            "        await w.close()\n"
+            "        r = await c.open_ledger(w.ledger_id, password=sys.argv[2].encode())\n"
+            "        print('read', len([e async for e in r.read()]))\n"
+            "asyncio.run(main())\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script, uri, ledger_password], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and "read 20" in done.stdout, done.stdout + done.stderr
+        texts = [done.stdout, done.stderr]
+        for b in bookies:
+            with urllib.request.urlopen(f"http://{b.http_address}/metrics", timeout=10) as reply:
+                texts.append(reply.read().decode())
+            b.stop()
+            texts.append(b.log_path.read_text())
+        blob = "\n".join(texts)
+        assert "ledger_created" in blob  # the scan saw the client's log (positive control)
+        for secret in (PASSWORD, ledger_password):
+            assert secret not in blob and secret.encode().hex() not in blob
+    finally:
+        for b in bookies:
+            b.stop()
