@@ -21,11 +21,6 @@ from scriba.tls import (
 from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
-
-
 def test_authorize_follows_the_role_allow_lists(pki: TestPki) -> None:
     cfg = pki.server_tls()
     authorize(cfg, frozenset({CLIENT_IDENTITY}), (Role.CLIENT,))  # admitted: no error

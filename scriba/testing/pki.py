@@ -67,3 +67,14 @@ class TestPki:
     def client_tls(self, who: Issued | None = None, *, ca: Path | None = None) -> TlsConfig:
         """A client trusting the test CA (or ``ca``), presenting ``who``'s certificate if given."""
         return TlsConfig(cert=who.cert if who else None, key=who.key if who else None, ca=ca or self.ca.cert)
+
+
+async def https_get(url: str, tls: TlsConfig, timeout_s: float = 10.0) -> tuple[int, str]:
+    """GET ``url`` over HTTPS with ``tls``'s client context: (status, body text)."""
+    import aiohttp
+
+    ctx = tls.load().client_ssl_context()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                     connector=aiohttp.TCPConnector(ssl=ctx)) as http:
+        async with http.get(url) as reply:
+            return reply.status, await reply.text()

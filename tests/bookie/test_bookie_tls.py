@@ -42,11 +42,6 @@ def config(tls: TlsConfig | None) -> ClientConfig:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
 def tls_cluster(etcd_cluster: Any, pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieCluster]:
     uri = str(etcd_cluster.uri(f"tls{uuid.uuid4().hex[:10]}"))
     cluster = BookieCluster(tmp_path_factory.mktemp("tls-bookies"), uri, tls=pki.server_tls())

@@ -8,13 +8,9 @@ import uuid
 import aiohttp
 import pytest
 
+from scriba.certs import Issued
 from scriba.console.cli import Console, ConsoleConfig
-from scriba.testing.pki import TestPki
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
+from scriba.testing.pki import TestPki, https_get
 
 
 async def test_console_https_admin_only(pki: TestPki) -> None:
@@ -24,12 +20,8 @@ async def test_console_https_admin_only(pki: TestPki) -> None:
     try:
         assert console.url.startswith("https://")
 
-        async def status(who: object) -> tuple[int, str]:
-            ctx = pki.client_tls(who).load().client_ssl_context()  # type: ignore[arg-type]
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
-                                             connector=aiohttp.TCPConnector(ssl=ctx)) as http:
-                async with http.get(console.url + "api/status") as reply:
-                    return reply.status, await reply.text()
+        async def status(who: Issued | None) -> tuple[int, str]:
+            return await https_get(console.url + "api/status", pki.client_tls(who))
 
         assert (await status(pki.admin))[0] == 200  # positive control
         code, text = await status(pki.client)

@@ -30,11 +30,6 @@ PREFIX = "scriba-ok"
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
 def etcd_tls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-tls"), tls=pki.server_tls(mutual=False))
     cluster.start()

@@ -22,11 +22,6 @@ from scriba.testing.pki import TestPki
 DEADLINE_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
-
-
 @pytest.fixture
 async def served(pki: TestPki) -> AsyncIterator[tuple[str, list[bytes]]]:
     seen: list[bytes] = []

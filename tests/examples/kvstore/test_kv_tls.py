@@ -40,11 +40,6 @@ async def collect_on_the_loop() -> AsyncIterator[None]:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
 def kv_tls(etcd_cluster: Any, pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvCluster]:
     uri = str(etcd_cluster.uri(f"kvtls{uuid.uuid4().hex[:8]}"))
     base = tmp_path_factory.mktemp("kv-tls")

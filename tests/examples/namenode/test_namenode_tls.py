@@ -9,17 +9,10 @@ from __future__ import annotations
 import types
 from typing import Any
 
-import aiohttp
-import pytest
-
+from scriba.certs import Issued
 from scriba.embedded.process import free_port
 from scriba.examples.namenode.server import serve
-from scriba.testing.pki import TestPki
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return TestPki.create(tmp_path_factory.mktemp("pki"))
+from scriba.testing.pki import TestPki, https_get
 
 
 async def test_webhdfs_https_allow_list(pki: TestPki) -> None:
@@ -28,12 +21,8 @@ async def test_webhdfs_https_allow_list(pki: TestPki) -> None:
     try:
         assert nn.url.startswith("https://")
 
-        async def get(who: object) -> tuple[int, str]:
-            ctx = pki.client_tls(who).load().client_ssl_context()  # type: ignore[arg-type]
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
-                                             connector=aiohttp.TCPConnector(ssl=ctx)) as http:
-                async with http.get(nn.url + "/no/such/route") as reply:
-                    return reply.status, await reply.text()
+        async def get(who: Issued) -> tuple[int, str]:
+            return await https_get(nn.url + "/no/such/route", pki.client_tls(who))
 
         assert (await get(pki.client))[0] == 404  # admitted: the router answered
         code, text = await get(pki.intruder)
