@@ -23,7 +23,7 @@ from scriba.errors import ConfigError, MetadataUnavailableError, UnauthorizedErr
 from scriba.meta.connect import connect
 from scriba.meta.uri import parse_uri
 from scriba.testing.etcd_auth import enable_auth
-from scriba.testing.pki import TestPki
+from scriba.testing.pki import CLIENT_IDENTITY, TestPki
 
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 PREFIX = "scriba-ok"
@@ -80,6 +80,38 @@ async def test_etcd_user_cannot_touch_keys_outside_its_prefix(etcd_tls: EtcdClus
             await store.create("probe", b"x")
         finally:
             await store.close()
+
+
+@pytest.fixture(scope="module")
+def etcd_mtls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """etcd with --client-cert-auth and auth on: a certificate's CN is its etcd user."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-mtls"), tls=pki.server_tls(mutual=True))
+    cluster.start()
+    try:
+        host, port = cluster.endpoints[0]
+        asyncio.run(enable_auth(f"{host}:{port}", pki.client_tls(pki.admin), root_password=f"root-{uuid.uuid4().hex}",
+                                user=CLIENT_IDENTITY, password=f"unused-{uuid.uuid4().hex}", prefix=PREFIX))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def test_etcd_client_certificate_is_the_user(etcd_mtls: EtcdCluster, pki: TestPki) -> None:
+    certs = {"cert": str(pki.client.cert), "key": str(pki.client.key)}
+    store = await connect(etcd_mtls.uri(PREFIX, **certs))
+    try:
+        await store.create("by-cert", b"ok")  # the CN's role reaches PREFIX/ (positive control)
+        assert (await store.get("by-cert")).value == b"ok"
+    finally:
+        await store.close()
+    with pytest.raises(UnauthorizedError, match="permission denied"):
+        outside = await connect(etcd_mtls.uri("elsewhere", **certs))
+        try:
+            await outside.create("x", b"x")
+        finally:
+            await outside.close()
+    with pytest.raises(MetadataUnavailableError):  # no client certificate: no handshake
+        await connect(etcd_mtls.uri(PREFIX), connect_timeout_s=3)
 
 
 async def test_etcd_plaintext_and_wrong_ca_clients_are_refused(etcd_tls: EtcdCluster, pki: TestPki) -> None:
