@@ -96,6 +96,7 @@ _TIMEOUT: Final = Status.TIMEOUT
 _UNAVAILABLE: Final = Status.UNAVAILABLE
 _TOO_MANY: Final = Status.TOO_MANY_REQUESTS
 _UNAUTHORIZED: Final = Status.UNAUTHORIZED
+_PLAINTEXT_HINT: Final = " (this client dials without TLS: does the bookie require it?)"
 _REFUSED_CODES: Final = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 _RECOVERY_FLAG: Final = pb.RECOVERY_ADD
 _FENCE_FLAG: Final = pb.FENCE
@@ -340,7 +341,7 @@ class GrpcBookieTransport:
             call = add_stream()
         except Exception as exc:
             if conn.sender is asyncio.current_task():
-                self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _UNAVAILABLE, f"open: {self._describe(exc)}", drop_channel=False)
             return
         conn.call = call
         conn.reader = asyncio.get_running_loop().create_task(
@@ -443,7 +444,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _failure_status(exc), f"write: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"write: {self._describe(exc)}", drop_channel=False)
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         try:
@@ -461,7 +462,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _failure_status(exc), f"read: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"read: {self._describe(exc)}", drop_channel=False)
 
     def _on_answer(self, conn: _Connection, ledger_id: int, ids: list[int], code: int) -> None:
         """One bookie answer: ``ids`` of ``ledger_id`` all got ``code``."""
@@ -528,8 +529,15 @@ class GrpcBookieTransport:
         if code in _REFUSED_CODES:
             return UnauthorizedError(text)
         if self._tls is None and code is grpc.StatusCode.UNAVAILABLE:
-            text += " (this client dials without TLS: does the bookie require it?)"
+            text += _PLAINTEXT_HINT
         return UnavailableError(text)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``exc`` for a log line; a plaintext transport's UNAVAILABLE says it dialed without TLS."""
+        text = _describe(exc)
+        if self._tls is None and isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
+            text += _PLAINTEXT_HINT
+        return text
 
     def _timeout(self, timeout_s: float | None) -> float:
         return self.read_timeout_s if timeout_s is None else timeout_s
