@@ -25,6 +25,14 @@ Rules (BookKeeper's; the quorum arithmetic is ``scriba.quorum.Quorum``'s):
   recovery flag (done when ``Qa`` acknowledged), then the record is CAS-closed at the
   last recovered entry. A recoverer that finds the record CLOSED adopts it, so two
   concurrent recoverers end with the same record.
+- with ``min_regions_for_durability > 1`` (regions count in the ack rule) "a quorum"
+  above means ``Quorum.could_confirm``: ``Qa`` slots spanning that many regions of the
+  record's ``bookie_regions``. Fencing is complete once the slots that did not answer
+  could not confirm anything; an entry is absent once the replicas that did not deny it
+  could not have confirmed it; a re-replicated entry is done at ``Qa`` acks spanning
+  the regions, and has failed once the replicas left could not. So a ledger whose
+  writer confirmed only entries held in two regions recovers, without loss, after a
+  whole region is gone.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ class _EntryRead:
     data: bytes | None = None
     length: int = 0
     no: int = 0
+    no_slots: int = 0  # bit mask of the slots that said NO_SUCH_ENTRY
     unknown: int = 0
     statuses: list[str] = dataclasses.field(default_factory=list)
 
@@ -99,6 +108,8 @@ class _EntryRead:
 class _EntryWrite:
     ok: int = 0
     failed: int = 0
+    ok_slots: int = 0  # bit masks of slots (used when regions count)
+    failed_slots: int = 0
 
 
 def recovery_start_transform() -> MetadataUpdate:
@@ -219,9 +230,10 @@ class RecoveryCore:
                 return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
             self._fence_failed.add(index)
             self._fence_errors.append(f"{bookie_id}: {Status(status).name}")
-        if self._quorum.covers_every_write_set(self._fence_ok):
+        regions = self._md.slot_regions(ensemble)
+        if self._quorum.covers_every_write_set(self._fence_ok, regions):
             return self._begin_reading()
-        if not self._quorum.can_still_cover(self._fence_failed):
+        if not self._quorum.can_still_cover(self._fence_failed, regions):
             return self._fail(
                 UnavailableError(
                     f"ledger {self._ledger_id}: could not fence a quorum of every write set "
@@ -253,6 +265,7 @@ class RecoveryCore:
                     read.statuses.append(f"{bookie_id}: wrong entry header")
         elif status == Status.NO_SUCH_ENTRY or status == Status.NO_SUCH_LEDGER:
             read.no += 1
+            read.no_slots |= self._slot_bit(bookie_id, entry_id)
         elif status == Status.UNAUTHORIZED:
             return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
         else:
@@ -266,25 +279,56 @@ class RecoveryCore:
         write = self._writes.get(entry_id)
         if write is None:
             return NO_EFFECTS
+        regions = self._md.slot_regions(self._md.ensemble_at(entry_id))
+        bit = self._slot_bit(bookie_id, entry_id)
         if status == Status.OK:
             write.ok += 1
-            if self._quorum.is_acked(write.ok):
+            write.ok_slots |= bit
+            acked_regions = regions.count(write.ok_slots) if regions is not None else 1
+            if self._quorum.is_acked(write.ok, acked_regions):
                 del self._writes[entry_id]
                 if not self._writes:
                     return self._begin_closing()
             return NO_EFFECTS
         write.failed += 1
-        if not self._quorum.can_still_ack(write.failed):
+        write.failed_slots |= bit
+        left = None
+        if regions is not None:
+            left = regions.count(self._write_set_mask(entry_id) & ~write.failed_slots)
+        if not self._quorum.can_still_ack(write.failed, left):
             return self._fail(
                 UnavailableError(
                     f"ledger {self._ledger_id}: could not re-replicate entry {entry_id} to "
-                    f"{self._quorum.ack_quorum_size} bookies (last error "
+                    f"{self._quorum.ack_quorum_size} bookies"
+                    + (
+                        f" in {self._quorum.regions_min} regions (min_regions_for_durability)"
+                        if regions is not None else ""
+                    )
+                    + " (last error "
                     f"{Status(status).name} from {bookie_id})"
                 )
             )
         return NO_EFFECTS
 
     # --- internals --------------------------------------------------------------------
+    def _slot_bit(self, bookie_id: BookieId, entry_id: int) -> int:
+        """The slot bit of ``bookie_id`` in the segment holding ``entry_id`` (0 if none)."""
+        if not self._quorum.counts_regions:
+            return 0
+        ensemble = self._md.ensemble_at(entry_id)
+        return 1 << ensemble.index(bookie_id) if bookie_id in ensemble else 0
+
+    def _write_set_mask(self, entry_id: int) -> int:
+        return self._quorum.write_set_masks()[entry_id % self._quorum.ensemble_size]
+
+    def _could_have_confirmed(self, entry_id: int, read: _EntryRead) -> bool:
+        """Whether the replicas of ``entry_id`` that did not deny it could have confirmed it."""
+        regions = self._md.slot_regions(self._md.ensemble_at(entry_id))
+        if regions is None:
+            return True
+        others = self._write_set_mask(entry_id) & ~read.no_slots
+        return self._quorum.could_confirm([s for s in range(others.bit_length()) if others >> s & 1], regions)
+
     def _begin_reading(self) -> Effects:
         self._phase = RecoveryPhase.READING
         # Read the LAC entry too: it is confirmed, and its header gives the length.
@@ -315,6 +359,7 @@ class RecoveryCore:
             state = entry_state(
                 present=read.data is not None, missing=read.no, answered=read.answered,
                 asked=read.expected,
+                could_have_confirmed=not read.no or self._could_have_confirmed(entry_id, read),
             )
             if state is EntryState.PRESENT and read.data is not None:
                 self._found[entry_id] = (read.data, read.length)

@@ -8,6 +8,8 @@ placement exists only when ``ack_quorum_size > W - W // R`` (BookKeeper's rule);
 other quorums are refused with ConfigError. Inside each region zones, then racks,
 are spread (MEETS_STRICT when no two bookies of a write set share a rack).
 ``enforce_durability=False`` degrades instead of failing when regions are missing.
+When enforced, ledgers record ``min_regions_for_durability`` and the writer's ack
+rule counts regions as well (``regions_for_durability``; ``scriba.quorum``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class RegionAwarePolicy(BasePolicy):
     @property
     def _regions(self) -> int:
         return int(self._options["min_regions_for_durability"])
+
+    @property
+    def regions_for_durability(self) -> int:
+        """``min_regions_for_durability`` when enforced: the ack rule counts regions too
+        (BookKeeper's ``enforceDurability``); degrading placement leaves them uncounted."""
+        return self._regions if self.enforce else 1
 
     def _check_config(self, ensemble_size: int, write_quorum_size: int, ack_quorum_size: int) -> None:
         r, w, a = self._regions, write_quorum_size, ack_quorum_size
