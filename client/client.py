@@ -337,9 +337,18 @@ class Client:
             )
             if current.is_closed:  # another recovery finished meanwhile
                 return current
+            chooser = None
+            if current.min_regions_for_durability > 1:
+                # A lost region can leave the tail's write sets short: move it (keeping
+                # the regions) instead of failing for ever.
+                chooser = self._chooser(
+                    self._make_policy(current.placement_policy, current.placement_options),
+                    current.write_quorum_size, current.ack_quorum_size,
+                )
             return await recover_ledger(
                 current, digest=digest, store=self._store, transport=self._transport,
                 master_key=key, config=self._config.driver, recovery_config=self._config.recovery,
+                choose_replacement=chooser, region_of=self._region_of,
             )
 
         def on_retry(attempt: int, error: BaseException, delay_s: float) -> None:

@@ -127,6 +127,28 @@ class WriteConfig:
         return self
 
 
+def region_shortfall(
+    md: LedgerMetadata, ensemble: Ensemble, regions: Mapping[str, str] | None = None
+) -> str:
+    """Why ``ensemble`` cannot keep the record's ``min_regions_for_durability`` ("" when
+    it can): some write set's slots do not span that many known regions (``regions``:
+    the replacements' regions, beside the record's ``bookie_regions``)."""
+    regions_min = md.min_regions_for_durability
+    if regions_min == 1:
+        return ""
+    known = {**md.bookie_regions, **(regions or {})}
+    slot_regions = SlotRegions.of([known.get(b) for b in ensemble])
+    for slots in md.quorum.write_sets():
+        spanned = slot_regions.count_slots(slots)
+        if spanned < regions_min:
+            where = ", ".join(f"{ensemble[i]}@{known.get(ensemble[i], '?')}" for i in slots)
+            return (
+                f"ledger {md.ledger_id}: constraint min_regions_for_durability={regions_min} "
+                f"cannot be met: write set {where} spans {spanned} region(s)"
+            )
+    return ""
+
+
 class WriterState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
@@ -468,21 +490,7 @@ class WriteCore:
         self._rebuild_send_sets()
 
     def _region_shortfall(self, ensemble: Ensemble, regions: Mapping[str, str] | None = None) -> str:
-        """Why ``ensemble`` cannot keep ``min_regions_for_durability`` ("" when it can):
-        some write set's slots do not span that many known regions."""
-        if self._regions_min == 1:
-            return ""
-        known = {**self._md.bookie_regions, **(regions or {})}
-        slot_regions = SlotRegions.of([known.get(b) for b in ensemble])
-        for slots in self._quorum.write_sets():
-            if slot_regions.count_slots(slots) < self._regions_min:
-                where = ", ".join(f"{ensemble[i]}@{known.get(ensemble[i], '?')}" for i in slots)
-                return (
-                    f"ledger {self._ledger_id}: constraint min_regions_for_durability="
-                    f"{self._regions_min} cannot be met: write set {where} spans "
-                    f"{slot_regions.count_slots(slots)} region(s)"
-                )
-        return ""
+        return region_shortfall(self._md, ensemble, regions)
 
     def _rebuild_send_sets(self) -> None:
         ens = self._ensemble

@@ -242,3 +242,43 @@ def test_metadata_round_trips_the_region_fields_and_omits_them_when_unset() -> N
     plain = dataclasses.replace(meta, min_regions_for_durability=1, bookie_regions={})
     assert b"bookie_regions" not in plain.to_bytes()
     assert meta.quorum.regions_min == 2
+
+
+def _recovery_losing_west(spares: tuple[str, ...]) -> tuple[RecoveryCore, tuple]:
+    meta = md()
+    core = RecoveryCore(meta, digest=DIGEST, choose_replacement=Spares(spares), region_of=REGIONS.get)
+    (wm,) = core.start()
+    core.on_metadata_written(wm.transform(meta))
+    core.on_lac_response(B("a1"), LacResult(EntryId(-1), None), OK)
+    core.on_lac_response(B("a2"), LacResult(EntryId(-1), None), OK)
+    assert core.phase is RecoveryPhase.READING  # east alone fences: west could not confirm alone
+    core.on_entry(B("a1"), 0, packed(0), OK)
+    core.on_entry(B("a1"), 1, None, Status.NO_SUCH_ENTRY)
+    core.on_entry(B("a2"), 1, None, Status.NO_SUCH_ENTRY)
+    assert core.phase is RecoveryPhase.WRITING
+    core.on_add_response(B("a1"), 0, OK)
+    assert core.on_add_response(B("a2"), 0, OK) == ()  # two acks, one region: not done
+    return core, tuple(core.on_add_response(B("b1"), 0, Status.UNAVAILABLE))  # west is gone
+
+
+def test_recovery_moves_the_tail_to_a_replacement_in_another_region() -> None:
+    core, (change,) = _recovery_losing_west(("c1",))
+    assert isinstance(change, WriteMetadata)
+    record = change.transform(core.metadata)
+    assert record.state.value == "IN_RECOVERY"
+    assert record.ensembles == ((0, ("a1", "a2", "c1")),)
+    assert record.bookie_regions["c1"] == "north"
+    sends = core.on_metadata_written(record)
+    assert [(e.entry_id, e.bookies) for e in sends if isinstance(e, SendAdd)] == [(0, ("a1", "a2", "c1"))]
+    assert core.on_add_response(B("a1"), 0, OK) == ()
+    assert core.on_add_response(B("b1"), 0, OK) == ()  # a late ack of the replaced bookie: ignored
+    assert core.on_add_response(B("a2"), 0, OK) == ()
+    (close,) = core.on_add_response(B("c1"), 0, OK)
+    closed = close.transform(core.metadata)
+    assert closed.last_entry_id == 0 and closed.current_ensemble == ("a1", "a2", "c1")
+
+
+def test_recovery_replacement_that_breaks_the_regions_fails_naming_the_constraint() -> None:
+    core, (failed,) = _recovery_losing_west(("a3",))
+    assert core.phase is RecoveryPhase.FAILED
+    assert "min_regions_for_durability=2 cannot be met" in str(failed.error)  # type: ignore[attr-defined]
