@@ -136,6 +136,18 @@ def test_writer_batched_answers_and_advance_count_regions() -> None:
     assert completes(c.on_add_response(B("b1"), 0, OK)) == [(0, 2)]
 
 
+def test_advance_stops_at_an_entry_held_in_one_region() -> None:
+    c = writer(md())
+    c.append(b"0")
+    c.append(b"1")
+    for b in ("a1", "a2"):
+        c.on_add_response(B(b), 0, OK)
+        c.on_add_response(B(b), 1, OK)
+    # Entry 0 reaches west; entry 1 has two acks but only east: it stays unconfirmed.
+    assert completes(c.on_add_response(B("b1"), 0, OK)) == [(0, 0)]
+    assert c.last_add_confirmed == 0 and c.pending == 1
+
+
 def test_writer_without_regions_confirms_on_count_alone() -> None:
     c = writer(md(regions_min=1))
     c.append(b"x")
