@@ -133,6 +133,18 @@ class RegionLatency:
         self.proxies[bookie_id] = listen
         return listen
 
+    def set_latency(self, latency_ms: int) -> None:
+        """Change the latency of every remote-region proxy, on live connections too."""
+        if self.process is None:
+            raise ConfigError("region latency: start() first")
+        if latency_ms < 0:
+            raise ConfigError(f"inter-region latency: {latency_ms} must be >= 0")
+        for bookie_id in self.proxies:
+            for stream in ("upstream", "downstream"):
+                _post(f"{self.process.url}/proxies/{bookie_id}/toxics/inter-region-{stream}",
+                      {"attributes": {"latency": latency_ms, "jitter": 0}})
+        self.latency_ms = latency_ms
+
     def describe(self) -> dict[str, Any]:
         return {
             "latency_ms": self.latency_ms,
