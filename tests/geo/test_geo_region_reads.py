@@ -15,6 +15,7 @@ from scriba.client import Client
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.meta.records import BookieRegistration, bookie_key
+from scriba.stream import open_namespace
 from scriba.testing.sim.memory import StorageTransport
 
 REGION_OF = {"e1": "east", "e2": "east", "w1": "west", "w2": "west", "n1": "north", "n2": "north"}
@@ -73,6 +74,17 @@ async def test_clients_read_from_their_own_region_first() -> None:
                 got = [e.payload async for e in reader.read(0, 49)]
             assert got == [b"entry-%d" % i for i in range(50)]
             assert set(transport.served) == {bookie}, f"a {region} client read from {dict(transport.served)}"
+        # A stream with the same placement: its segments' ledgers carry the rule too.
+        async with Client.connect(store.uri, store=store, transport=transport) as stream_client:
+            ns = await open_namespace(stream_client, "geo/stretched", create=True, ensemble_size=3,
+                                      write_quorum_size=3, ack_quorum_size=3, placement="region-aware",
+                                      placement_options={"min_regions_for_durability": 2})
+            async with await ns.open_writer("events", create=True) as stream_writer:
+                await stream_writer.append(b"one")
+            segments = (await ns.info("events")).record.segments
+            segment_record = await stream_client.ledger_metadata(segments[0].ledger_id)
+            assert segment_record.min_regions_for_durability == 2
+            assert len(set(segment_record.bookie_regions.values())) == 3
         # Its own region's replica down: the client reads from another region.
         local = ensemble[0]
         transport.down.add(local)
