@@ -74,9 +74,7 @@ class ToxiproxyProcess:
         self.stop()
 
 
-
 REMOTE_HOST = "127.0.0.2"  # the address remote-region bookies advertise (loopback: always local)
-LOCAL_REGION_INDEX = 0
 API_TIMEOUT_S = 10.0
 
 
