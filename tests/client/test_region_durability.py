@@ -294,3 +294,25 @@ def test_recovery_replacement_that_breaks_the_regions_fails_naming_the_constrain
     core, (failed,) = _recovery_losing_west(("a3",))
     assert core.phase is RecoveryPhase.FAILED
     assert "min_regions_for_durability=2 cannot be met" in str(failed.error)  # type: ignore[attr-defined]
+
+
+def test_ack_rule_only_placement_admits_cheaper_quorums_and_records_the_rule() -> None:
+    import random
+
+    from scriba.errors import ConfigError
+    from scriba.placement import BookieNode, Topology, make_policy
+
+    topology = Topology.from_nodes(BookieNode.at(b, f"/{r}/z/{b}") for b, r in REGIONS.items())
+    strict = make_policy("region-aware", rng=random.Random(1))
+    with pytest.raises(ConfigError, match="impossible configuration"):
+        strict.new_ensemble(topology, 3, 3, 2)  # BookKeeper's placement rule: 2 <= 3 - 3 // 2
+    loose = make_policy("region-aware", {"ack_rule_only": True}, rng=random.Random(1))
+    for _ in range(20):
+        chosen = loose.new_ensemble(topology, 3, 3, 2).bookies
+        assert len({REGIONS[b] for b in chosen}) >= 2
+    assert loose.regions_for_durability == 2
+    with pytest.raises(ConfigError, match="ack_quorum_size 1 < min_regions_for_durability 2"):
+        loose.new_ensemble(topology, 3, 3, 1)
+    with pytest.raises(ConfigError, match="needs enforce_durability"):
+        make_policy("region-aware", {"ack_rule_only": True, "enforce_durability": False}).new_ensemble(
+            topology, 3, 3, 2)

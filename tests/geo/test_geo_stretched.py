@@ -110,3 +110,68 @@ async def test_losing_a_whole_region_loses_no_confirmed_entry(bookie_cluster: An
             await abandoned.close()
         except ScribaError:
             pass  # fenced by the recovery: expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_no_entry_is_confirmed_while_only_one_region_acknowledged_it(
+    bookie_cluster: Any, metadata_uri: str, tmp_path: Any
+) -> None:
+    """Four bookies, two regions; ``region-2`` is reached through the fault proxy. With
+    region-2 blackholed, a count-only ledger (W4/A2) confirms entries on region-1's two
+    bookies alone, while the same shape with ``min_regions_for_durability=2``
+    (``ack_rule_only`` placement) confirms none of its entries; once region-2 is back it
+    confirms them all, in order, and every confirmed entry is read back."""
+    from scriba.embedded.fault_proxy import RegionLatency
+    from scriba.testing.faults import toxiproxy_client
+
+    latency = RegionLatency(0, tmp_path / "faults-proxy.log")
+    latency.start()
+    try:
+        for i in range(4):
+            region = REGIONS[i % 2]
+            bookie = bookie_cluster.add_bookie(region=region, zone=ZONES[3 * (i // 2)], start=False,
+                                               extra_args=latency.advertise_args(region != REGIONS[0]))
+            if region != REGIONS[0]:
+                latency.add_bookie(bookie.bookie_id, bookie.port)
+            bookie.start(60.0)
+        api = toxiproxy_client(latency.describe()["api_url"])
+        proxies = [api.get_proxy(name) for name in latency.proxies]
+        config = ClientConfig(add_timeout_s=60.0)  # the cut must not turn into ensemble changes
+        async with Client.connect(metadata_uri, config=config) as client:
+            stretched = await client.create_ledger(
+                4, 4, 2, password=PASSWORD, placement="region-aware",
+                placement_options={"min_regions_for_durability": 2, "ack_rule_only": True})
+            counting = await client.create_ledger(
+                4, 4, 2, password=PASSWORD, placement="region-aware",
+                placement_options={"enforce_durability": False})
+            assert stretched.metadata.min_regions_for_durability == 2
+            assert counting.metadata.min_regions_for_durability == 1
+            for writer in (stretched, counting):
+                for i in range(5):
+                    await writer.append(b"before-%d" % i)
+            for p in proxies:  # region-2 goes silent (bytes held, connections open)
+                p.add_toxic(type="timeout", stream="upstream", attributes={"timeout": 0}, name="cut_up")
+                p.add_toxic(type="timeout", stream="downstream", attributes={"timeout": 0}, name="cut_down")
+            during = [b"during-%d" % i for i in range(20)]
+            held = [asyncio.ensure_future(stretched.append_async(v)) for v in during]
+            controls = [asyncio.ensure_future(counting.append_async(v)) for v in during]
+            # Region-1 alone confirms the count-only ledger's entries (the control)...
+            await asyncio.wait_for(asyncio.gather(*controls), 60)
+            # ...and by then, with the same bookies answering, not one of the stretched ones.
+            assert not any(f.done() for f in held), [f.result() for f in held if f.done()]
+            assert stretched.last_add_confirmed == 4
+            for p in proxies:
+                for name in list(p.toxics()):
+                    p.destroy_toxic(name)
+            ids = await asyncio.wait_for(asyncio.gather(*held), 60)
+            assert ids == list(range(5, 25))
+            for writer in (stretched, counting):
+                await writer.close()
+                reader = await client.open_ledger(writer.ledger_id, password=PASSWORD)
+                read = [e.payload async for e in reader.read(0, 24)]
+                attempted = [b"before-%d" % i for i in range(5)] + during
+                result = check_acked_set(attempted, attempted, read)
+                assert result.ok, result.explain()
+    finally:
+        latency.stop()
