@@ -274,7 +274,9 @@ class RecoveryCore:
                 return self._fail(UnauthorizedError(f"bookie {bookie_id} rejected the master key"))
             self._fence_failed.add(index)
             self._fence_errors.append(f"{bookie_id}: {Status(status).name}")
-        regions = self._md.slot_regions(ensemble)
+        # Worst case for a bookie of unknown region: a region of its own (it could have
+        # helped confirm something), so fencing never completes too early.
+        regions = self._md.slot_regions(ensemble, unknown_distinct=True)
         if self._quorum.covers_every_write_set(self._fence_ok, regions):
             return self._begin_reading()
         if not self._quorum.can_still_cover(self._fence_failed, regions):
@@ -424,7 +426,7 @@ class RecoveryCore:
 
     def _could_have_confirmed(self, entry_id: int, read: _EntryRead) -> bool:
         """Whether the replicas of ``entry_id`` that did not deny it could have confirmed it."""
-        regions = self._md.slot_regions(self._md.ensemble_at(entry_id))
+        regions = self._md.slot_regions(self._md.ensemble_at(entry_id), unknown_distinct=True)
         if regions is None:
             return True
         others = self._write_set_mask(entry_id) & ~read.no_slots

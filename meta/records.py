@@ -163,12 +163,14 @@ class LedgerMetadata:
             self.min_regions_for_durability,
         )
 
-    def slot_regions(self, ensemble: Ensemble) -> SlotRegions | None:
-        """The region bits of ``ensemble``'s slots, or None when regions do not count."""
+    def slot_regions(self, ensemble: Ensemble, *, unknown_distinct: bool = False) -> SlotRegions | None:
+        """The region bits of ``ensemble``'s slots, or None when regions do not count
+        (``unknown_distinct``: see ``SlotRegions``; bookies missing from
+        ``bookie_regions``, e.g. placed by autorecovery, have an unknown region)."""
         if self.min_regions_for_durability == 1:
             return None
         regions = self.bookie_regions
-        return SlotRegions.of([regions.get(b) for b in ensemble])
+        return SlotRegions.of([regions.get(b) for b in ensemble], unknown_distinct=unknown_distinct)
 
     def write_set(self, entry_id: int) -> Ensemble:
         """The bookies that hold ``entry_id``, in write order (``Quorum.write_set``)."""

@@ -90,21 +90,26 @@ def _bits(slots: Collection[int]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SlotRegions:
-    """The regions of one segment's slots, as bits: ``bits[slot]`` is its region's bit
-    (0 when the region is unknown: such a slot spans no region). Pure and cached."""
+    """The regions of one segment's slots, as bits: ``bits[slot]`` is its region's bit.
+    A slot whose region is unknown spans no region (``unknown_distinct=False``: its acks
+    never make up a missing region) or a region of its own (``unknown_distinct=True``:
+    the worst case when asking whether slots *could* have confirmed something, for
+    fencing and absence). Pure and cached."""
 
     bits: tuple[int, ...]
     _cache: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, regions: Sequence[str | None]) -> SlotRegions:
+    def of(cls, regions: Sequence[str | None], *, unknown_distinct: bool = False) -> SlotRegions:
         """From each slot's region name (None or "" for unknown)."""
         index: dict[str, int] = {}
         bits = []
-        for region in regions:
+        for slot, region in enumerate(regions):
             if not region:
-                bits.append(0)
-                continue
+                if not unknown_distinct:
+                    bits.append(0)
+                    continue
+                region = f"\0unknown-{slot}"  # no real region name holds a NUL
             bits.append(1 << index.setdefault(region, len(index)))
         return cls(tuple(bits))
 

@@ -316,3 +316,18 @@ def test_ack_rule_only_placement_admits_cheaper_quorums_and_records_the_rule() -
     with pytest.raises(ConfigError, match="needs enforce_durability"):
         make_policy("region-aware", {"ack_rule_only": True, "enforce_durability": False}).new_ensemble(
             topology, 3, 3, 2)
+
+
+def test_a_bookie_of_unknown_region_counts_for_no_ack_but_could_have_confirmed() -> None:
+    r = SlotRegions.of(["east", None, None], unknown_distinct=True)
+    assert r.count(0b111) == 3
+    meta = dataclasses.replace(md(), bookie_regions={"a1": "east", "a2": "east"})  # b1's region unknown
+    # The writer counts b1 for no region, so the write set spans one known region.
+    with pytest.raises(NotEnoughBookiesError, match="cannot be met"):
+        writer(meta)
+    # Recovery: a1 and a2 answering leave b1, which might hold a region of its own, but one
+    # slot cannot confirm (Qa=2): fenced. a1 alone answering leaves a2 + b1: they could.
+    core, _ = recover_to_reading(meta, ("a1",))
+    assert core.phase is RecoveryPhase.FENCING
+    core, _ = recover_to_reading(meta, ("a1", "a2"))
+    assert core.phase is RecoveryPhase.READING
