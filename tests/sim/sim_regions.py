@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.write_core import ChooseReplacement, WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
@@ -33,7 +32,16 @@ from scriba.errors import NotEnoughBookiesError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import Ensemble, LedgerMetadata, LedgerState
 from scriba.testing.checkers import LogRead, check_acked_set, check_log
-from scriba.testing.sim import Net, SeedReport, SimBookie, SimDriver, SimMeta, SimTransport, World
+from scriba.testing.sim import (
+    Net,
+    SeedReport,
+    SimBookie,
+    SimDriver,
+    SimMeta,
+    SimTransport,
+    World,
+    read_ledger,
+)
 
 LEDGER_ID = 3
 PASSWORD = b"geo"
@@ -232,24 +240,11 @@ class RegionRun:
         return self.result
 
     def _read_all(self, record: LedgerMetadata, order_seed: int) -> list[Entry] | None:
-        rng_order = World(order_seed).rng
-        got: list[Entry] = []
-        failure: list[str] = []
-        core = ReadCore(
-            record, 0, record.last_entry_id, digest=self.digest,
-            read_order=lambda ws: rng_order.sample(list(ws), len(ws)),
-            config=ReadConfig(entries_window=8, batch_entries_max=4, speculative_timeout_s=0.005),
-        )
-        driver = SimDriver(
-            self.world, core, self.transport, self.meta, ledger_id=LEDGER_ID, master_key=self.key,
-            on_deliver=lambda entries: got.extend(entries),  # type: ignore[arg-type]
-            on_failed=lambda err: failure.append(str(err)),
-        )
-        driver.execute(core.start())
-        self.world.run(self.world.now + 3.0)
-        if failure or not driver.finished:
+        got, failure = read_ledger(self.world, record, self.transport, self.meta, ledger_id=LEDGER_ID,
+                                   digest=self.digest, master_key=self.key, order_seed=order_seed, run_s=3.0)
+        if failure is not None:
             # A confirmed entry whose every copy was in the lost region is unreadable: a loss.
-            self.violation(f"reader failed on the closed ledger: {failure or 'did not finish'}")
+            self.violation(f"reader failed on the closed ledger: {failure}")
             return None
         return got
 

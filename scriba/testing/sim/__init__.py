@@ -117,6 +117,7 @@ from scriba.testing.sim.world import (
     SimTransport,
     World,
     any_spare,
+    read_ledger,
 )
 
 __all__ = [
@@ -135,6 +136,7 @@ __all__ = [
     "check_seeds",
     "env_flag",
     "random_seed",
+    "read_ledger",
     "register_bookies",
     "replay_seed",
     "run_seeds",
