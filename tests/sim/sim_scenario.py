@@ -45,6 +45,7 @@ from scriba.testing.sim import (
     SimTransport,
     World,
     any_spare,
+    closed_ledger_problems,
     read_ledger,
 )
 
@@ -294,18 +295,12 @@ class Run:
 
     def _final_checks(self) -> None:
         record = self.meta.record
+        for problem in closed_ledger_problems(record, self.recovered, self.confirmed_last):
+            self.violation(problem)
         if record.state is not LedgerState.CLOSED:
-            self.violation(f"ledger not closed at the end ({record.state.value})")
             return
         last = int(record.last_entry_id)
         self.result.closed_last = last
-        for other in self.recovered:
-            if other != record:
-                self.violation(f"a recoverer returned {other.last_entry_id}, the record says {last}")
-        if self.confirmed_last > last:
-            self.violation(
-                f"confirmed entry {self.confirmed_last} lost: the ledger closed at {last}"
-            )
         if self.fenced_at is not None:
             late = [e for e, t in self.confirm_times.items() if t > self.fenced_at and e > last]
             if late:

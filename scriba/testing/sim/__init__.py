@@ -117,6 +117,7 @@ from scriba.testing.sim.world import (
     SimTransport,
     World,
     any_spare,
+    closed_ledger_problems,
     read_ledger,
 )
 
@@ -134,6 +135,7 @@ __all__ = [
     "World",
     "any_spare",
     "check_seeds",
+    "closed_ledger_problems",
     "env_flag",
     "random_seed",
     "read_ledger",

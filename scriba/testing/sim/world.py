@@ -18,7 +18,8 @@
 - ``SimDriver``: carries out the cores' effects in this world (``send_add`` is the
   writer's send of one appended entry to its write set, as ``LedgerWriter`` does it).
 - ``read_ledger``: a reader of a closed ledger in this world (replicas tried in a
-  seeded order), for a run's final checks.
+  seeded order), and ``closed_ledger_problems``, the end-state checks of a recovered
+  ledger, for a run's final checks.
 
 Nothing here reads the real clock or an unseeded random source, so a run is a pure
 function of its seed.
@@ -51,7 +52,7 @@ from scriba.client.write_core import ChooseReplacement
 from scriba.entry import HEADER, Digest, Entry
 from scriba.errors import BadVersionError, NotEnoughBookiesError, ScribaError, Status
 from scriba.ids import BookieId, EntryId
-from scriba.meta.records import LedgerMetadata
+from scriba.meta.records import LedgerMetadata, LedgerState
 
 
 class World:
@@ -553,3 +554,17 @@ def read_ledger(
     if failure or not driver.finished:
         return got, str(failure or "did not finish")
     return got, None
+
+
+def closed_ledger_problems(record: LedgerMetadata, recovered: list[LedgerMetadata],
+                           confirmed_last: int) -> list[str]:
+    """What is wrong with a run's end state: the ledger not CLOSED, a recoverer that
+    returned another record, or a confirmed entry beyond the closed end (lost)."""
+    if record.state is not LedgerState.CLOSED:
+        return [f"ledger not closed at the end ({record.state.value})"]
+    last = int(record.last_entry_id)
+    problems = [f"a recoverer returned {other.last_entry_id}, the record says {last}"
+                for other in recovered if other != record]
+    if confirmed_last > last:
+        problems.append(f"confirmed entry {confirmed_last} lost: the ledger closed at {last}")
+    return problems
