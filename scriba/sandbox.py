@@ -3,7 +3,10 @@
 Starts a real etcd (one member, unless ``--metadata`` names an existing store) and
 N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
 (``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
-round-robin over the regions first; the default bookie count is then one per zone),
+round-robin over the regions first; the default bookie count is then one per zone;
+``--inter-region-latency-ms MS`` puts MS of latency each way between clients, taken to
+run in ``region-1``, and every other region's bookies, through the fault proxy:
+:mod:`scriba.embedded.fault_proxy`),
 starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
 writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
 PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
@@ -90,6 +93,7 @@ class SandboxOptions:
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
     tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
+    inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -98,6 +102,10 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        if self.inter_region_latency_ms < 0:
+            raise ConfigError(f"--inter-region-latency-ms: {self.inter_region_latency_ms} must be >= 0")
+        if self.inter_region_latency_ms > 0 and self.regions < 2:
+            raise ConfigError("--inter-region-latency-ms needs --regions 2 or more (latency is between regions)")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -213,6 +221,7 @@ class Sandbox:
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.metadata_uri = options.metadata or ""
         self.pki: Any = None  # SandboxPki with --tls
+        self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
 
     def _reap_orphans(self) -> None:
         """Kill what a SIGKILLed sandbox left running on this dir (PIDs from its sandbox.json
@@ -223,6 +232,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids.append((doc.get("region_latency") or {}).get("pid"))
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -285,8 +295,17 @@ class Sandbox:
                                  self.etcd.uri("scriba", cert=str(self.pki.client.cert), key=str(self.pki.client.key)))
         n, places = self.options.bookies, self.options.regions * self.options.zones
         print(f"starting {n} bookies over {min(n, places)} zones ...", file=out, flush=True)
+        latency_ms = self.options.inter_region_latency_ms
+        if latency_ms > 0:
+            from scriba.embedded.fault_proxy import RegionLatency
+
+            self.latency = RegionLatency(latency_ms, self.data_dir / "faults-proxy.log")
+            url = self.latency.start()
+            print(f"inter-region latency {latency_ms} ms each way through the fault proxy {url}",
+                  file=out, flush=True)
         for i in range(n):
             region, zone = self.options.location(i)
+            remote = self.latency is not None and region != region_name(0)
             self.bookies.append(
                 BookieProcess(
                     self.data_dir / f"bookie-{i + 1}",
@@ -296,8 +315,11 @@ class Sandbox:
                     zone=zone,
                     rack=f"rack-{i + 1}",
                     tls=server_tls,
+                    extra_args=self.latency.advertise_args(remote) if self.latency is not None else (),
                 )
             )
+            if remote:
+                self.latency.add_bookie(self.bookies[-1].bookie_id, self.bookies[-1].port)
         with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
             futures = [pool.submit(b.start, START_TIMEOUT_S) for b in self.bookies]
             for f in futures:
@@ -332,6 +354,7 @@ class Sandbox:
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
             **(self.pki.describe() if self.pki is not None else {}),
+            "region_latency": None if self.latency is None else self.latency.describe(),
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -365,6 +388,8 @@ class Sandbox:
                     f.result()
         if self.etcd is not None:
             _stop_quietly(self.etcd)
+        if self.latency is not None:
+            _stop_quietly(self.latency)
 
     def dead_bookies(self) -> list[str]:
         return [b.bookie_id for b in self.bookies if getattr(b, "pid", None) is not None and not _running(b)]
@@ -431,6 +456,9 @@ def register(subparsers: Any) -> None:
                    help="zones (in each region) to spread them over (default 3)")
     p.add_argument("--regions", type=int, default=1,
                    help="regions (region-1, region-2, ...) to spread them over, round-robin (default 1)")
+    p.add_argument("--inter-region-latency-ms", type=int, default=0, metavar="MS",
+                   help="latency each way between region-1 (where clients are taken to run) and every "
+                        "other region's bookies, through the fault proxy (default 0: none)")
     p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
     p.add_argument("--fresh", action="store_true",
@@ -455,7 +483,8 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console, tls=args.tls)
+                             console=None if args.no_console else args.console, tls=args.tls,
+                             inter_region_latency_ms=args.inter_region_latency_ms)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -538,7 +567,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = python_module_argv("scriba.cli", "sandbox", "--data", str(data_dir),
                               "--bookies", str(args.bookies), "--zones", str(args.zones),
-                              "--regions", str(args.regions))
+                              "--regions", str(args.regions),
+                              "--inter-region-latency-ms", str(args.inter_region_latency_ms))
     if args.metadata:
         argv += ["--metadata", args.metadata]
     if args.fresh:

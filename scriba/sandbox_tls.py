@@ -1,6 +1,7 @@
 """``scriba sandbox --tls``: a throwaway CA and the certificates of one sandbox (``DIR/tls``).
 
-Identities (each a certificate the CA signs, SANs localhost and 127.0.0.1):
+Identities (each a certificate the CA signs, SANs localhost, 127.0.0.1 and 127.0.0.2,
+the address bookies behind the inter-region latency proxy advertise):
 ``scriba-server`` (etcd, bookies; also what bookies present to each other),
 ``scriba-client`` (``scriba shell``, ``scriba bench``, applications), ``scriba-admin``
 (the console: it serves HTTPS with it and probes the bookies' admin endpoints). Every
@@ -34,8 +35,9 @@ class SandboxPki:
     @classmethod
     def create(cls, directory: Path) -> SandboxPki:
         ca = make_ca(directory, "scriba-sandbox-ca")
-        return cls(ca.cert, issue(ca, directory, SERVER_IDENTITY), issue(ca, directory, CLIENT_IDENTITY),
-                   issue(ca, directory, ADMIN_IDENTITY))
+        ips = ("127.0.0.1", "127.0.0.2")
+        return cls(ca.cert, issue(ca, directory, SERVER_IDENTITY, ips=ips),
+                   issue(ca, directory, CLIENT_IDENTITY, ips=ips), issue(ca, directory, ADMIN_IDENTITY, ips=ips))
 
     def server_tls(self, own: Issued | None = None) -> TlsConfig:
         """What every sandbox server serves with (``own``: another certificate, e.g. the admin's)."""
