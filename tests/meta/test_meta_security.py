@@ -24,22 +24,30 @@ from scriba.meta.connect import connect
 from scriba.meta.uri import parse_uri
 from scriba.testing.etcd_auth import enable_auth
 from scriba.testing.pki import CLIENT_IDENTITY, TestPki
+from scriba.tls import TlsConfig
 
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 PREFIX = "scriba-ok"
 
 
-@pytest.fixture(scope="module")
-def etcd_tls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-tls"), tls=pki.server_tls(mutual=False))
+def _etcd_with_auth(base: Path, server: TlsConfig, admin: TlsConfig, user: str, password: str) -> Iterator[EtcdCluster]:
+    """A TLS etcd with auth on and ``user`` confined to PREFIX/ (stopped when the generator ends)."""
+    cluster = EtcdCluster(base, tls=server)
     cluster.start()
     try:
         host, port = cluster.endpoints[0]
-        asyncio.run(enable_auth(f"{host}:{port}", pki.client_tls(), root_password=f"root-{uuid.uuid4().hex}",
-                                user="scriba", password=PASSWORD, prefix=PREFIX))
+        asyncio.run(enable_auth(f"{host}:{port}", admin, root_password=f"root-{uuid.uuid4().hex}",
+                                user=user, password=password, prefix=PREFIX))
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd_tls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """etcd over TLS (no client certificates) with a password user ``scriba``."""
+    yield from _etcd_with_auth(tmp_path_factory.mktemp("etcd-tls"), pki.server_tls(mutual=False), pki.client_tls(),
+                               "scriba", PASSWORD)
 
 
 @pytest.fixture
@@ -85,15 +93,8 @@ async def test_etcd_user_cannot_touch_keys_outside_its_prefix(etcd_tls: EtcdClus
 @pytest.fixture(scope="module")
 def etcd_mtls(pki: TestPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     """etcd with --client-cert-auth and auth on: a certificate's CN is its etcd user."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-mtls"), tls=pki.server_tls(mutual=True))
-    cluster.start()
-    try:
-        host, port = cluster.endpoints[0]
-        asyncio.run(enable_auth(f"{host}:{port}", pki.client_tls(pki.admin), root_password=f"root-{uuid.uuid4().hex}",
-                                user=CLIENT_IDENTITY, password=f"unused-{uuid.uuid4().hex}", prefix=PREFIX))
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _etcd_with_auth(tmp_path_factory.mktemp("etcd-mtls"), pki.server_tls(mutual=True),
+                               pki.client_tls(pki.admin), CLIENT_IDENTITY, f"unused-{uuid.uuid4().hex}")
 
 
 async def test_etcd_client_certificate_is_the_user(etcd_mtls: EtcdCluster, pki: TestPki) -> None:
