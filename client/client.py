@@ -55,6 +55,7 @@ from scriba.meta.records import (
 )
 from scriba.meta.store import MetadataStore
 from scriba.retry import RetryPolicy, retry_async
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -76,6 +77,7 @@ class ClientConfig:
     write: WriteConfig = field(default_factory=WriteConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    tls: TlsConfig | None = None  # TLS to the bookies (mutual when it carries a cert and key)
 
     def validate(self) -> ClientConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
@@ -90,6 +92,8 @@ class ClientConfig:
         self.write.validate()
         self.read.validate()
         self.recovery.validate()
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
 
@@ -190,7 +194,8 @@ class Client:
                     the_transport: BookieTransport = GrpcBookieTransport(
                         registry.address,
                         TransportConfig(
-                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s
+                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s,
+                            tls=cfg.tls,
                         ),
                     )
                 else:
