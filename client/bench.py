@@ -25,6 +25,8 @@ from typing import Any
 
 from scriba import eventloop
 from scriba.errors import ConfigError, ScribaError
+from scriba.tls import TlsConfig
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 PROGRESS_INTERVAL_S = 1.0
 INFLIGHT_MAX = 100_000
@@ -45,6 +47,7 @@ class BenchConfig:
     batch_entries_max: int = 512  # adds per gRPC message per bookie (the transport default)
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
     transport: str = "binary"  # the client's wire: "binary" (gRPC for bookies without it) or "grpc"
+    tls: TlsConfig | None = None  # dial the bookies over TLS (its cost: benchmarks/bench_tls.py)
 
     def validate(self) -> BenchConfig:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -204,6 +207,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
                 batch_entries_max=cfg.batch_entries_max,
                 batches_inflight_max=cfg.batches_inflight_max,
                 protocol=cfg.transport,
+                tls=cfg.tls,
             ),
         )
         client = await Client.connect(cfg.metadata_uri, transport=transport)
@@ -298,6 +302,7 @@ def register(subparsers: Any) -> None:
                    help="binary data path (gRPC for bookies without one; default) or gRPC only")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_tls_arguments(p, server=False)
     p.set_defaults(func=run)
 
 
@@ -317,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         batch_entries_max=args.batch_entries,
         batches_inflight_max=args.batches_inflight,
         transport=args.transport,
+        tls=tls_from_args(args),
     ).validate()
     result = eventloop.run(run_bench(cfg, progress=not args.quiet))
     if args.json:

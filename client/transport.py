@@ -35,6 +35,7 @@ from typing import Protocol
 from scriba.config import require
 from scriba.errors import Status
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.tls import TlsConfig
 
 AddCallback = Callable[[BookieId, LedgerId, EntryId, Status], None]
 AddRunCallback = Callable[[BookieId, int, list[int], Status], None]
@@ -65,6 +66,7 @@ class TransportConfig:
     # "binary": adds and reads over the binary data path to each bookie that advertises
     # one (binary_transport.py), gRPC to the others; "grpc": everything over gRPC.
     protocol: str = "binary"
+    tls: TlsConfig | None = None  # dial bookies over TLS (server name verified); None: plaintext
 
     def validate(self) -> TransportConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
@@ -82,6 +84,8 @@ class TransportConfig:
             self.sweep_interval_s is None or self.sweep_interval_s > 0, "sweep_interval_s", "must be > 0"
         )
         require(self.protocol in PROTOCOLS, "protocol", f"{self.protocol!r}: one of {', '.join(PROTOCOLS)}")
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
     @property
