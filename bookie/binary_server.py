@@ -17,6 +17,10 @@ service's ``inflight_bytes_per_connection_max``, via ``AddCredit``); at the requ
 bound, or while the socket's send buffer is full (``pause_writing``), the connection
 stops reading the socket (TCP flow control pushes back on the client).
 
+TLS: the listener takes an ``SSLContext`` (the bookie's ``config.tls`` one by default);
+with mutual TLS a client whose certificate is on no allow-list gets HELLO_OK with status
+UNAUTHORIZED and the connection closes (gRPC's PERMISSION_DENIED on every call).
+
 Protocol errors (bad magic, version or type, a frame over the cap, a body that does
 not parse): the connection is answered ERROR with the reason, logged
 (``binary_frame_rejected``) and closed; other connections and the bookie go on.
@@ -34,18 +38,20 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, cast
 
-from scriba.bookie.service import BookieService, ServingState
+from scriba.bookie.service import BOOKIE_CALLERS, BookieService, ServingState
 from scriba.errors import Status
 from scriba.log import get_logger
 from scriba.proto import binary as wire
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto.binary import FrameError, FrameType
+from scriba.tls import LoadedTls, refusal
 
 log = get_logger(__name__)
 
 REQUESTS_INFLIGHT_MAX: Final = 1024
 _BAD_REQUEST: Final = int(Status.BAD_REQUEST)
 _OK: Final = int(Status.OK)
+_UNAUTHORIZED: Final = int(Status.UNAUTHORIZED)
 
 
 class BinaryConnection(asyncio.Protocol):
@@ -133,6 +139,14 @@ class BinaryConnection(asyncio.Protocol):
         version = wire.negotiate(lo, hi)
         if version is None:
             self.reject(0, f"no common version: client speaks {lo}..{hi}, bookie {wire.VERSION_MIN}..{wire.VERSION}")
+            return
+        peercert = self._transport.get_extra_info("peercert") if self._transport is not None else None
+        refused = refusal(self._server.tls, peercert, BOOKIE_CALLERS)
+        if refused is not None:  # mutual TLS: a certificate on no allow-list (as gRPC's PERMISSION_DENIED)
+            log.warning("binary_client_refused", bookie_id=self._server.state.bookie_id, peer=self.peer,
+                        reason=str(refused))
+            self._write(wire.encode_hello_ok(_UNAUTHORIZED, version, f"unauthorized: {refused}"))
+            self.close()
             return
         self._version = version
         self._write(wire.encode_hello_ok(_OK, version))
@@ -248,8 +262,12 @@ class BinaryServer:
         frame_bytes_max: int = wire.FRAME_BYTES_MAX,
         requests_inflight_max: int = REQUESTS_INFLIGHT_MAX,
         ssl_context: ssl.SSLContext | None = None,
+        tls: LoadedTls | None = None,
     ) -> None:
+        """``ssl_context``: TLS on the listener; ``tls``: the bookie's TLS configuration,
+        whose allow-lists admit each connection's certificate (as on gRPC)."""
         self.service = service
+        self.tls = tls
         self.state = state
         self.frame_bytes_max = frame_bytes_max
         self.requests_inflight_max = requests_inflight_max

@@ -62,7 +62,8 @@ class Bookie:
         store: MetadataStore | None = None,
         binary_ssl: ssl.SSLContext | None = None,
     ) -> None:
-        """``binary_ssl``: the TLS hook of the binary listener (None: plain TCP)."""
+        """``binary_ssl``: the binary listener's ``SSLContext`` (None: the one of
+        ``config.tls``, or plain TCP without TLS)."""
         self.config = config.validate()
         self._binary_ssl = binary_ssl
         self._binary: BinaryServer | None = None
@@ -197,8 +198,10 @@ class Bookie:
     async def _start_binary(self, service: BookieService) -> None:
         cfg = self.config
         port = cfg.binary_port or 0
+        tls = self._tls  # a TLS bookie serves the binary path over TLS too, with the same allow-lists
+        ssl_context = self._binary_ssl or (tls.server_ssl_context() if tls is not None else None)
         self._binary = BinaryServer(
-            service, self.state, frame_bytes_max=cfg.grpc_message_bytes_max, ssl_context=self._binary_ssl
+            service, self.state, frame_bytes_max=cfg.grpc_message_bytes_max, ssl_context=ssl_context, tls=tls
         )
         try:
             port = await self._binary.start(cfg.listen_host, port)

@@ -47,6 +47,7 @@ from scriba.errors import (
     InternalError,
     ScribaError,
     Status,
+    UnauthorizedError,
     UnavailableError,
     error_for_status,
 )
@@ -58,6 +59,7 @@ from scriba.proto.binary import FrameError, FrameType
 log = get_logger(__name__)
 
 _UNAVAILABLE: Final = Status.UNAVAILABLE
+LINK_CLOSE_TIMEOUT_S: Final = 1.0
 
 
 class _VersionRefused(Exception):
@@ -79,6 +81,7 @@ class BinaryLink(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._hello: asyncio.Future[tuple[int, int, str]] = loop.create_future()
         self._closed: asyncio.Future[str] = loop.create_future()
+        self._lost: asyncio.Future[None] = loop.create_future()  # the socket is closed
         self._pending: dict[int, asyncio.Future[memoryview]] = {}
         self._chunks: dict[int, asyncio.Queue[tuple[int, memoryview] | BaseException]] = {}
         self._next_id = 1
@@ -96,6 +99,8 @@ class BinaryLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(f"connection lost ({exc!r})" if exc is not None else "connection closed")
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -153,11 +158,18 @@ class BinaryLink(asyncio.Protocol):
                 self.version = version
                 return
             self.cancel()
+            if status == Status.UNAUTHORIZED:  # mutual TLS: our certificate is on no allow-list
+                raise UnauthorizedError(f"bookie {self.bookie_id}: {message}")
             raise _VersionRefused(message or f"version {version}")
         reason = self._closed.result()
         if "no common version" in reason:
             raise _VersionRefused(reason)
         raise UnavailableError(f"bookie {self.bookie_id}: handshake: {reason}")
+
+    async def wait_lost(self, timeout_s: float) -> None:
+        """Wait (bounded) until the socket is closed after ``cancel()``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout_s)
 
     async def wait_closed(self) -> str:
         """Wait until the link is closed; returns why."""
@@ -172,7 +184,11 @@ class BinaryLink(asyncio.Protocol):
             return
         self._closed.set_result(reason)
         if self._transport is not None:
-            self._transport.close()
+            # abort, not close: nothing pending needs flushing (every add on the link is
+            # answered by the transport), and a TLS close would wait for the peer's close_notify
+            self._transport.abort()
+        elif not self._lost.done():
+            self._lost.set_result(None)
         error = UnavailableError(f"bookie {self.bookie_id}: {reason}")
         pending, self._pending = self._pending, {}
         for future in pending.values():
@@ -250,7 +266,9 @@ class BinaryTransport(GrpcBookieTransport):
     ) -> None:
         super().__init__(resolve, config)
         self._resolve_binary = resolve_binary
-        self._ssl = ssl_context
+        tls = self._tls  # TransportConfig.tls: the links use TLS too, with the same certificates
+        self._ssl = ssl_context or (tls.client_ssl_context() if tls is not None else None)
+        self._server_name = tls.config.server_name if tls is not None else None
         self._frame_bytes_max = frame_bytes_max
         self._links: dict[BookieId, BinaryLink] = {}
         self._dialing: dict[BookieId, asyncio.Task[BinaryLink | None]] = {}
@@ -322,7 +340,7 @@ class BinaryTransport(GrpcBookieTransport):
             async with asyncio.timeout(self.read_timeout_s):
                 _, link = await loop.create_connection(
                     lambda: BinaryLink(bookie_id, self._frame_bytes_max), host, int(port),
-                    ssl=self._ssl, server_hostname=host if self._ssl is not None else None,
+                    ssl=self._ssl, server_hostname=(self._server_name or host) if self._ssl is not None else None,
                 )
                 await link.handshake()
         except BaseException:
@@ -500,9 +518,11 @@ class BinaryTransport(GrpcBookieTransport):
         await super().close()
         for task in list(self._dialing.values()):
             task.cancel()
-        for link in list(self._links.values()):
-            link.cancel()
+        links = list(self._links.values())
         self._links.clear()
+        for link in links:
+            link.cancel()
+        await asyncio.gather(*(link.wait_lost(LINK_CLOSE_TIMEOUT_S) for link in links))
 
 
 def _chunk_run(chunk: wire.RangeChunk, bookie_id: BookieId, ledger_id: int, next_id: int,

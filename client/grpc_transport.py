@@ -336,7 +336,7 @@ class GrpcBookieTransport:
             call = await self._open_add_call(conn)
         except Exception as exc:
             if conn.sender is asyncio.current_task():
-                self._break(conn, _UNAVAILABLE, f"open: {self._describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"open: {self._describe(exc)}", drop_channel=False)
             return
         conn.call = call
         conn.reader = asyncio.get_running_loop().create_task(
@@ -791,6 +791,8 @@ def _failure_status(exc: BaseException) -> Status:
     refused this client's certificate (a request error: no other bookie would take it
     either), UNAVAILABLE otherwise."""
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED_CODES:
+        return _UNAUTHORIZED
+    if isinstance(exc, UnauthorizedError):  # the binary path's refusal, at its handshake
         return _UNAUTHORIZED
     return _UNAVAILABLE
 
