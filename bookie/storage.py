@@ -484,7 +484,13 @@ class DiskLedgerStorage:
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         if self._switch.read_only and not self._switch.failed:
             raise BookieReadOnlyError(f"read-only: {self._switch.reason}")
-        _, key_record = self._state_for_write(ledger_id, master_key)
+        st, key_record = self._state_for_write(ledger_id, master_key)
+        if lac > st.lac:
+            # Visible at once, before the record is durable: the writer confirmed every
+            # entry up to ``lac`` (on an ack quorum) before sending it, so it is true
+            # whether or not this bookie keeps the record; tailing readers learn it now.
+            st.lac = lac
+            self._waiters.notify(ledger_id)
         await self._journal_write(
             key_record + jr.encode_explicit_lac(ledger_id, lac), (_LAC, ledger_id, lac)
         )
