@@ -465,7 +465,10 @@ class BookieService(pb_grpc.BookieServicer):
                 raise BadRequestError("master key missing")
             if not self._state.accepting_adds:
                 raise BookieReadOnlyError("bookie is not accepting writes")
-            await self._storage.write_lac(lid, request.lac, request.master_key)
+            if request.hint_only:
+                self._storage.note_lac(lid, request.lac, request.master_key)
+            else:
+                await self._storage.write_lac(lid, request.lac, request.master_key)
             return pb.WriteLacResponse(status=_OK)
         except Exception as exc:
             response = pb.WriteLacResponse()

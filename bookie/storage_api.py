@@ -172,6 +172,13 @@ class LedgerStorage(Protocol):
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None: ...
 
+    def note_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        """A writer's LAC pushed for tailing readers: the LAC rises at once (long polls
+        wake), nothing is journaled (the entries' piggybacked LACs are the durable record;
+        after a restart the LAC may read lower, never higher). UnauthorizedError for a
+        wrong key, NoSuchLedgerError for a ledger this bookie holds nothing of."""
+        ...
+
     def ledger_ids(self) -> list[int]: ...
 
     async def delete_ledgers(self, ledger_ids: Collection[int]) -> None: ...

@@ -668,10 +668,11 @@ class GrpcBookieTransport:
         )
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
     ) -> None:
         conn, stub = self._stub(bookie_id)
-        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key)
+        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key, hint_only=hint_only)
         try:
             r = await stub.WriteLac(request, timeout=self.read_timeout_s)
         except grpc.aio.AioRpcError as exc:

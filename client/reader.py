@@ -137,7 +137,8 @@ class LedgerReader:
         delivered, carrying the newly confirmed entries with it (``piggybacked_entries``,
         up to ``PIGGYBACK_ENTRIES_MAX``), so an entry is delivered one round trip after the
         bookie learns it is confirmed. What the answer did not carry (a larger step, a
-        bookie without its copy yet, an older bookie) is read from the replicas.
+        bookie without its copy yet, an older bookie) is read from the replicas, and the
+        next poll goes to another replica of the write set.
         """
         next_id = start
         failures = 0
@@ -163,7 +164,10 @@ class LedgerReader:
                 await self.refresh()
                 continue
             self._lac = max(self._lac, int(result.lac))
-            for entry in piggybacked(result, self._md.ledger_id, next_id, self._digest):
+            carried = piggybacked(result, self._md.ledger_id, next_id, self._digest)
+            if not carried:
+                self._poll_index += 1  # its copy lags (or is bad): poll another replica next
+            for entry in carried:
                 yield entry
                 next_id += 1
 

@@ -199,8 +199,12 @@ class BookieTransport(Protocol):
         ...
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
-    ) -> None: ...
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
+    ) -> None:
+        """The writer's LAC to one bookie: journaled, or with ``hint_only`` only raised in
+        the bookie's memory for tailing readers (``WriteLacRequest.hint_only``)."""
+        ...
 
     async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo: ...
 

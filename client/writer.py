@@ -14,7 +14,8 @@ coroutine per entry; ``append`` awaits it.
 Tailing readers learn of a confirmation from the LAC that the next entry carries
 (piggybacked). When no entry is packed between a confirmation and the next loop turn
 (``explicit_lac_delay_s``: an idle or slow-paced writer), the writer pushes the LAC to
-its bookies explicitly (``WriteLac``), one push at a time: a reader's long poll then
+its bookies explicitly (``WriteLac`` with ``hint_only``: raised in the bookies' memory,
+not journaled, so it costs no fsync), one push at a time: a reader's long poll then
 answers one round trip after the confirmation instead of when (if ever) a later entry
 brings it, and a writer whose next entries carry the LAC sends no push at all.
 
@@ -400,7 +401,9 @@ class LedgerWriter:
     async def _write_lac(self, bookie_id: BookieId, lac: int) -> None:
         try:
             async with asyncio.timeout(self._config.read_timeout_s):
-                await self._transport.write_lac(bookie_id, self._ledger_id, EntryId(lac), self._master_key)
+                await self._transport.write_lac(
+                    bookie_id, self._ledger_id, EntryId(lac), self._master_key, hint_only=True
+                )
         except (ScribaError, builtins.TimeoutError) as exc:
             self._log.debug("explicit_lac_failed", bookie_id=bookie_id, lac=lac, error=str(exc))
 

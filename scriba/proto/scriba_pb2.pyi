@@ -232,14 +232,16 @@ class ReadLacResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., lac: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., last_entry: _Optional[bytes] = ..., piggybacked_entry: _Optional[bytes] = ..., fenced: _Optional[bool] = ..., message: _Optional[str] = ..., piggybacked_entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class WriteLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "lac", "master_key")
+    __slots__ = ("ledger_id", "lac", "master_key", "hint_only")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    HINT_ONLY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     lac: int
     master_key: bytes
-    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    hint_only: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., master_key: _Optional[bytes] = ..., hint_only: _Optional[bool] = ...) -> None: ...
 
 class WriteLacResponse(_message.Message):
     __slots__ = ("status", "message")

@@ -293,6 +293,22 @@ async def test_long_poll_carries_the_newly_confirmed_entries_and_none_beyond_the
     assert resp.lac == 5 and list(resp.piggybacked_entries) == [entry(22, 5)]
 
 
+async def test_a_hint_only_lac_wakes_long_polls_and_checks_the_key(make_bookie) -> None:
+    bk = await make_bookie()
+    await send(bk.stub, [[add(23, 0), add(23, 1)]])  # lac 0
+    waiting = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(
+        ledger_id=23, long_poll=True, previous_lac=0, timeout_ms=5000, piggyback_entries_max=8)))
+    hint = pb.WriteLacRequest(ledger_id=23, lac=1, master_key=KEY, hint_only=True)
+    assert (await bk.stub.WriteLac(hint)).status == Status.OK
+    resp = await asyncio.wait_for(waiting, 5)
+    assert resp.lac == 1 and list(resp.piggybacked_entries) == [entry(23, 1)]
+    wrong = pb.WriteLacRequest(ledger_id=23, lac=1, master_key=master_key(b"other"), hint_only=True)
+    assert (await bk.stub.WriteLac(wrong)).status == Status.UNAUTHORIZED
+    unknown = pb.WriteLacRequest(ledger_id=24, lac=3, master_key=KEY, hint_only=True)
+    assert (await bk.stub.WriteLac(unknown)).status == Status.NO_SUCH_LEDGER  # a hint creates nothing
+    assert (await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=24))).status == Status.NO_SUCH_LEDGER
+
+
 async def test_write_lac_and_bookie_info(make_bookie) -> None:
     bk = await make_bookie()
     await send(bk.stub, [[add(21, 0)]])

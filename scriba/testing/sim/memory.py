@@ -128,9 +128,15 @@ class StorageTransport:
                          piggybacked_entries=tuple(entries))
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
     ) -> None:
-        await self._storage(bookie_id).write_lac(ledger_id, lac, master_key)
+        storage = self._storage(bookie_id)
+        if hint_only:
+            await asyncio.sleep(0)
+            storage.note_lac(ledger_id, lac, master_key)
+        else:
+            await storage.write_lac(ledger_id, lac, master_key)
 
     async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo:
         storage = self._storage(bookie_id)
