@@ -116,6 +116,8 @@ def analyse(w: dict[str, Any], r: dict[str, Any]) -> None:
         stage["total"].append((deliv[eid] - sent[eid]) / 1e6)
     for name, values in stage.items():
         print(f"{name:10} p50 {pct(values, 0.5):8.3f}  p90 {pct(values, 0.9):8.3f}  p99 {pct(values, 0.99):8.3f} ms")
+    slowest = sorted(((deliv[e] - sent[e]) / 1e6, e) for e in deliv if e in sent)[-3:]
+    print("slowest (ms, entry id):", [(round(ms, 1), e) for ms, e in slowest])
     durations = [(p[1] - p[0]) / 1e6 for p in polls]
     print(f"long polls: {len(polls)}, duration p50 {pct(durations, 0.5)} ms")
 

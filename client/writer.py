@@ -378,8 +378,8 @@ class LedgerWriter:
         self._lac_timer = None
         core = self._core
         lac = core.last_add_confirmed
-        if lac <= self._explicit_lac or core.state is not WriterState.OPEN:
-            return
+        if lac <= self._explicit_lac or core.state is WriterState.FAILED:
+            return  # closing or closed: still pushed (the last entries would wait for a poll's timeout)
         if core.next_entry_id > self._lac_mark:
             return  # an entry packed since the last confirmation carries it (piggybacked)
         self._explicit_lac = lac
@@ -422,9 +422,6 @@ class LedgerWriter:
             while self._waiting and self._core.state is WriterState.OPEN:
                 self._space.clear()
                 await self._space.wait()
-            if self._lac_timer is not None:
-                self._lac_timer.cancel()
-                self._lac_timer = None
             try:
                 self._execute(self._core.close())
             except ScribaError as exc:

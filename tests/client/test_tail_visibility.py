@@ -203,3 +203,25 @@ async def test_no_push_when_disabled() -> None:
     finally:
         await client.close()
         await client.store.close()
+
+
+async def test_the_last_entry_before_a_close_reaches_a_tail_without_waiting_out_its_poll() -> None:
+    """Appended, then closed at once: the push still goes out (closing), so the tail gets
+    the entry long before its 30 s poll would time out and show the close."""
+    transport = CountingTransport(BOOKIES)
+    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                       driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=30.0))
+    client = await open_client(transport, cfg)
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        r = await client.open_ledger(w.ledger_id, recovery=False)
+        tail = r.tail(0)
+        first = asyncio.ensure_future(anext(tail))
+        await w.append(b"last")
+        await w.close()
+        entry = await asyncio.wait_for(first, 10)
+        assert (entry.entry_id, entry.payload) == (0, b"last")
+        await tail.aclose()
+    finally:
+        await client.close()
+        await client.store.close()
