@@ -27,6 +27,7 @@ from scriba.entry import make_digest, pack_entry
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.waiting import eventually
 
 BOOKIES = ["bk0", "bk1", "bk2"]
 
@@ -157,9 +158,7 @@ async def test_the_writer_pushes_an_lac_no_later_entry_carries(counting: tuple[C
     client, transport = counting
     w = await client.create_ledger(3, 3, 2)
     await w.append(b"alone")
-    async with asyncio.timeout(10):  # pushed on the next loop turns, not after a delay
-        while {lac for _, lac in transport.lac_pushes} != {0}:
-            await asyncio.sleep(0.001)
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {0}, what="the LAC pushed")
     for b in BOOKIES:
         assert transport.storages[BookieId(b)].lac_state(w.ledger_id).lac == 0
     assert transport.durable_lacs == 0  # a hint: raised in the bookies' memory, not journaled
@@ -184,9 +183,7 @@ async def test_no_push_while_each_confirmation_is_carried_by_the_next_entry(
 
     w.append_async(b"x").add_done_callback(next_append)
     await asyncio.wait_for(done, 30)
-    async with asyncio.timeout(10):
-        while not transport.lac_pushes:
-            await asyncio.sleep(0.001)
+    await eventually(lambda: bool(transport.lac_pushes), what="the last LAC pushed")
     assert {lac for _, lac in transport.lac_pushes} == {count - 1}
     await w.close()
 
