@@ -136,31 +136,27 @@ def main() -> None:
     if args.child == "reader":
         print(json.dumps(asyncio.run(reader(args.uri, args.ledger))), flush=True)
         return
-    from scriba.embedded.bookie import BookieProcess
     from scriba.embedded.etcd import EtcdCluster
+    from scriba.testing.cluster import BookieCluster
 
     with tempfile.TemporaryDirectory(prefix="probe-tail-") as tmp:
-        base = Path(tmp)
-        etcd = EtcdCluster(base / "etcd", 1)
+        etcd = EtcdCluster(Path(tmp) / "etcd", 1)
         etcd.start()
         uri = etcd.uri("probe")
-        bookies = [BookieProcess(base / f"b{i}", uri, bookie_id=f"b{i}") for i in range(3)]
+        bookies = BookieCluster(Path(tmp) / "bookies", uri)
         try:
-            for b in bookies:
-                b.start()
+            for zone in ("z1", "z2", "z3"):
+                bookies.add_bookie(zone=zone)
             w = spawn("writer", "--uri", uri, "--seconds", str(args.seconds))
             assert w.stdout is not None and w.stdin is not None
             ledger_id = int(w.stdout.readline().split()[1])
             r = spawn("reader", "--uri", uri, "--ledger", str(ledger_id))
-            assert r.stdout is not None
-            assert r.stdout.readline().strip() == "ready"
-            time.sleep(0.3)
+            assert r.stdout is not None and r.stdout.readline().strip() == "ready"
             w.stdin.write("go\n")
             w.stdin.flush()
             analyse(result(w), result(r))
         finally:
-            for b in bookies:
-                b.stop()
+            bookies.stop_all()
             etcd.stop()
 
 
