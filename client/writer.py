@@ -129,7 +129,7 @@ class LedgerWriter:
         self._timers: list[asyncio.TimerHandle] = []
         self._explicit_lac = core.last_add_confirmed  # the highest LAC pushed explicitly
         self._lac_mark = core.next_entry_id  # entries from this id carry the LAC of the last confirmation
-        self._lac_pushing = False  # a push is in flight (at most one at a time)
+        self._lac_push: asyncio.Task[None] | None = None  # the push in flight (at most one at a time)
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
         self._on_adds = self._on_add_responses
@@ -307,7 +307,7 @@ class LedgerWriter:
             self._drain_waiting()
         self._lac_mark = self._core.next_entry_id
         delay_s = self._config.explicit_lac_delay_s
-        if delay_s is not None and self._lac_timer is None and not self._lac_pushing:
+        if delay_s is not None and self._lac_timer is None and self._lac_push is None:
             self._lac_timer = (
                 self._loop.call_later(delay_s, self._explicit_lac_due) if delay_s
                 else self._loop.call_soon(self._explicit_lac_due)
@@ -383,8 +383,9 @@ class LedgerWriter:
         if core.next_entry_id > self._lac_mark:
             return  # an entry packed since the last confirmation carries it (piggybacked)
         self._explicit_lac = lac
-        self._lac_pushing = True
-        self._spawn(self._push_lac(core.ensemble, lac))
+        self._lac_push = self._loop.create_task(self._push_lac(core.ensemble, lac))
+        self._tasks.add(self._lac_push)
+        self._lac_push.add_done_callback(self._tasks.discard)
 
     async def _push_lac(self, ensemble: Sequence[BookieId], lac: int) -> None:
         """The LAC to every bookie of the ensemble, so that a tailing reader's long poll
@@ -394,7 +395,7 @@ class LedgerWriter:
         try:
             await asyncio.gather(*(self._write_lac(bookie_id, lac) for bookie_id in ensemble))
         finally:
-            self._lac_pushing = False
+            self._lac_push = None
         if self._lac_timer is None:
             self._explicit_lac_due()  # confirmed meanwhile, with no later entry to carry it?
 
@@ -428,7 +429,22 @@ class LedgerWriter:
                 self._close_future.set_exception(exc)
             self._settle_close()
         await asyncio.shield(self._close_future)
+        await self._last_push()
         self._log.info("ledger_closed", lac=self._core.last_add_confirmed)
+
+    async def _last_push(self) -> None:
+        """Closed: the last LAC reaches the bookies before ``close`` returns, so tailing
+        readers need not wait out their long poll to see the last entries, even if this
+        process exits at once. Waits at most ``long_poll_s`` (past that, a reader's poll
+        has timed out and shown the close anyway): an unreachable bookie delays no close
+        by more."""
+        if self._lac_push is None and self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+            self._explicit_lac_due()
+        deadline = self._loop.time() + self._config.long_poll_s
+        while self._lac_push is not None and (left := deadline - self._loop.time()) > 0:
+            await asyncio.wait({self._lac_push}, timeout=left)
 
     async def abort(self) -> None:
         """Stop without closing (tests, shutdown): pending appends fail, tasks end."""

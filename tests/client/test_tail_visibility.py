@@ -44,9 +44,10 @@ class CountingTransport(StorageTransport):
     """Counts explicit LAC pushes; with ``lie``, a long poll piggybacks every stored entry
     after ``previous_lac`` (as a broken bookie would), confirmed or not."""
 
-    def __init__(self, bookie_ids: list[str], *, lie: bool = False) -> None:
+    def __init__(self, bookie_ids: list[str], *, lie: bool = False, push_delay_s: float = 0.0) -> None:
         super().__init__(bookie_ids)
         self.lie = lie
+        self.push_delay_s = push_delay_s  # a slow network for the LAC pushes
         self.lac_pushes: list[tuple[BookieId, int]] = []
         self.durable_lacs = 0  # write_lac calls without hint_only
 
@@ -55,6 +56,7 @@ class CountingTransport(StorageTransport):
     ) -> None:
         if hint_only:
             self.lac_pushes.append((bookie_id, lac))
+            await asyncio.sleep(self.push_delay_s)
         else:
             self.durable_lacs += 1
         await super().write_lac(bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
@@ -219,6 +221,25 @@ async def test_the_last_entry_before_a_close_reaches_a_tail_without_waiting_out_
         entry = await asyncio.wait_for(first, 10)
         assert (entry.entry_id, entry.payload) == (0, b"last")
         await tail.aclose()
+    finally:
+        await client.close()
+        await client.store.close()
+
+
+async def test_close_returns_once_the_last_lac_reached_the_bookies() -> None:
+    """A writer process may exit right after ``close``: its last push must have landed by
+    then (here pushes take 0.2 s; close waits up to long_poll_s), or tailing readers wait
+    out their long poll."""
+    transport = CountingTransport(BOOKIES, push_delay_s=0.2)
+    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                       driver=DriverConfig(read_timeout_s=5.0, metadata_timeout_s=5.0, long_poll_s=10.0))
+    client = await open_client(transport, cfg)
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        for i in range(3):
+            await w.append(b"%d" % i)
+        await w.close()
+        assert [transport.storages[BookieId(b)].lac_state(w.ledger_id).lac for b in BOOKIES] == [2, 2, 2]
     finally:
         await client.close()
         await client.store.close()
