@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator
 import pytest
 from test_rsm_inprocess import Env, leader_of, until
 
-from scriba.errors import BadConsistencyError, BadRequestError, ConfigError, RsmNotLeaderError, UnavailableError
+from scriba.errors import (
+    BadConsistencyError,
+    BadRequestError,
+    ConfigError,
+    RsmNotLeaderError,
+    UnavailableError,
+)
 from scriba.rsm import wire
 from scriba.rsm.read_index import ReadIndexRounds
 from scriba.rsm.remote import RsmClient
@@ -137,7 +143,7 @@ async def test_pipelined_reads_share_frames_and_confirmations_and_see_every_writ
             assert await client.propose(b"incr", session=session) == str(i).encode()
             # right after each write returned: every replica's linearizable read sees it (a
             # follower's tail lags the leader by at least the last entry until the next LAC)
-            for r in followers + [leader]:
+            for r in [*followers, leader]:
                 got = await asyncio.gather(*(client.read(b"get", address=r.address) for _ in range(3)))
                 assert got == [str(i).encode()] * 3, f"{r.replica_id} after write {i}: {got}"
         frames = client.read_frames_sent
