@@ -40,17 +40,22 @@ class Reading:
                         ) -> list[tuple[bool, bytes]]:
         """Answer several reads on one read index; per read its result or its error body.
 
-        A failed leadership confirmation fails the whole call (every read may be sent
-        elsewhere); a read's own failure (its query raised, its ``after`` position was
-        not reached in time) is its answer.
+        A failed leadership confirmation, or the index not applied in time, fails the whole
+        call (every read may be sent elsewhere); a read's own failure (its query raised, its
+        ``after`` position was not reached in time) is its answer.
         """
         self._check_running()
         linearizable = any(consistency == "linearizable" for consistency, _, _ in reads)
         index = await self._linearizable_index() if linearizable else None
+        if index is not None:
+            await self._wait_applied(index, self.config.read_timeout_s)
         answers: list[tuple[bool, bytes]] = []
         for consistency, after, request in reads:
             try:
-                answers.append((True, await self._answer_read(request, consistency, after, index)))
+                if consistency == "after":
+                    answers.append((True, await self._answer_read(request, consistency, after, None)))
+                else:  # linearizable (applied up to the index above) or sequential
+                    answers.append((True, self._query(request)))
             except ScribaError as exc:
                 answers.append((False, wire.error_body(exc)))
         return answers

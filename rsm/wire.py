@@ -160,6 +160,8 @@ def read_body(consistency: str, after: Position | None, request_bytes: bytes) ->
 def parse_read(body: bytes) -> tuple[str, Position | None, bytes]:
     if not body or body[0] not in CONSISTENCY_NAMES:
         raise errors.BadConsistencyError(f"unknown consistency code {body[:1]!r}")
+    if len(body) > 1 and body[1] == 0:  # no position: the common case, without the slicing
+        return CONSISTENCY_NAMES[body[0]], None, body[2:]
     after, rest = _untext(body[1:])
     return CONSISTENCY_NAMES[body[0]], after, rest
 
@@ -189,17 +191,18 @@ def _items(body: bytes, what: str) -> tuple[int, int]:
 def parse_read_many(body: bytes) -> list[tuple[str, Position | None, bytes]]:
     n, at = _items(body, "READ_MANY")
     reads = []
+    unpack, size, total = ITEM.unpack_from, ITEM.size, len(body)
     for _ in range(n):
-        if len(body) < at + ITEM.size:
+        if total < at + size:
             raise BadRequestError("READ_MANY body too short for its reads")
-        (length,) = ITEM.unpack_from(body, at)
-        at += ITEM.size
-        if len(body) < at + length:
+        (length,) = unpack(body, at)
+        at += size
+        if total < at + length:
             raise BadRequestError("READ_MANY body too short for its reads")
         reads.append(parse_read(body[at:at + length]))
         at += length
-    if at != len(body):
-        raise BadRequestError(f"READ_MANY body has {len(body) - at} bytes after its reads")
+    if at != total:
+        raise BadRequestError(f"READ_MANY body has {total - at} bytes after its reads")
     return reads
 
 
@@ -213,12 +216,13 @@ def parse_read_many_answer(body: bytes, expected: int) -> list[tuple[bool, bytes
     if n != expected:
         raise BadRequestError(f"READ_MANY answer has {n} results for {expected} reads")
     answers = []
+    unpack, size, total = ANSWER.unpack_from, ANSWER.size, len(body)
     for _ in range(n):
-        if len(body) < at + ANSWER.size:
+        if total < at + size:
             raise BadRequestError("READ_MANY answer too short for its results")
-        status, length = ANSWER.unpack_from(body, at)
-        at += ANSWER.size
-        if len(body) < at + length:
+        status, length = unpack(body, at)
+        at += size
+        if total < at + length:
             raise BadRequestError("READ_MANY answer too short for its results")
         answers.append((status == 0, body[at:at + length]))
         at += length
