@@ -29,7 +29,7 @@ import os
 import signal
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,6 +39,7 @@ from scriba.errors import ScribaError
 from scriba.rsm.remote import RsmClient
 from scriba.testing.checkers import Operation, check_acked_set, check_register, check_rsm
 from scriba.testing.faults import FaultProxyConfig, ToxiproxyServer, toxiproxy_client
+from scriba.testing.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -47,12 +48,6 @@ PAUSES = 50
 PARTITIONS = 10 if SOAK else 3
 PACE_S = 0.03  # between one client's operations: keeps the history small enough to search
 FAILOVER = {"snapshot_every_commands": 1_000_000}  # R15's timings (metadata session 2 s); no snapshot restores
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.01)
 
 
 class Workload:
@@ -147,7 +142,7 @@ class Probe:
         self.tasks.append(asyncio.create_task(self.work._write(self.client, self.session,
                                                                f"probe-{next(work.probes)}")))
         peer = self.client._pool.get(self.r.address)
-        await until(lambda: len(peer._pending) >= 2)  # the read frame and the write are on the socket
+        await eventually(lambda: len(peer._pending) >= 2, 60, what="the read frame and the write on the socket")
 
     async def finish(self) -> None:
         try:
@@ -157,16 +152,18 @@ class Probe:
 
 
 async def _one_leader(group: Group, admin: RsmClient) -> None:
-    async with asyncio.timeout(60):
-        while sum(s["role"] == "leader" for s in await group.statuses(admin)) != 1:
-            await asyncio.sleep(0.05)
+    async def one() -> bool:
+        return sum(s["role"] == "leader" for s in await group.statuses(admin)) == 1
+
+    await eventually(one, 60, what="exactly one replica leading", interval_s=0.05)
 
 
 async def _settle(group: Group, admin: RsmClient) -> None:
     """Every replica applied the same position (the convergence checker compares them)."""
-    async with asyncio.timeout(120):
-        while len({s["applied"] for s in await group.statuses(admin)}) != 1:
-            await asyncio.sleep(0.1)
+    async def same() -> bool:
+        return len({s["applied"] for s in await group.statuses(admin)}) == 1
+
+    await eventually(same, 120, what="every replica at the same applied position", interval_s=0.1)
 
 
 async def _run(group: Group, faults: Any) -> Workload:
@@ -199,7 +196,7 @@ async def test_r7_a_paused_leader_resumes_deposed_fifty_times(group_factory: Any
             old.paused = True
             await group.leader(admin, exclude=old)
             acked = len(work.acked)
-            await until(lambda a=acked: len(work.acked) >= a + 2)  # the new leader confirmed writes
+            await eventually(lambda a=acked: len(work.acked) >= a + 2, 60, what="writes confirmed by the new leader")
             await probe.send(4)  # invoked after those writes were confirmed
             group.signal(old, signal.SIGCONT)
             old.paused = False
@@ -234,7 +231,7 @@ async def test_linearizable_reads_and_writes_under_leader_metadata_partitions(gr
             await asyncio.to_thread(proxy.disable)  # its etcd connections dropped, new ones refused
             await group.leader(admin, exclude=old)
             acked = len(work.acked)
-            await until(lambda a=acked: len(work.acked) >= a + 2)
+            await eventually(lambda a=acked: len(work.acked) >= a + 2, 60, what="writes confirmed by the new leader")
             await probe.send(4)  # reads and a write at the cut-off old leader
             await probe.finish()
             await asyncio.to_thread(proxy.enable)
