@@ -43,6 +43,7 @@ from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
 from scriba.rsm.peer import PeerPool
 from scriba.stream import Position
+from scriba.tls import TlsConfig
 
 PendingRead = tuple[bytes, "asyncio.Future[bytes]"]  # a READ body and its caller's future
 RETRIABLE = (RsmNotLeaderError, UnavailableError, CommandOutcomeUnknownError, DeadlineExceededError, ReplicaStoppedError)
@@ -50,7 +51,8 @@ RETRIABLE = (RsmNotLeaderError, UnavailableError, CommandOutcomeUnknownError, De
 
 class RsmClient:
     def __init__(self, addresses: Sequence[str], *, timeout_s: float = 30.0, attempt_timeout_s: float = 5.0,
-                 retry_pause_s: float = 0.05, pipeline_reads: bool = True, reads_per_frame_max: int = 1024) -> None:
+                 retry_pause_s: float = 0.05, tls: TlsConfig | None = None, pipeline_reads: bool = True,
+                 reads_per_frame_max: int = 1024) -> None:
         if not addresses:
             raise ConfigError("RsmClient needs at least one replica address")
         if not 1 <= reads_per_frame_max <= wire.READS_PER_FRAME_MAX:
@@ -59,7 +61,7 @@ class RsmClient:
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
         self.retry_pause_s = retry_pause_s
-        self._pool = PeerPool()
+        self._pool = PeerPool(tls.load() if tls is not None else None)
         self._current = 0
         self._hint: str | None = None
         self.pipeline_reads = pipeline_reads
