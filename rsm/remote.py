@@ -4,6 +4,7 @@
     session = await client.open_session()
     result = await client.propose(b"incr", session=session)
     value = await client.read(b"get")                      # linearizable: the replica proves it
+    await client.transfer_leadership("r2")                 # the leader hands over; returns once r2 leads
     await client.close()
 
 A request goes to the replica that answered last; an ``RsmNotLeaderError`` naming the
@@ -96,6 +97,11 @@ class RsmClient:
         if address is not None:
             return await self._pool.get(address).call(wire.Op.READ, body, self.attempt_timeout_s)
         return await self._call(wire.Op.READ, body)
+
+    async def transfer_leadership(self, replica_id: str) -> None:
+        """Ask the leader (found as for a proposal) to hand leadership to ``replica_id``; returns once
+        ``replica_id`` leads. ``ReplicaNotFoundError`` when no live replica has that id."""
+        await self._call(wire.Op.TRANSFER, wire.transfer_body(replica_id))
 
     async def status(self, address: str) -> dict[str, Any]:
         return dict(json.loads(await self._pool.get(address).call(wire.Op.STATUS, b"", self.attempt_timeout_s)))

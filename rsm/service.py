@@ -1,6 +1,6 @@
 """The replica service's request handler: what a peer (a forwarding follower) or a remote
 client (``RsmClient``) may ask of a replica over ``peer.ReplicaServer`` — propose, open a
-session, read, read index, status (a mixin of ``ReplicatedStateMachine``).
+session, read, read index, status, leadership transfer (a mixin of ``ReplicatedStateMachine``).
 """
 
 from __future__ import annotations
@@ -31,5 +31,8 @@ class ReplicaService:
             return await self.read(request, consistency, after=after)
         if op is wire.Op.READ_INDEX:
             return wire.position_body(await self.read_index(forwarded=forwarded))
+        if op is wire.Op.TRANSFER:  # on the leader only (a follower says who leads; never forwarded)
+            await self.transfer_leadership(wire.parse_transfer(body))
+            return b""
         return json.dumps(self.status()).encode()
 

@@ -13,7 +13,8 @@ per-request cost low (one struct unpack, no protobuf objects).
 Bodies: PROPOSE ``u64 session | u64 seq | u64 acked_below | command`` -> ``u8 n | position
 text (n) | result``; READ ``u8 consistency | u8 n | after position (n) | request`` ->
 ``result``; READ_INDEX -> position text; OPEN_SESSION -> ``u64 id | position text``;
-STATUS -> JSON. An error body is JSON ``{type, message, leader_id, leader_address}``
+STATUS -> JSON; TRANSFER ``replica id (utf-8)`` -> empty (the leader hands leadership to
+that replica and answers once it leads; a follower answers not-leader). An error body is JSON ``{type, message, leader_id, leader_address}``
 and becomes the same exception type on the caller's side (``error_from``).
 Flag ``FORWARDED``: a follower passed this on; the receiver must not forward again.
 """
@@ -27,6 +28,7 @@ from typing import Final
 
 from scriba import errors
 from scriba.errors import BadRequestError, RsmNotLeaderError, ScribaError
+from scriba.rsm.membership import check_replica_id
 from scriba.stream import Position
 
 FRAME_BYTES_MAX: Final = 8 * 1024 * 1024
@@ -45,6 +47,7 @@ class Op(enum.IntEnum):
     READ_INDEX = 3
     OPEN_SESSION = 4
     STATUS = 5
+    TRANSFER = 7  # 6 is kept for READ_MANY (batched reads, built beside this)
 
 
 def frame(payload: bytes) -> bytes:
@@ -159,3 +162,15 @@ def position_body(position: Position | None) -> bytes:
 
 def parse_position(body: bytes) -> Position | None:
     return _untext(body)[0]
+
+
+def transfer_body(replica_id: str) -> bytes:
+    return replica_id.encode()
+
+
+def parse_transfer(body: bytes) -> str:
+    """The target replica id of a TRANSFER (checked like every replica id)."""
+    try:
+        return check_replica_id(body.decode())
+    except (UnicodeDecodeError, errors.ConfigError) as exc:
+        raise BadRequestError(f"transfer target: {exc}") from None
