@@ -11,7 +11,8 @@ turns both into JSON-ready dicts (no I/O); :mod:`~scriba.console.server` serves 
 as ``/api/...`` and as pages rendered server-side with Jinja2, pictures drawn as SVG
 by :mod:`~scriba.console.svg`. A few lines of plain JavaScript (``static/console.js``)
 re-fetch the page's fragment every two seconds, so a killed bookie turns "down"
-without a reload. Read-only: the console changes nothing.
+without a reload. Read-only unless started with ``--allow-actions``: then decommission,
+audit and leadership transfer, each confirmed (:mod:`~scriba.console.actions`).
 
 The console reads every layer and no layer imports it (tests/test_layers.py).
 """

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from scriba.config import parse_host_port
+from scriba.console.actions import Actions, Authorize, any_caller
 from scriba.console.mirror import Mirror
 from scriba.console.probe import Prober
 from scriba.console.server import make_app
@@ -35,6 +36,7 @@ class ConsoleConfig:
     listen: str = "127.0.0.1:8080"
     probe_interval_s: float = 1.0
     window_samples: int = 300  # a bookie's chart window: 5 minutes at one probe a second
+    allow_actions: bool = False  # decommission, audit, leadership transfer (console.actions)
 
     def validate(self) -> ConsoleConfig:
         if not self.metadata_uri:
@@ -50,20 +52,23 @@ class ConsoleConfig:
 class Console:
     """The mirror, the prober and the web server of one console, started and stopped together."""
 
-    def __init__(self, config: ConsoleConfig) -> None:
+    def __init__(self, config: ConsoleConfig, *, authorize: Authorize = any_caller) -> None:
+        """``authorize``: who may act when actions are allowed (the hook TLS, #21, fills in)."""
         self.config = config.validate()
         self.mirror = Mirror(config.metadata_uri, connect)
         self.model = Model(self.mirror)
         self.prober = Prober(self.model.probe_targets, interval_s=config.probe_interval_s,
                              window=config.window_samples)
         self.model.prober = self.prober
+        self.actions = (Actions(config.metadata_uri, connect, self.model, authorize=authorize)
+                        if config.allow_actions else None)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> str:
         self.mirror.start()
         self.prober.start()
-        self._runner = web.AppRunner(make_app(self.model), access_log=None)
+        self._runner = web.AppRunner(make_app(self.model, self.actions), access_log=None)
         await self._runner.setup()
         host, port = parse_host_port(self.config.listen)
         site = web.TCPSite(self._runner, host, port)
@@ -86,11 +91,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free one)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="seconds between bookie probes")
     p.add_argument("--window", type=int, default=300, help="samples kept per bookie for charts")
+    p.add_argument("--allow-actions", action="store_true",
+                   help="allow decommission, audit and leadership transfer from the console (each confirmed)")
     p.set_defaults(func=cmd_console)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    config = ConsoleConfig(args.metadata, args.listen, args.probe_interval, args.window).validate()
+    config = ConsoleConfig(args.metadata, args.listen, args.probe_interval, args.window,
+                           allow_actions=args.allow_actions).validate()
     asyncio.run(_serve(config))
     return 0
 
