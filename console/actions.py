@@ -202,10 +202,7 @@ class Actions:
 
     def _group_members(self, group: str) -> dict[str, str]:
         """Replica id -> service address of the group's registered replicas."""
-        for g in self._model.rsm_groups():
-            if f"{g['namespace']}/{g['name']}" == group:
-                return {str(m.get("replica_id")): str(m.get("address", "")) for m in g["members"]}
-        return {}
+        return {rid: address for (g, rid), address in self._model.rsm_targets().items() if g == group}
 
     async def handle(self, request: ActionRequest, actor: str, token: str | None) -> dict[str, Any]:
         now = self._clock()

@@ -21,6 +21,7 @@ from scriba.config import parse_host_port
 from scriba.console.actions import Actions, Authorize, any_caller
 from scriba.console.mirror import Mirror
 from scriba.console.probe import Prober
+from scriba.console.rsm_probe import RsmProber
 from scriba.console.server import make_app
 from scriba.console.views import Model
 from scriba.errors import ConfigError
@@ -60,6 +61,8 @@ class Console:
         self.prober = Prober(self.model.probe_targets, interval_s=config.probe_interval_s,
                              window=config.window_samples)
         self.model.prober = self.prober
+        self.rsm_prober = RsmProber(self.model.rsm_targets, interval_s=config.probe_interval_s)
+        self.model.rsm_prober = self.rsm_prober
         self.actions = (Actions(config.metadata_uri, connect, self.model, authorize=authorize)
                         if config.allow_actions else None)
         self._runner: web.AppRunner | None = None
@@ -68,6 +71,7 @@ class Console:
     async def start(self) -> str:
         self.mirror.start()
         self.prober.start()
+        self.rsm_prober.start()
         self._runner = web.AppRunner(make_app(self.model, self.actions), access_log=None)
         await self._runner.setup()
         host, port = parse_host_port(self.config.listen)
@@ -82,6 +86,7 @@ class Console:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.prober.stop()
+        await self.rsm_prober.stop()
         await self.mirror.stop()
 
 
