@@ -19,6 +19,7 @@ from aiohttp import web
 
 from scriba.config import parse_host_port
 from scriba.console.actions import Actions, Authorize, any_caller
+from scriba.console.geo_lag import GeoScraper, LagWindow
 from scriba.console.mirror import Mirror
 from scriba.console.probe import Prober
 from scriba.console.rsm_probe import RsmProber
@@ -38,6 +39,8 @@ class ConsoleConfig:
     probe_interval_s: float = 1.0
     window_samples: int = 300  # a bookie's chart window: 5 minutes at one probe a second
     allow_actions: bool = False  # decommission, audit, leadership transfer (console.actions)
+    geo_metrics: tuple[str, ...] = ()  # HOST:PORT of replicators' /metrics (scriba geo replicate --http)
+    geo_window_s: float = 600.0  # the geo lag charts' window
 
     def validate(self) -> ConsoleConfig:
         if not self.metadata_uri:
@@ -47,6 +50,10 @@ class ConsoleConfig:
             raise ConfigError(f"console: probe interval {self.probe_interval_s} s: expected 0.1..60")
         if not 2 <= self.window_samples <= 100_000:
             raise ConfigError(f"console: window {self.window_samples} samples: expected 2..100000")
+        for address in self.geo_metrics:
+            parse_host_port(address)
+        if not 10 <= self.geo_window_s <= 86_400:
+            raise ConfigError(f"console: geo window {self.geo_window_s} s: expected 10..86400")
         return self
 
 
@@ -63,6 +70,10 @@ class Console:
         self.model.prober = self.prober
         self.rsm_prober = RsmProber(self.model.rsm_targets, interval_s=config.probe_interval_s)
         self.model.rsm_prober = self.rsm_prober
+        samples_max = max(2, int(config.geo_window_s / config.probe_interval_s) + 1)
+        self.geo = GeoScraper(config.geo_metrics, LagWindow(config.geo_window_s, samples_max),
+                              interval_s=config.probe_interval_s)
+        self.model.geo = self.geo
         self.actions = (Actions(config.metadata_uri, connect, self.model, authorize=authorize)
                         if config.allow_actions else None)
         self._runner: web.AppRunner | None = None
@@ -72,6 +83,7 @@ class Console:
         self.mirror.start()
         self.prober.start()
         self.rsm_prober.start()
+        self.geo.start()
         self._runner = web.AppRunner(make_app(self.model, self.actions), access_log=None)
         await self._runner.setup()
         host, port = parse_host_port(self.config.listen)
@@ -87,6 +99,7 @@ class Console:
             await self._runner.cleanup()
         await self.prober.stop()
         await self.rsm_prober.stop()
+        await self.geo.stop()
         await self.mirror.stop()
 
 
@@ -96,6 +109,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free one)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="seconds between bookie probes")
     p.add_argument("--window", type=int, default=300, help="samples kept per bookie for charts")
+    p.add_argument("--geo-metrics", action="append", default=[], metavar="HOST:PORT",
+                   help="a geo replicator's /metrics (scriba geo replicate --http), repeatable: lag charts")
+    p.add_argument("--geo-window", type=float, default=600.0, help="seconds of geo lag the charts keep")
     p.add_argument("--allow-actions", action="store_true",
                    help="allow decommission, audit and leadership transfer from the console (each confirmed)")
     p.set_defaults(func=cmd_console)
@@ -103,7 +119,8 @@ def register(subparsers: Any) -> None:
 
 def cmd_console(args: argparse.Namespace) -> int:
     config = ConsoleConfig(args.metadata, args.listen, args.probe_interval, args.window,
-                           allow_actions=args.allow_actions).validate()
+                           allow_actions=args.allow_actions, geo_metrics=tuple(args.geo_metrics),
+                           geo_window_s=args.geo_window).validate()
     asyncio.run(_serve(config))
     return 0
 

@@ -15,6 +15,7 @@ its ``<main>`` (the refresh script swaps it in), so pages refresh without a relo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -103,6 +104,10 @@ async def api_rsm(request: web.Request) -> web.Response:
     return web.json_response(request.app[MODEL].rsm_groups())
 
 
+async def api_geo(request: web.Request) -> web.Response:
+    return web.json_response(request.app[MODEL].geo_lag(time.time()))
+
+
 async def api_underreplicated(request: web.Request) -> web.Response:
     return web.json_response(request.app[MODEL].underreplicated())
 
@@ -155,6 +160,10 @@ async def page_rsm(request: web.Request) -> web.Response:
     return _render(request, "rsm.html", groups=request.app[MODEL].rsm_groups())
 
 
+async def page_geo(request: web.Request) -> web.Response:
+    return _render(request, "geo.html", doc=request.app[MODEL].geo_lag(time.time()))
+
+
 async def page_recovery(request: web.Request) -> web.Response:
     return _render(request, "recovery.html", rows=request.app[MODEL].underreplicated())
 
@@ -174,11 +183,13 @@ def make_app(model: Model, actions: Actions | None = None) -> web.Application:
     app.router.add_get("/api/streams", api_streams)
     app.router.add_get("/api/rsm", api_rsm)
     app.router.add_get("/api/underreplicated", api_underreplicated)
+    app.router.add_get("/api/geo", api_geo)
     app.router.add_get("/", page_cluster)
     app.router.add_get("/ledgers", page_ledgers)
     app.router.add_get("/ledgers/{ledger_id}", page_ledger)
     app.router.add_get("/streams", page_streams)
     app.router.add_get("/rsm", page_rsm)
     app.router.add_get("/recovery", page_recovery)
+    app.router.add_get("/geo", page_geo)
     app.router.add_static("/static", __file__.rsplit("/", 1)[0] + "/static")
     return app

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from scriba.autorecovery.records import UNDERREPLICATED_PREFIX, UnderReplicated
+from scriba.console.geo_lag import GeoScraper
 from scriba.console.mirror import ELECTIONS_PREFIX, PREFIXES, RSM_PREFIX, Mirror, section_of
 from scriba.console.probe import Prober, rates_between
 from scriba.console.rsm_probe import RsmProber
@@ -87,6 +88,7 @@ class Model:
         self.mirror = mirror
         self.prober: Prober | None = None
         self.rsm_prober: RsmProber | None = None
+        self.geo: GeoScraper | None = None
         self._decoded: dict[tuple[str, str], tuple[int, Any]] = {}  # (decoder, key) -> (version, record)
         self._last_seen: dict[str, BookieRegistration] = {}  # bookie id -> last registration
         self._owners: tuple[int, dict[int, str]] = (-1, {})
@@ -344,6 +346,15 @@ class Model:
             return str(json.loads(hit[1])["candidate"])
         except (ValueError, KeyError, TypeError):
             return None
+
+    # --- geo lag ------------------------------------------------------------------
+    def geo_lag(self, now_s: float) -> dict[str, Any]:
+        """Every geo link's lag samples over the window, and the replicator endpoints scraped."""
+        if self.geo is None:
+            return {"window_s": 0.0, "now_s": now_s, "endpoints": [], "links": []}
+        return {"window_s": self.geo.window.window_s, "now_s": now_s,
+                "endpoints": [{"address": e.address, "up": e.up, "error": e.error} for e in self.geo.endpoints],
+                "links": self.geo.window.series()}
 
     # --- recovery ---------------------------------------------------------------
     def underreplicated(self) -> list[dict[str, Any]]:
