@@ -15,7 +15,6 @@ a series not seen for ``window_s`` goes. :class:`GeoScraper` feeds it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -25,6 +24,7 @@ from typing import Any, Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from scriba.console.periodic import Periodic
 from scriba.log import get_logger
 
 log = get_logger(__name__)
@@ -108,32 +108,27 @@ class Endpoint:
     scraped_s: float = 0.0
 
 
-class GeoScraper:
+class GeoScraper(Periodic):
     """Scrapes each replicator ``/metrics`` endpoint every ``interval_s`` into a :class:`LagWindow`."""
 
+    name = "console-geo-scraper"
+
     def __init__(self, addresses: Sequence[str], window: LagWindow, *, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
         self.endpoints = [Endpoint(a) for a in addresses]
         self.window = window
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        if self.endpoints:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="console-geo-scraper")
+        if self.endpoints:  # nothing to scrape: no task
+            super().start()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def closed(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    async def _run(self) -> None:
-        while True:
-            await self.scrape_all()
-            await asyncio.sleep(self.interval_s)
+    async def tick(self) -> None:
+        await self.scrape_all()
 
     async def scrape_all(self) -> None:
         if self._session is None:

@@ -13,13 +13,13 @@ and their connections closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from scriba.console.periodic import Periodic
 from scriba.errors import ScribaError
 from scriba.log import get_logger
 from scriba.rsm import wire
@@ -39,32 +39,24 @@ class ReplicaProbe:
     error: str = ""  # why the last probe failed ("" when it answered)
 
 
-class RsmProber:
+class RsmProber(Periodic):
     """Probes the replicas ``targets()`` names ((group, replica id) -> service address)."""
 
+    name = "console-rsm-prober"
+
     def __init__(self, targets: Callable[[], Mapping[Replica, str]], *, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
         self._targets = targets
-        self.interval_s = interval_s
         self.probes: dict[Replica, ReplicaProbe] = {}
         self._peers: dict[str, PeerClient] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="console-rsm-prober")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def closed(self) -> None:
         for peer in self._peers.values():
             await peer.close()
         self._peers.clear()
 
-    async def _run(self) -> None:
-        while True:
-            await self.probe_all()
-            await asyncio.sleep(self.interval_s)
+    async def tick(self) -> None:
+        await self.probe_all()
 
     async def probe_all(self) -> None:
         targets = dict(self._targets())
