@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from scriba.autorecovery.records import UNDERREPLICATED_PREFIX, UnderReplicated
+from scriba.autorecovery.records import (
+    DECOMMISSION_PREFIX,
+    UNDERREPLICATED_PREFIX,
+    Decommission,
+    UnderReplicated,
+)
 from scriba.console.geo_lag import GeoScraper
 from scriba.console.mirror import ELECTIONS_PREFIX, PREFIXES, RSM_PREFIX, Mirror, section_of
 from scriba.console.probe import Prober, rates_between
@@ -129,6 +134,7 @@ class Model:
         regs = self.registrations()
         cookies = {c.bookie_id: c for _, c in self._decode(COOKIES_PREFIX, Cookie.from_bytes)}
         probes = self.prober.probes if self.prober is not None else {}
+        drains = {d.bookie_id: d.state.value for _, d in self._decode(DECOMMISSION_PREFIX, Decommission.from_bytes)}
         rows = []
         for bookie_id in sorted(set(regs) | set(cookies) | set(probes)):
             reg = regs.get(bookie_id) or self._last_seen.get(bookie_id)
@@ -162,6 +168,7 @@ class Model:
                 "reads_per_s": round(reads, 1),
                 "instance_id": cookie.instance_id if cookie else "",
                 "probe_error": probe.error if probe is not None else "",
+                "decommission": drains.get(bookie_id, ""),  # DRAINING / DONE once one was started
             })
         return rows
 

@@ -8,7 +8,7 @@ const banner = document.getElementById("store-status");
 
 function lines(b) {
   const disk = b.disk_used === null ? "disk ?" : `disk ${Math.round(b.disk_used * 100)}% used`;
-  return {"b-state": b.state, "b-disk": disk,
+  return {"b-state": b.state, "b-disk": disk, "b-drain": b.decommission,
           "b-rate": `${Math.round(b.adds_per_s)} adds/s  ${Math.round(b.reads_per_s)} reads/s`};
 }
 

@@ -122,3 +122,17 @@ async def test_decommission_marks_the_bookies_ledgers(acting: tuple[Populated, s
     rows = await wait_for("bookie-1's ledgers marked", marked, 10.0)
     assert p.ledger_id in [r["ledger_id"] for r in rows]
     assert len(rows) == result["ledgers_marked"]
+
+    async def draining() -> Any:  # and the bookie shows as draining (the others do not)
+        _, bookies = await p.get("/api/bookies")
+        return {b["bookie_id"]: b["decommission"] for b in bookies}
+
+    drains = await wait_for("bookie-1 draining", lambda: _when(draining, lambda d: d.get("bookie-1")), 10.0)
+    assert drains == {"bookie-0": "", "bookie-1": "DRAINING", "bookie-2": ""}
+    _, page = await p.get("/")
+    assert '<td class="b-drain">DRAINING</td>' in page
+
+
+async def _when(fetch: Any, ok: Any) -> Any:
+    doc = await fetch()
+    return doc if ok(doc) else None
