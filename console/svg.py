@@ -190,6 +190,8 @@ def lag_chart(series: dict[str, Any], window_s: float, now_s: float, width: int 
         _text(left + plot_w + 4, top + 10, f"{seconds_max:g} s", "axis", 10),
         _text(left, height - 6, f"-{window_s / 60:g} min", "axis", 10),
         _text(left + plot_w - 20, height - 6, "now", "axis", 10),
+        f'<text x="{left + plot_w / 2 - 90:.0f}" y="{height - 6}" font-size="10" fill="#4e79a7">records behind</text>',
+        f'<text x="{left + plot_w / 2 + 10:.0f}" y="{height - 6}" font-size="10" fill="#f28e2b">seconds behind</text>',
         f'<polyline class="lag-records" fill="none" stroke="#4e79a7" stroke-width="1.5" points="{points(1, records_max)}"/>',
         f'<polyline class="lag-seconds" fill="none" stroke="#f28e2b" stroke-width="1.5" points="{points(2, seconds_max)}"/>',
     ]

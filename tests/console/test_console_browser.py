@@ -20,6 +20,7 @@ from scriba.errors import NoSuchKeyError
 from scriba.meta import connect
 from tests.console.browser import CHROMIUM, STATES_JS, Browser
 from tests.console.conftest import Populated
+from tests.console.test_console_geo import geo_console
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
@@ -114,3 +115,25 @@ async def _audit_sequence(uri: str) -> int | None:
         return None
     finally:
         await store.close()
+
+
+async def test_geo_lag_chart_grows_live_in_chromium(tmp_path: Path) -> None:
+    """The /geo page's chart gains samples by itself (no reload), and falls to 0 when the link catches up."""
+    points_js = ("(() => { const p = document.querySelector('svg.lag-chart[data-stream=\"prod/orders\"] "
+                 "polyline.lag-records'); return p ? p.getAttribute('points').trim().split(/\\s+/).length : 0; })()")
+    async with geo_console() as (url, metrics, _runner, _address):
+        (tmp_path / "profile").mkdir()
+        browser = Browser(tmp_path / "profile")
+        await browser.start()
+        try:
+            await browser.open(f"{url}geo")
+            await browser.evaluate("window.__noReload = 'still here'")
+            first = await browser.wait_for("a chart with samples", points_js, 20.0)
+            await browser.wait_for("more samples without a reload", f"{points_js} > {first}", 20.0)
+            metrics.lag_records.labels("prod/orders", "us").set(0)
+            await browser.wait_for("the link caught up on the page", "document.querySelector('.geo-link h3')"
+                                   ".textContent.includes('— 0 records')", 20.0)
+            assert await browser.evaluate("window.__noReload") == "still here"
+            await browser.screenshot(_shots(tmp_path) / "geo.png")
+        finally:
+            await browser.stop()

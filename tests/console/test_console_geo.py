@@ -4,8 +4,10 @@ served by a small HTTP server in the test — into ``/api/geo`` and the ``/geo``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -59,7 +61,10 @@ def test_chart_draws_each_sample_in_the_window() -> None:
     assert 'data-stream="a/s"' in chart and "lag-seconds" in chart
 
 
-async def test_console_scrapes_a_replicator_into_api_and_page() -> None:
+@contextlib.asynccontextmanager
+async def geo_console() -> AsyncIterator[tuple[str, GeoMetrics, web.AppRunner, str]]:
+    """A replicator's /metrics (the real GeoMetrics gauges, 40 records / 8 s behind) and a console
+    scraping it every 0.2 s: (console URL, the gauges, the metrics server, its address)."""
     metrics = GeoMetrics()
     metrics.lag_records.labels("prod/orders", "us").set(40)
     metrics.lag_seconds.labels("prod/orders", "us").set(8.0)
@@ -78,6 +83,14 @@ async def test_console_scrapes_a_replicator_into_api_and_page() -> None:
                                     geo_metrics=(address,), geo_window_s=60.0))
     url = await console.start()
     try:
+        yield url, metrics, runner, address
+    finally:
+        await console.stop()
+        await runner.cleanup()
+
+
+async def test_console_scrapes_a_replicator_into_api_and_page() -> None:
+    async with geo_console() as (url, metrics, runner, address):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             async def geo() -> dict[str, Any]:
                 async with http.get(url + "api/geo") as reply:
@@ -120,9 +133,6 @@ async def test_console_scrapes_a_replicator_into_api_and_page() -> None:
 
             doc = await wait_for("the endpoint down", down, 20.0)
             assert doc["endpoints"][0]["error"] and doc["links"]
-    finally:
-        await console.stop()
-        await runner.cleanup()
 
 
 async def test_no_replicators_configured() -> None:
