@@ -16,11 +16,11 @@ cross-site page cannot make the first one either: the body must be ``application
 ``Origin`` header, when sent, must be the console's own.
 
 Who may act is one function, :data:`Authorize` (the request -> the acting identity, or
-None). Until TLS (#21) gives the console client certificates, the default
-:func:`any_caller` lets whoever reaches the console act once ``--allow-actions`` is on
-(it listens on 127.0.0.1 by default); #21 plugs in a function that reads the caller's
-certificate subject and checks it against the admin identities, and nothing else here
-changes.
+None). With mutual TLS (``--tls-*`` with client certificates, #21) it is
+:func:`admin_certificates`: the identities of the caller's certificate, if they are on the
+admin allow-list (the console's TLS middleware already refuses every other certificate;
+this check stands on its own); without, :func:`any_caller` lets whoever reaches the
+console act once ``--allow-actions`` is on (it listens on 127.0.0.1 by default).
 
 What each action does (the same library calls as the shell verbs):
 
@@ -52,6 +52,7 @@ from scriba.console.views import Model
 from scriba.errors import BadRequestError, ScribaError, UnauthorizedError
 from scriba.ids import BookieId
 from scriba.meta.store import MetadataStore
+from scriba.tls import LoadedTls, Role, TlsConfig, identities_from_peercert, refusal
 
 CONFIRM_TTL_S: Final = 120.0
 PENDING_MAX: Final = 64
@@ -73,8 +74,22 @@ Authorize = Callable[[web.Request], str | None]
 
 
 def any_caller(request: web.Request) -> str | None:
-    """Before TLS (#21): whoever reaches a console started with ``--allow-actions`` acts as "operator"."""
+    """Without client certificates: whoever reaches a console started with ``--allow-actions``
+    acts, as "operator" (the console listens on 127.0.0.1 by default)."""
     return "operator"
+
+
+def admin_certificates(tls: LoadedTls) -> Authorize:
+    """Under mutual TLS (#21): the caller acts as the identities of its certificate when they are
+    on the admin allow-list (``--tls-allow admin=...``); anyone else may not act."""
+
+    def authorize(request: web.Request) -> str | None:
+        peercert = request.transport.get_extra_info("peercert") if request.transport is not None else None
+        if refusal(tls, peercert, (Role.ADMIN,)) is not None:
+            return None
+        return ",".join(sorted(identities_from_peercert(peercert))) or None
+
+    return authorize
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +187,10 @@ class Actions:
     against the metadata store at ``uri`` (a store connection per action)."""
 
     def __init__(self, uri: str, connect: Connect, model: Model, *, authorize: Authorize = any_caller,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, rsm_tls: TlsConfig | None = None) -> None:
+        """``rsm_tls``: reach RSM replicas over TLS with this client certificate (an admin one)."""
         self.uri = uri
+        self._rsm_tls = rsm_tls
         self._connect = connect
         self._model = model
         self.authorize = authorize
@@ -248,7 +265,7 @@ class Actions:
         addresses = [a for a in self._group_members(group).values() if a]
         if not addresses:
             raise BadRequestError(f"no live replicas of {group}")
-        client = RsmClient(addresses, timeout_s=ACTION_TIMEOUT_S / 2)
+        client = RsmClient(addresses, timeout_s=ACTION_TIMEOUT_S / 2, tls=self._rsm_tls)
         try:
             await client.transfer_leadership(replica_id)
         finally:

@@ -24,6 +24,7 @@ from scriba.errors import ScribaError
 from scriba.log import get_logger
 from scriba.rsm import wire
 from scriba.rsm.peer import PeerClient
+from scriba.tls import LoadedTls
 
 log = get_logger(__name__)
 
@@ -44,9 +45,12 @@ class RsmProber(Periodic):
 
     name = "console-rsm-prober"
 
-    def __init__(self, targets: Callable[[], Mapping[Replica, str]], *, interval_s: float = 1.0) -> None:
+    def __init__(self, targets: Callable[[], Mapping[Replica, str]], *, interval_s: float = 1.0,
+                 tls: LoadedTls | None = None) -> None:
+        """``tls``: ask replicas over TLS with this client certificate (the console's own)."""
         super().__init__(interval_s)
         self._targets = targets
+        self._tls = tls
         self.probes: dict[Replica, ReplicaProbe] = {}
         self._peers: dict[str, PeerClient] = {}
 
@@ -78,7 +82,7 @@ class RsmProber(Periodic):
             return
         peer = self._peers.get(probe.address)
         if peer is None:
-            peer = self._peers[probe.address] = PeerClient(probe.address)
+            peer = self._peers[probe.address] = PeerClient(probe.address, self._tls)
         try:
             probe.status = dict(json.loads(await peer.call(wire.Op.STATUS, b"", STATUS_TIMEOUT_S)))
             probe.error = ""

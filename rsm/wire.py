@@ -50,6 +50,9 @@ class Op(enum.IntEnum):
     TRANSFER = 7  # 6 is kept for READ_MANY (batched reads, built beside this)
 
 
+ADMIN_OPS: Final = frozenset({Op.TRANSFER})  # under mutual TLS: admin certificates only
+
+
 def frame(payload: bytes) -> bytes:
     if len(payload) > FRAME_BYTES_MAX:
         raise BadRequestError(f"frame of {len(payload)} bytes exceeds {FRAME_BYTES_MAX}")

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
     inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
 
     def validate(self) -> None:
@@ -110,6 +112,9 @@ class SandboxOptions:
                 "only the bookies' dirs would leave a broken cluster; wipe the store yourself, "
                 "or use another --data dir"
             )
+        if self.tls and self.metadata:
+            raise ConfigError("--tls with --metadata: the sandbox makes its own CA for the etcd it starts; "
+                              "secure your own store and pass its etcd+tls:// URI without --tls")
 
 
     def location(self, index: int) -> tuple[str, str]:
@@ -215,6 +220,7 @@ class Sandbox:
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.metadata_uri = options.metadata or ""
+        self.pki: Any = None  # SandboxPki with --tls
         self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
 
     def _reap_orphans(self) -> None:
@@ -266,11 +272,18 @@ class Sandbox:
         if kept:
             print(f"keeping the data in {self.data_dir} (ledgers written before stay; --fresh wipes it)",
                   file=out, flush=True)
+        if self.options.tls:
+            from scriba.sandbox_tls import SandboxPki
+
+            self.pki = SandboxPki.create(self.data_dir / "tls")
+            print(f"mutual TLS everywhere: a throwaway CA and certificates in {self.data_dir / 'tls'}",
+                  file=out, flush=True)
+        server_tls = self.pki.server_tls() if self.pki is not None else None
         if not self.options.metadata:
             from scriba.embedded.etcd import EtcdCluster
 
             print(f"starting etcd in {self.data_dir / 'etcd'} ...", file=out, flush=True)
-            self.etcd = EtcdCluster(self.data_dir / "etcd", 1)
+            self.etcd = EtcdCluster(self.data_dir / "etcd", 1, tls=server_tls)
             try:
                 self.etcd.start(timeout_s=START_TIMEOUT_S)
             except ServerStartError as exc:
@@ -278,7 +291,8 @@ class Sandbox:
                     raise
                 raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
                                        f"program holds one now, stop it or start with --fresh)") from None
-            self.metadata_uri = self.etcd.uri("scriba")
+            self.metadata_uri = (self.etcd.uri("scriba") if self.pki is None else
+                                 self.etcd.uri("scriba", cert=str(self.pki.client.cert), key=str(self.pki.client.key)))
         n, places = self.options.bookies, self.options.regions * self.options.zones
         print(f"starting {n} bookies over {min(n, places)} zones ...", file=out, flush=True)
         latency_ms = self.options.inter_region_latency_ms
@@ -300,6 +314,7 @@ class Sandbox:
                     region=region,
                     zone=zone,
                     rack=f"rack-{i + 1}",
+                    tls=server_tls,
                     extra_args=self.latency.advertise_args(remote) if self.latency is not None else (),
                 )
             )
@@ -310,7 +325,10 @@ class Sandbox:
             for f in futures:
                 f.result()
         if self.options.console:
-            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
+            from scriba.embedded.bookie import tls_argv
+
+            tls_args = tls_argv(self.pki.server_tls(self.pki.admin)) if self.pki is not None else []
+            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir, tls_args)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -335,6 +353,7 @@ class Sandbox:
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            **(self.pki.describe() if self.pki is not None else {}),
             "region_latency": None if self.latency is None else self.latency.describe(),
             "bookies": [
                 {
@@ -384,9 +403,10 @@ def _running(process: Any) -> bool:
     return pid is not None and _pid_alive(pid)
 
 
-def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_console(metadata_uri: str, listen: str, data_dir: Path,
+                  tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen)
+    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
     with open(data_dir / "console.log", "ab") as log_file:
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
                                  cwd=data_dir)
@@ -447,6 +467,8 @@ def register(subparsers: Any) -> None:
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
     mode.add_argument("--stop", action="store_true", help="stop the sandbox running on --data")
@@ -461,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console,
+                             console=None if args.no_console else args.console, tls=args.tls,
                              inter_region_latency_ms=args.inter_region_latency_ms)
     options.validate()
     if args.detach:
@@ -487,7 +509,8 @@ def run_foreground(options: SandboxOptions, *, simple_test: bool = False, out: I
         sandbox.start(out)
         _print_ready(sandbox, out)
         if simple_test:
-            code = _run_simple_test(sandbox.metadata_uri, out)
+            code = _run_simple_test(sandbox.metadata_uri, out,
+                                    sandbox.pki.client_tls() if sandbox.pki is not None else None)
         else:
             while not stop_requested.wait(1.0):
                 dead = sandbox.dead_bookies()
@@ -517,17 +540,22 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     if sandbox.console is not None:
         print(f"console:  {sandbox.console[1]}", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
+    tls = ""
+    if sandbox.pki is not None:
+        c = sandbox.pki.client
+        tls = f" --tls-cert {c.cert} --tls-key {c.key} --tls-ca {sandbox.pki.ca}"
     print(
-        f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
+        f"next: SCRIBA_METADATA='{sandbox.metadata_uri}' scriba shell{tls} simple-test   "
+        "(Ctrl-C here stops the sandbox)",
         file=out,
         flush=True,
     )
 
 
-def _run_simple_test(uri: str, out: IO[str]) -> int:
+def _run_simple_test(uri: str, out: IO[str], tls: Any = None) -> int:
     from scriba.client.shell import simple_test_report
 
-    ok, text = simple_test_report(uri)
+    ok, text = simple_test_report(uri, tls=tls)
     print(text, file=out, flush=True)
     return 0 if ok else 1
 
@@ -545,6 +573,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
         argv += ["--metadata", args.metadata]
     if args.fresh:
         argv.append("--fresh")
+    if args.tls:
+        argv.append("--tls")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
