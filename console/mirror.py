@@ -2,7 +2,7 @@
 
 A prefix watch sees the records *directly* under its prefix (``MetadataStore.watch``),
 so the mirror watches a tree: the roots (bookies, cookies, ledgers, stream namespaces,
-under-replicated ledgers) and, as records appear, what hangs below them
+under-replicated ledgers, decommissions) and, as records appear, what hangs below them
 (:func:`children`): a namespace's streams, a stream's cursors, and — an RSM group being
 a stream — the group's member registrations and its leader election. When a record
 goes, the watches below it stop and their records go too. Each watch delivers the
@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
-from scriba.autorecovery.records import UNDERREPLICATED_PREFIX
+from scriba.autorecovery.records import DECOMMISSION_PREFIX, UNDERREPLICATED_PREFIX
 from scriba.errors import ScribaError
 from scriba.log import get_logger
 from scriba.meta.records import BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX
@@ -36,7 +36,7 @@ log = get_logger(__name__)
 RSM_PREFIX: Final = "rsm/"
 ELECTIONS_PREFIX: Final = "elections/"
 PREFIXES: Final = (BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX, STREAMS_PREFIX, RSM_PREFIX,
-                   ELECTIONS_PREFIX, UNDERREPLICATED_PREFIX)
+                   ELECTIONS_PREFIX, UNDERREPLICATED_PREFIX, DECOMMISSION_PREFIX)
 RETRY_MIN_S: Final = 0.2
 RETRY_MAX_S: Final = 5.0
 
@@ -46,7 +46,7 @@ Connect = Callable[[str], Awaitable[MetadataStore]]
 WatchSpec = tuple[str, bool]  # (key, prefix?)
 
 ROOTS: Final[tuple[WatchSpec, ...]] = tuple((p, True) for p in (
-    BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX, STREAMS_PREFIX, UNDERREPLICATED_PREFIX))
+    BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX, STREAMS_PREFIX, UNDERREPLICATED_PREFIX, DECOMMISSION_PREFIX))
 
 
 def children(key: str) -> list[WatchSpec]:

@@ -12,7 +12,6 @@ bookie, and bookies forgotten once they have been unknown for ``forget_s``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from typing import Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from scriba.console.periodic import Periodic
 from scriba.log import get_logger
 from scriba.tls import TlsConfig
 
@@ -80,36 +80,28 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class Prober:
+class Prober(Periodic):
     """Probes the bookies ``targets()`` names (bookie id -> http address)."""
+
+    name = "console-prober"
 
     def __init__(self, targets: Callable[[], Mapping[str, str]], *, interval_s: float = 1.0,
                  window: int = 300, forget_s: float = 600.0, tls: TlsConfig | None = None) -> None:
         """``tls``: probe bookies over HTTPS with this client certificate (an admin one)."""
+        super().__init__(interval_s)
         self._targets = targets
         self._ssl = tls.load().client_ssl_context() if tls is not None else None
-        self.interval_s = interval_s
         self.window = window
         self.forget_s = forget_s
         self.probes: dict[str, BookieProbe] = {}
-        self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="console-prober")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def closed(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    async def _run(self) -> None:
-        while True:
-            await self.probe_all()
-            await asyncio.sleep(self.interval_s)
+    async def tick(self) -> None:
+        await self.probe_all()
 
     async def probe_all(self) -> None:
         now = time.time()

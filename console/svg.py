@@ -167,3 +167,34 @@ def sparkline(values: Sequence[float], width: int = 160, height: int = 30) -> st
     points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values))
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="spark" width="{width}" height="{height}">'
             f'<polyline fill="none" stroke="#4e79a7" stroke-width="1.5" points="{points}"/></svg>')
+
+
+def lag_chart(series: dict[str, Any], window_s: float, now_s: float, width: int = 640, height: int = 160) -> str:
+    """One geo link's lag over the window: records behind (blue, left scale) and seconds behind
+    (orange, right scale) against time, the newest sample at the right edge."""
+    left, right, top, bottom = 56, 56, 10, 22
+    plot_w, plot_h = width - left - right, height - top - bottom
+    samples = series["samples"]
+    start = now_s - window_s
+    records_max = max((s[1] for s in samples), default=0.0) or 1.0
+    seconds_max = max((s[2] for s in samples), default=0.0) or 1.0
+
+    def points(index: int, top_value: float) -> str:
+        return " ".join(f"{left + max(0.0, (s[0] - start) / window_s) * plot_w:.1f},"
+                        f"{top + plot_h - (s[index] / top_value) * plot_h:.1f}" for s in samples)
+
+    parts = [
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ccc"/>',
+        _text(4, top + 10, f"{records_max:g} rec", "axis", 10),
+        _text(4, top + plot_h, "0", "axis", 10),
+        _text(left + plot_w + 4, top + 10, f"{seconds_max:g} s", "axis", 10),
+        _text(left, height - 6, f"-{window_s / 60:g} min", "axis", 10),
+        _text(left + plot_w - 20, height - 6, "now", "axis", 10),
+        f'<text x="{left + plot_w / 2 - 90:.0f}" y="{height - 6}" font-size="10" fill="#4e79a7">records behind</text>',
+        f'<text x="{left + plot_w / 2 + 10:.0f}" y="{height - 6}" font-size="10" fill="#f28e2b">seconds behind</text>',
+        f'<polyline class="lag-records" fill="none" stroke="#4e79a7" stroke-width="1.5" points="{points(1, records_max)}"/>',
+        f'<polyline class="lag-seconds" fill="none" stroke="#f28e2b" stroke-width="1.5" points="{points(2, seconds_max)}"/>',
+    ]
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="lag-chart" data-stream={quoteattr(series["stream"])} '
+            f'data-source={quoteattr(series["source"])} viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}">{"".join(parts)}</svg>')

@@ -19,9 +19,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from scriba.autorecovery.records import UNDERREPLICATED_PREFIX, UnderReplicated
+from scriba.autorecovery.records import (
+    DECOMMISSION_PREFIX,
+    UNDERREPLICATED_PREFIX,
+    Decommission,
+    UnderReplicated,
+)
+from scriba.console.geo_lag import GeoScraper
 from scriba.console.mirror import ELECTIONS_PREFIX, PREFIXES, RSM_PREFIX, Mirror, section_of
 from scriba.console.probe import Prober, rates_between
+from scriba.console.rsm_probe import RsmProber
 from scriba.errors import BadRequestError, ConfigError, NoSuchLedgerError, ScribaError
 from scriba.meta.records import (
     BOOKIES_PREFIX,
@@ -35,6 +42,7 @@ from scriba.meta.records import (
 )
 from scriba.placement import BookieNode, Topology, make_policy
 from scriba.placement import explain as placement_explain
+from scriba.rsm.status import fill_lag
 from scriba.stream.segments import STREAMS_PREFIX, CursorRecord, StreamRecord, namespace_from_token
 
 T = TypeVar("T")
@@ -84,6 +92,8 @@ class Model:
     def __init__(self, mirror: Mirror) -> None:
         self.mirror = mirror
         self.prober: Prober | None = None
+        self.rsm_prober: RsmProber | None = None
+        self.geo: GeoScraper | None = None
         self._decoded: dict[tuple[str, str], tuple[int, Any]] = {}  # (decoder, key) -> (version, record)
         self._last_seen: dict[str, BookieRegistration] = {}  # bookie id -> last registration
         self._owners: tuple[int, dict[int, str]] = (-1, {})
@@ -124,6 +134,7 @@ class Model:
         regs = self.registrations()
         cookies = {c.bookie_id: c for _, c in self._decode(COOKIES_PREFIX, Cookie.from_bytes)}
         probes = self.prober.probes if self.prober is not None else {}
+        drains = {d.bookie_id: d.state.value for _, d in self._decode(DECOMMISSION_PREFIX, Decommission.from_bytes)}
         rows = []
         for bookie_id in sorted(set(regs) | set(cookies) | set(probes)):
             reg = regs.get(bookie_id) or self._last_seen.get(bookie_id)
@@ -157,6 +168,7 @@ class Model:
                 "reads_per_s": round(reads, 1),
                 "instance_id": cookie.instance_id if cookie else "",
                 "probe_error": probe.error if probe is not None else "",
+                "decommission": drains.get(bookie_id, ""),  # DRAINING / DONE once one was started
             })
         return rows
 
@@ -283,7 +295,38 @@ class Model:
         return {"namespaces": [{"namespace": ns, "streams": rows} for ns, rows in sorted(namespaces.items())]}
 
     # --- RSM groups ------------------------------------------------------------
+    def rsm_targets(self) -> dict[tuple[str, str], str]:
+        """(group "NS/NAME", replica id) -> service address of every registered replica (the RSM prober's targets)."""
+        return {(f"{g['namespace']}/{g['name']}", str(m.get("replica_id"))): str(m.get("address") or "")
+                for g in self._registered_groups() for m in g["members"]}
+
     def rsm_groups(self) -> list[dict[str, Any]]:
+        """Each group with its members: registration, overlaid with the replica's live STATUS when it
+        answered (``answered``), lag behind the most advanced replica, last snapshot; and the leader."""
+        probes = self.rsm_prober.probes if self.rsm_prober is not None else {}
+        groups = self._registered_groups()
+        for g in groups:
+            rows = []
+            for member in g["members"]:
+                row = {"replica_id": member.get("replica_id"), "address": member.get("address", ""),
+                       "zone": member.get("zone", ""), "role": member.get("role", ""),
+                       "token": member.get("token"), "applied": member.get("applied") or "",
+                       "lag_records": None, "lag_s": None, "snapshot_position": None, "snapshot_age_s": None,
+                       "answered": False, "probe_error": ""}
+                probe = probes.get((f"{g['namespace']}/{g['name']}", str(member.get("replica_id"))))
+                if probe is not None and probe.status:
+                    st = probe.status
+                    row.update({k: st.get(k) for k in ("role", "token", "records_applied", "clock_ms",
+                                                       "snapshot_position", "snapshot_age_s")},
+                               applied=st.get("applied") or "", answered=True)
+                elif probe is not None:
+                    row["probe_error"] = probe.error
+                rows.append(row)
+            fill_lag(rows)
+            g["members"] = rows
+        return groups
+
+    def _registered_groups(self) -> list[dict[str, Any]]:
         groups: dict[str, list[dict[str, Any]]] = {}
         for key, (_, value) in self.mirror.records(RSM_PREFIX).items():
             parts = key[len(RSM_PREFIX):].split("/")
@@ -310,6 +353,15 @@ class Model:
             return str(json.loads(hit[1])["candidate"])
         except (ValueError, KeyError, TypeError):
             return None
+
+    # --- geo lag ------------------------------------------------------------------
+    def geo_lag(self, now_s: float) -> dict[str, Any]:
+        """Every geo link's lag samples over the window, and the replicator endpoints scraped."""
+        if self.geo is None:
+            return {"window_s": 0.0, "now_s": now_s, "endpoints": [], "links": []}
+        return {"window_s": self.geo.window.window_s, "now_s": now_s,
+                "endpoints": [{"address": e.address, "up": e.up, "error": e.error} for e in self.geo.endpoints],
+                "links": self.geo.window.series()}
 
     # --- recovery ---------------------------------------------------------------
     def underreplicated(self) -> list[dict[str, Any]]:

@@ -88,12 +88,16 @@ class ReplicaServer:
         self._connections.add(task)
         inflight: set[asyncio.Task[None]] = set()
         refusal = self._refusal(writer)
+        if refusal is not None:
+            log.warning("rsm_peer_refused", reason=str(refusal))
+        admin_refusal = self._refusal(writer, (Role.ADMIN,))  # operator ops (TRANSFER): admins only
         try:
             while True:
                 payload = await _read_frame(reader)
                 request_id, op, flags, body = wire.parse_request(payload)
-                if refusal is not None:
-                    writer.write(wire.error(request_id, refusal))
+                refused = admin_refusal if op in wire.ADMIN_OPS else refusal
+                if refused is not None:
+                    writer.write(wire.error(request_id, refused))
                     continue
                 handling = asyncio.get_running_loop().create_task(self._answer(writer, request_id, op, flags, body))
                 inflight.add(handling)
@@ -106,11 +110,9 @@ class ReplicaServer:
             self._connections.discard(task)
             writer.close()
 
-    def _refusal(self, writer: asyncio.StreamWriter) -> UnauthorizedError | None:
-        refused = refusal(self._tls, writer.get_extra_info("peercert"), tuple(Role))
-        if refused is not None:
-            log.warning("rsm_peer_refused", reason=str(refused))
-        return refused
+    def _refusal(self, writer: asyncio.StreamWriter, roles: tuple[Role, ...] = tuple(Role)
+                 ) -> UnauthorizedError | None:
+        return refusal(self._tls, writer.get_extra_info("peercert"), roles)
 
     async def _answer(self, writer: asyncio.StreamWriter, request_id: int, op: wire.Op, flags: int,
                       body: bytes) -> None:

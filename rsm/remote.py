@@ -4,6 +4,7 @@
     session = await client.open_session()
     result = await client.propose(b"incr", session=session)
     value = await client.read(b"get")                      # linearizable: the replica proves it
+    await client.transfer_leadership("r2")                 # the leader hands over; returns once r2 leads
     await client.close()
 
 Reads are pipelined: every ``read`` called while the event loop runs one step goes into
@@ -164,6 +165,11 @@ class RsmClient:
                 future.set_result(out)
             else:
                 future.set_exception(error if error is not None else wire.error_from(out))
+
+    async def transfer_leadership(self, replica_id: str) -> None:
+        """Ask the leader (found as for a proposal) to hand leadership to ``replica_id``; returns once
+        ``replica_id`` leads. ``ReplicaNotFoundError`` when no live replica has that id."""
+        await self._call(wire.Op.TRANSFER, wire.transfer_body(replica_id))
 
     async def status(self, address: str) -> dict[str, Any]:
         return dict(json.loads(await self._pool.get(address).call(wire.Op.STATUS, b"", self.attempt_timeout_s)))

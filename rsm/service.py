@@ -1,6 +1,7 @@
 """The replica service's request handler: what a peer (a forwarding follower) or a remote
 client (``RsmClient``) may ask of a replica over ``peer.ReplicaServer`` — propose, open a
-session, read, a frame of reads, read index, status (a mixin of ``ReplicatedStateMachine``).
+session, read, a frame of reads, read index, status, leadership transfer (a mixin of
+``ReplicatedStateMachine``).
 """
 
 from __future__ import annotations
@@ -33,5 +34,8 @@ class ReplicaService:
             return wire.read_many_answer(await self.read_many(wire.parse_read_many(body)))
         if op is wire.Op.READ_INDEX:
             return wire.position_body(await self.read_index(forwarded=forwarded))
+        if op is wire.Op.TRANSFER:  # on the leader only (a follower says who leads; never forwarded)
+            await self.transfer_leadership(wire.parse_transfer(body))
+            return b""
         return json.dumps(self.status()).encode()
 

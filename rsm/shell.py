@@ -19,6 +19,7 @@ from scriba.rsm import membership as mb
 from scriba.rsm import wire
 from scriba.rsm.peer import PeerClient
 from scriba.rsm.snapshots_core import SnapshotCatalog
+from scriba.rsm.status import fill_lag
 from scriba.shell import ShellVerb, emit, table
 
 STATUS_TIMEOUT_S = 2.0
@@ -52,14 +53,7 @@ async def rsm_status(uri: str, target: str) -> dict[str, Any]:
                                answered=True)
                 await peer.close()
             rows.append(row)
-        # the most advanced replica (the leader applies on confirmation) is at the stream's confirmed end;
-        # seconds behind it: the difference of replicated clocks (leader stamps), 0 when nothing is behind
-        answered = [r for r in rows if "records_applied" in r]
-        most = max(answered, key=lambda r: (r["records_applied"], r["clock_ms"]), default=None)
-        for row in answered:
-            assert most is not None
-            row["lag_records"] = most["records_applied"] - row["records_applied"]
-            row["lag_s"] = round(max(0, most["clock_ms"] - row["clock_ms"]) / 1000, 3) if row["lag_records"] else 0.0
+        fill_lag(rows)
         try:
             catalog = SnapshotCatalog.from_bytes((await store.get(mb.catalog_key(group))).value)
         except ScribaError:

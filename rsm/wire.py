@@ -15,7 +15,9 @@ text (n) | result``; READ ``u8 consistency | u8 n | after position (n) | request
 ``result``; READ_MANY ``u32 n | n * (u32 length | READ body)`` -> ``u32 n | n * (u8 status |
 u32 length | result or error body)`` (the reads of one frame share one read index: one
 leadership confirmation); READ_INDEX -> position text; OPEN_SESSION -> ``u64 id | position
-text``; STATUS -> JSON. An error body is JSON ``{type, message, leader_id, leader_address}``
+text``; STATUS -> JSON; TRANSFER ``replica id (utf-8)`` -> empty (the leader hands leadership
+to that replica and answers once it leads; a follower answers not-leader). An error body is
+JSON ``{type, message, leader_id, leader_address}``
 and becomes the same exception type on the caller's side (``error_from``).
 Flag ``FORWARDED``: a follower passed this on; the receiver must not forward again.
 """
@@ -29,6 +31,7 @@ from typing import Final
 
 from scriba import errors
 from scriba.errors import BadRequestError, RsmNotLeaderError, ScribaError
+from scriba.rsm.membership import check_replica_id
 from scriba.stream import Position
 
 FRAME_BYTES_MAX: Final = 8 * 1024 * 1024
@@ -52,6 +55,10 @@ class Op(enum.IntEnum):
     OPEN_SESSION = 4
     STATUS = 5
     READ_MANY = 6
+    TRANSFER = 7
+
+
+ADMIN_OPS: Final = frozenset({Op.TRANSFER})  # under mutual TLS: admin certificates only
 
 
 def frame(payload: bytes) -> bytes:
@@ -227,3 +234,15 @@ def parse_read_many_answer(body: bytes, expected: int) -> list[tuple[bool, bytes
         answers.append((status == 0, body[at:at + length]))
         at += length
     return answers
+
+
+def transfer_body(replica_id: str) -> bytes:
+    return replica_id.encode()
+
+
+def parse_transfer(body: bytes) -> str:
+    """The target replica id of a TRANSFER (checked like every replica id)."""
+    try:
+        return check_replica_id(body.decode())
+    except (UnicodeDecodeError, errors.ConfigError) as exc:
+        raise BadRequestError(f"transfer target: {exc}") from None

@@ -8,7 +8,7 @@ const banner = document.getElementById("store-status");
 
 function lines(b) {
   const disk = b.disk_used === null ? "disk ?" : `disk ${Math.round(b.disk_used * 100)}% used`;
-  return {"b-state": b.state, "b-disk": disk,
+  return {"b-state": b.state, "b-disk": disk, "b-drain": b.decommission,
           "b-rate": `${Math.round(b.adds_per_s)} adds/s  ${Math.round(b.reads_per_s)} reads/s`};
 }
 
@@ -57,3 +57,43 @@ async function tick() {
   setTimeout(tick, REFRESH_MS);
 }
 setTimeout(tick, REFRESH_MS);
+
+// Actions (only drawn when the console runs with --allow-actions): the first POST returns a
+// summary and a confirmation token; the operator confirms in the box; the second POST runs it.
+const confirmBox = document.getElementById("confirm-box");
+const result = document.getElementById("action-result");
+let pending = null;
+
+async function postAction(kind, args) {
+  const reply = await fetch(`/api/actions/${encodeURIComponent(kind)}`, {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(args)});
+  return [reply.ok, await reply.json()];
+}
+
+function showResult(ok, text) {
+  result.hidden = false;
+  result.className = ok ? "done" : "failed";
+  result.textContent = text;
+}
+
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button.action");
+  if (!button) return;
+  const kind = button.dataset.action, args = JSON.parse(button.dataset.args);
+  const [ok, doc] = await postAction(kind, args);
+  if (!ok) { showResult(false, `${kind}: ${doc.error}`); return; }
+  pending = {kind, args, token: doc.confirm};
+  document.getElementById("confirm-summary").textContent = doc.summary;
+  confirmBox.hidden = false;
+});
+
+document.getElementById("confirm-no").addEventListener("click", () => { pending = null; confirmBox.hidden = true; });
+document.getElementById("confirm-yes").addEventListener("click", async () => {
+  if (!pending) return;
+  const {kind, args, token} = pending;
+  pending = null;
+  confirmBox.hidden = true;
+  showResult(true, `${kind}: running…`);
+  const [ok, doc] = await postAction(kind, {...args, confirm: token});
+  showResult(ok, ok ? `${kind} done: ${JSON.stringify(doc.result)}` : `${kind} refused: ${doc.error}`);
+});

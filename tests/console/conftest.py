@@ -72,3 +72,16 @@ async def populated(bookie_cluster: Any) -> AsyncIterator[Populated]:
             yield Populated(console, bookie_cluster, ledger_id, http)
     finally:
         await console.stop()
+
+
+@pytest.fixture
+async def acting(populated: Populated) -> AsyncIterator[tuple[Populated, str]]:
+    """A second console on the same cluster, started with --allow-actions."""
+    console = Console(ConsoleConfig(populated.cluster.metadata_uri, "127.0.0.1:0", probe_interval_s=0.5,
+                                    allow_actions=True))
+    url = await console.start()
+    try:
+        await console.mirror.wait_synced(20.0)
+        yield populated, url
+    finally:
+        await console.stop()

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from scriba.autorecovery.records import AUDIT_REQUEST_KEY, AuditRequest
+from scriba.errors import NoSuchKeyError
+from scriba.meta import connect
 from tests.console.browser import CHROMIUM, STATES_JS, Browser
 from tests.console.conftest import Populated
+from tests.console.test_console_geo import geo_console
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
@@ -70,3 +74,66 @@ async def test_console_pages_in_chromium(populated: Populated, tmp_path: Path) -
         await browser.screenshot(shots / "cluster-bookie-down.png")
     finally:
         await browser.stop()
+
+
+async def test_audit_action_confirmed_in_chromium(acting: tuple[Populated, str], tmp_path: Path) -> None:
+    """--allow-actions: the recovery page's "audit now" asks, shows the summary in the confirm box,
+    and runs only when Confirm is clicked; Cancel runs nothing."""
+    populated, url = acting
+    uri = populated.cluster.metadata_uri
+    (tmp_path / "profile").mkdir()
+    browser = Browser(tmp_path / "profile")
+    await browser.start()
+    try:
+        await browser.open(f"{url}recovery")
+        click = "document.querySelector('button.action[data-action=\"audit\"]').click()"
+        await browser.evaluate(click)
+        summary = await browser.wait_for("the confirm box", "!document.getElementById('confirm-box').hidden && "
+                                         "document.getElementById('confirm-summary').textContent", 10.0)
+        assert "auditor" in summary
+        await browser.evaluate("document.getElementById('confirm-no').click()")
+        assert await browser.evaluate("document.getElementById('confirm-box').hidden") is True
+        assert await _audit_sequence(uri) is None  # cancelled: nothing asked of the auditor
+
+        await browser.evaluate(click)
+        await browser.wait_for("the confirm box again", "!document.getElementById('confirm-box').hidden", 10.0)
+        await browser.screenshot(_shots(tmp_path) / "action-confirm.png")
+        await browser.evaluate("document.getElementById('confirm-yes').click()")
+        text = await browser.wait_for("the action's result", "(t => t.includes('done') && t)"
+                                      "(document.getElementById('action-result').textContent)", 20.0)
+        assert '"sequence":1' in text, text
+        assert await _audit_sequence(uri) == 1
+    finally:
+        await browser.stop()
+
+
+async def _audit_sequence(uri: str) -> int | None:
+    store = await connect(uri)
+    try:
+        return AuditRequest.from_bytes((await store.get(AUDIT_REQUEST_KEY)).value).sequence
+    except NoSuchKeyError:
+        return None
+    finally:
+        await store.close()
+
+
+async def test_geo_lag_chart_grows_live_in_chromium(tmp_path: Path) -> None:
+    """The /geo page's chart gains samples by itself (no reload), and falls to 0 when the link catches up."""
+    points_js = ("(() => { const p = document.querySelector('svg.lag-chart[data-stream=\"prod/orders\"] "
+                 "polyline.lag-records'); return p ? p.getAttribute('points').trim().split(/\\s+/).length : 0; })()")
+    async with geo_console() as (url, metrics, _runner, _address):
+        (tmp_path / "profile").mkdir()
+        browser = Browser(tmp_path / "profile")
+        await browser.start()
+        try:
+            await browser.open(f"{url}geo")
+            await browser.evaluate("window.__noReload = 'still here'")
+            first = await browser.wait_for("a chart with samples", points_js, 20.0)
+            await browser.wait_for("more samples without a reload", f"{points_js} > {first}", 20.0)
+            metrics.lag_records.labels("prod/orders", "us").set(0)
+            await browser.wait_for("the link caught up on the page", "document.querySelector('.geo-link h3')"
+                                   ".textContent.includes('— 0 records')", 20.0)
+            assert await browser.evaluate("window.__noReload") == "still here"
+            await browser.screenshot(_shots(tmp_path) / "geo.png")
+        finally:
+            await browser.stop()

@@ -78,7 +78,7 @@ async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[Metadata
     # the stream (the group's log) is deleted: its watches stop and its records go
     await store.delete(stream_key("apps", "counter"))
     await _until("the group gone", lambda: model.rsm_groups() == [])
-    assert console.mirror.status()["watches"] == 6  # the five roots and the namespace's streams
+    assert console.mirror.status()["watches"] == 7  # the six roots and the namespace's streams
 
 
 async def test_ledgers_appear_and_bad_records_are_skipped(env: tuple[MetadataStore, Console]) -> None:

@@ -21,6 +21,7 @@ from scriba.client.driver import DriverConfig
 from scriba.embedded.process import free_port
 from scriba.errors import (
     BadConsistencyError,
+    BadRequestError,
     ClientSessionError,
     CommandTooLargeError,
     ConfigError,
@@ -32,6 +33,7 @@ from scriba.errors import (
 )
 from scriba.rsm import ClientSession, ReplicatedStateMachine, Role, RsmConfig
 from scriba.rsm import membership as mb
+from scriba.rsm.remote import RsmClient
 from scriba.rsm.snapshot_store import read_catalog
 from scriba.rsm.snapshots_core import CATALOG_CODEC
 from scriba.stream import Position, open_namespace
@@ -236,6 +238,24 @@ async def test_transfer_leadership(env: Env) -> None:
     assert await target.propose(b"incr") == b"2"
     with pytest.raises(RsmNotLeaderError):
         await leader.transfer_leadership(leader.replica_id + "x")
+
+
+async def test_transfer_leadership_through_the_replica_service(env: Env) -> None:
+    """``RsmClient.transfer_leadership`` asked of a follower finds the leader, which hands over."""
+    replicas = [await env.replica(f"r{i}") for i in range(3)]
+    leader = await leader_of(replicas)
+    follower, target = [r for r in replicas if r is not leader]
+    client = RsmClient([follower.address], timeout_s=20.0)
+    try:
+        await client.transfer_leadership(target.replica_id)
+        assert await leader_of(replicas) is target
+        with pytest.raises(ReplicaNotFoundError):
+            await client.transfer_leadership("nobody")
+        with pytest.raises(BadRequestError):
+            await client.transfer_leadership("no such/id")
+        assert await leader_of(replicas) is target  # refused transfers moved nothing
+    finally:
+        await client.close()
 
 
 # --- snapshots ------------------------------------------------------------------------------

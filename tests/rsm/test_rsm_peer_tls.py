@@ -59,6 +59,26 @@ async def test_rsm_peer_mutual_tls_admits_and_refuses(served: tuple[str, list[by
     assert seen == [b"ok"]
 
 
+async def test_rsm_peer_transfer_needs_an_admin_certificate(served: tuple[str, list[bytes]], pki: TestPki) -> None:
+    """An operator op (leadership transfer) is refused to a client certificate that may propose and
+    read, and answered for an admin one."""
+    address, seen = served
+
+    async def transfer(who: object) -> bytes:
+        client = PeerClient(address, pki.client_tls(who).load())  # type: ignore[arg-type]
+        try:
+            return await client.call(wire.Op.TRANSFER, wire.transfer_body("r2"), DEADLINE_S)
+        finally:
+            await client.close()
+
+    with pytest.raises(UnauthorizedError, match="admin"):
+        await transfer(pki.client)
+    assert seen == []
+    assert await call(address, pki.client_tls(pki.client).load(), b"status") == b"answer:status"  # still a client
+    assert await transfer(pki.admin) == b"answer:r2"
+    assert seen == [b"status", b"r2"]
+
+
 async def test_rsm_metrics_https_admin_only(pki: TestPki) -> None:
     from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics
 
