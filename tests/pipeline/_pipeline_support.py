@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from scriba.cli import build_parser
 from scriba.client import Client
 from scriba.stream import Position, open_namespace
 
@@ -45,3 +46,9 @@ async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:
     return [(f"{tag}{i}".encode(), {"i": str(i).encode()} if i % 3 else {}) for i in range(n)]
+
+
+def main(argv: list[str]) -> int:
+    """``scriba ARGV`` without ``scriba.cli.main``'s logging setup (bound to pytest's capture)."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

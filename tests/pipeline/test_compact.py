@@ -12,13 +12,13 @@ import json
 from typing import Any
 
 import pytest
-from _pipeline_support import _ns
+from _pipeline_support import _ns, main
 
 from scriba.client import Client
-from scriba.errors import SnapshotCorruptError
+from scriba.errors import ConfigError, SnapshotCorruptError
 from scriba.examples.kvstore import commands as cmd
 from scriba.examples.kvstore.machine import KvMachine
-from scriba.pipeline.jobs.compact import compact
+from scriba.pipeline.jobs.compact import compact, machine_factory
 from scriba.rsm import RsmConfig, SnapshotReader
 from scriba.rsm import membership as mb
 from scriba.rsm.envelope import Envelope, Kind
@@ -154,3 +154,17 @@ def test_compact_refuses_a_snapshot_whose_restore_loses_state(spark: Any, uri: s
     with pytest.raises(SnapshotCorruptError, match="restored state's digest"):
         compact(spark, uri, f"{ns}/kv", _LossyKv)
     compact(spark, uri, f"{ns}/kv", KvMachine)  # the same log, a faithful machine: verified
+
+
+def test_compact_command_line(spark: Any, uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = _ns()
+    asyncio.run(_write(uri, ns, [Envelope(Kind.SESSION_OPEN, 1, 1000).encode(), *_log(1, 30)]))
+    args = ["pipeline", "compact", "--metadata", uri, "--stream", f"{ns}/kv",
+            "--machine", "scriba.examples.kvstore.machine:KvMachine"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (out["records_read"], out["started_from"]) == (31, None)
+    assert main(args) == 0 and "verified" in capsys.readouterr().out  # nothing new: the same snapshot
+    for bad in ("nomodule", "scriba.examples.kvstore.machine:Nope", "no.such.module:X"):
+        with pytest.raises(ConfigError, match="--machine"):
+            machine_factory(bad)
