@@ -17,7 +17,9 @@ entries, one row each); ``password``; ``startingPosition``/``endingPosition``
 JSON {"ns/s": position}); ``maxRecordsPerPartition`` (default 100000);
 ``maxRecordsPerTrigger`` (per stream, Spark >= 4.2); ``failOnDataLoss`` (default
 true: a truncated position is an error; false skips to the truncation point);
-``createStream`` (write). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
+``createStream`` (write); ``delivery`` (write: ``at-least-once``, the default, or
+``exactly-once``: staged ledgers adopted by the job's commit in one CAS; see
+:mod:`scriba.pipeline.source`). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
 (``origin`` is null until geo-replication fills it).
 
 Jobs (``scriba pipeline export|audit|compact``, or :mod:`scriba.pipeline.jobs`): ``export``
