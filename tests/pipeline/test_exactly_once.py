@@ -8,12 +8,11 @@ nothing twice) and the order of the rows."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read
+from _pipeline_support import _append, _ns, _read, dying_frame
 
 from scriba.client import Client
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
@@ -44,21 +43,11 @@ async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
 
 
 def test_task_killed_mid_write_then_rerun_is_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType
-
     ns = _ns()
     asyncio.run(_append(uri, ns, "out", []))
     marker = tmp_path / "died"
     total = 3000
-
-    def payload(i: int) -> bytes:
-        if i == 2500 and not marker.exists():  # the first attempt's worker dies here
-            marker.touch()
-            os._exit(1)
-        return b"k%d" % i
-
-    df = spark.range(total).coalesce(1).select(F.udf(payload, BinaryType(), useArrow=False)("id").alias("payload"))
+    df = dying_frame(spark, total, marker)
     writer = (df.write.format("scriba").option("metadata", uri).option("stream", f"{ns}/out")
               .option("delivery", "exactly-once").option("maxRecordsPerPartition", "700").mode("append"))
     with pytest.raises(Exception):  # noqa: B017 - local mode does not retry a task: the job fails
