@@ -33,12 +33,12 @@ class Record(NamedTuple):
 
 
 async def create_segment_ledger(
-    client: Client, settings: StreamSettings, password: bytes, *, namespace: str, stream: str, staged: bool = False
+    client: Client, settings: StreamSettings, password: bytes, *, namespace: str, stream: str, staged_by: str = ""
 ) -> LedgerWriter:
     return await client.create_ledger(
         settings.ensemble_size, settings.write_quorum_size, settings.ack_quorum_size,
         password=password, digest=settings.digest,
-        custom_metadata={"stream": f"{namespace}/{stream}", **({"staged": "1"} if staged else {})},
+        custom_metadata={"stream": f"{namespace}/{stream}", **({"staged": staged_by} if staged_by else {})},
         placement=settings.placement,
         placement_options=settings.placement_options or None,
     )
@@ -46,12 +46,14 @@ async def create_segment_ledger(
 
 async def write_staged_ledger(
     client: Client, settings: StreamSettings, password: bytes, records: Sequence[tuple[bytes, Mapping[str, bytes]]],
-    *, namespace: str, stream: str, publish_time_ms: int, records_per_set: int = 1000,
+    *, namespace: str, stream: str, publish_time_ms: int, staged_by: str, records_per_set: int = 1000,
 ) -> int:
     """A closed ledger holding ``records`` in segment format (record sets counted from 0),
     outside the stream until ``adopt`` makes it a segment; its id. Nothing is left
-    behind on an error but a ledger no stream names (its creator deletes it)."""
-    ledger = await create_segment_ledger(client, settings, password, namespace=namespace, stream=stream, staged=True)
+    behind on an error but a ledger no stream names, tagged ``staged=<staged_by>`` in its
+    custom metadata so that whoever staged it can find and delete it."""
+    ledger = await create_segment_ledger(client, settings, password, namespace=namespace, stream=stream,
+                                         staged_by=staged_by)
     before = size = 0
     sets = []
     for i in range(0, len(records), records_per_set):

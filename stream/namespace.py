@@ -199,13 +199,16 @@ class Namespace:
         return await open_stream_writer(self.client, self.catalog, name, settings, self._password,
                                         options or WriterOptions())
 
-    async def stage(self, name: str, records: Sequence[tuple[bytes, Mapping[str, bytes]]]) -> int:
+    async def stage(self, name: str, records: Sequence[tuple[bytes, Mapping[str, bytes]]], *,
+                    staged_by: str = "staged") -> int:
         """``records`` written to a new closed ledger in segment format, not yet in the stream
-        (an exactly-once batch write's task); its id, for :meth:`adopt`."""
+        (an exactly-once batch write's task), tagged ``staged_by`` (a job id, for its
+        clean-up); its id, for :meth:`adopt`."""
         record = (await self.catalog.read_stream(check_name(name))).value
         check_active(record)
         return await write_staged_ledger(self.client, await self._settings_of(record), self._password, records,
-                                         namespace=self.name, stream=name, publish_time_ms=self.catalog.now_ms())
+                                         namespace=self.name, stream=name, publish_time_ms=self.catalog.now_ms(),
+                                         staged_by=staged_by)
 
     async def adopt(self, name: str, ledger_ids: Sequence[int], *, options: WriterOptions | None = None
                     ) -> StreamRecord:
