@@ -17,12 +17,15 @@ entries, one row each); ``password``; ``startingPosition``/``endingPosition``
 JSON {"ns/s": position}); ``maxRecordsPerPartition`` (default 100000);
 ``maxRecordsPerTrigger`` (per stream, Spark >= 4.2); ``failOnDataLoss`` (default
 true: a truncated position is an error; false skips to the truncation point);
-``createStream`` (write). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
+``createStream`` (write); ``delivery`` (write: ``at-least-once``, the default, or
+``exactly-once``: staged ledgers adopted by the job's commit in one CAS; see
+:mod:`scriba.pipeline.source`). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
 (``origin`` is null until geo-replication fills it).
 
-Jobs (``scriba pipeline export|audit``, or :mod:`scriba.pipeline.jobs`): ``export``
+Jobs (``scriba pipeline export|audit|compact``, or :mod:`scriba.pipeline.jobs`): ``export``
 streams to Parquet, resuming where the last run stopped; ``audit`` checks every replica
-of every entry of a namespace's ledgers and the placement of every ensemble.
+of every entry of a namespace's ledgers and the placement of every ensemble; ``compact``
+builds an RSM group's snapshot from its command stream and checks it by restoring it.
 
 Theory of operation: ``plan`` (I/O-free) turns segments into read tasks and
 offsets into JSON; ``access`` is the blocking connection a driver or task opens;

@@ -18,10 +18,10 @@ from scriba.client.sync import SyncClient
 from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
-from scriba.meta.records import LEDGERS_PREFIX
+from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
 from scriba.stream import Namespace, Position, Record, open_namespace
-from scriba.stream.ledgers import read_entry, records_of
+from scriba.stream.ledgers import delete_ledgers, read_entry, records_of
 from scriba.stream.record_set import decode_header
 from scriba.stream.segments import StreamRecord, check_active
 
@@ -219,3 +219,37 @@ class Access:
                ) -> tuple[int, Position | None, Position | None]:
         positions = self.run(writer.append_many(batch))
         return count + len(positions), first or positions[0], positions[-1]
+
+    # --- exactly-once writes: staged ledgers adopted at commit ---------------------------------
+    def stage(self, full_name: str, rows: Iterable[tuple[bytes, Mapping[str, bytes] | None]], job: str,
+              *, records_per_ledger: int) -> list[int]:
+        """Every row written to staged ledgers (``records_per_ledger`` each) tagged ``job``; their ids."""
+        ns_name, stream = split_stream(full_name)
+        ns = self.namespace(ns_name)
+        staged: list[int] = []
+        batch: list[tuple[bytes, Mapping[str, bytes]]] = []
+        for payload, headers in rows:
+            batch.append((payload, headers or {}))
+            if len(batch) >= records_per_ledger:
+                staged.append(self.run(ns.stage(stream, batch, staged_by=job)))
+                batch = []
+        if batch:
+            staged.append(self.run(ns.stage(stream, batch, staged_by=job)))
+        return staged
+
+    def adopt(self, full_name: str, ledger_ids: list[int]) -> None:
+        ns_name, stream = split_stream(full_name)
+        self.run(self.namespace(ns_name).adopt(stream, ledger_ids))
+
+    def staged_ledgers(self, job: str) -> list[int]:
+        """Every ledger staged by ``job`` (a scan of the ledger records)."""
+        async def scan() -> list[int]:
+            found = []
+            async for key, raw in self._sync.client.store.scan(LEDGERS_PREFIX):
+                if LedgerMetadata.from_bytes(raw.value).custom_metadata.get("staged") == job:
+                    found.append(int(key.rsplit("/", 1)[-1]))
+            return sorted(found)
+        return self.run(scan())
+
+    def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        self.run(delete_ledgers(self._sync.client, tuple(ledger_ids)))

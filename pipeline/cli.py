@@ -1,4 +1,4 @@
-"""``scriba pipeline export|audit``: the Spark jobs from the command line.
+"""``scriba pipeline export|audit|compact``: the Spark jobs from the command line.
 
 Each command starts a SparkSession (``--master``, default ``local[2]``; Spark prints
 its stage progress on the console), runs the job and ends with a one-line summary
@@ -35,6 +35,14 @@ def register(subparsers: Any) -> None:
     a.add_argument("--no-digest", action="store_true", help="check headers only (password unknown)")
     a.add_argument("--out", metavar="DIR", help="also write the problems as Parquet")
     a.set_defaults(func=cmd_audit)
+
+    c = verbs.add_parser("compact", help="an RSM group's snapshot built from its command stream, restore-checked")
+    _common(c)
+    c.add_argument("--stream", required=True, help="NS/NAME: the group's command stream")
+    c.add_argument("--machine", required=True, metavar="MODULE:ATTR",
+                   help="the state machine's zero-argument factory, e.g. scriba.examples.kvstore.machine:KvMachine")
+    c.add_argument("--up-to", default="latest", metavar="POSITION", help="end (exclusive; default: the end now)")
+    c.set_defaults(func=cmd_compact)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -89,3 +97,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
             spark.stop()
     print(report.to_json() if args.json else report.line())
     return 0 if report.healthy else 1
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from scriba.pipeline.jobs.compact import compact, machine_factory
+
+    factory = machine_factory(args.machine)
+    spark, owned = _session(args)
+    try:
+        report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password)
+    finally:
+        if owned:
+            spark.stop()
+    print(report.to_json() if args.json else report.line())
+    return 0

@@ -4,33 +4,32 @@ Everything Spark pickles (the source, readers, partitions) holds only options an
 plain values; connections are opened inside ``read()``/``write()`` on the executor
 (:class:`~scriba.pipeline.access.Access`) and closed when the task ends.
 
-Write guarantee (``mode("append")``): each task takes the stream's writer lock for
-its whole partition and appends its rows in order, as one contiguous run of
-records in a fresh segment, and returns only once every record is confirmed by an
-ack quorum. The job's ``commit`` adds nothing: a record is durable when its task
-returns. Delivery is AT-LEAST-ONCE: if a task dies after some of its records were
-confirmed, those stay in the stream and Spark's retry appends the partition again
-(duplicates of that prefix); ``abort`` cannot remove them. Tasks of one job write
-one after another (they queue on the lock), so a write job does not run in parallel.
-tests/pipeline/test_kill.py kills a task's Python worker mid-write and checks exactly
-this: the stream holds a confirmed prefix of the partition, in order, and the re-run
-appends the whole partition after it.
+Write guarantee (``mode("append")``), by ``option("delivery", ...)``:
 
-Why not exactly-once (yet): it needs the commit to make every task's records visible
-at once, or none. The stream layer offers no such step: a segment enters a stream only
-through its writer (``add_segment`` under the writer's fencing token, then the writer's
-records); there is no operation that adopts closed ledgers written elsewhere as
-segments. The way there, inside ``scriba.stream``: each task writes its partition to
-its own staging ledger(s) in segment format; ``commit`` fences the stream, closes its
-open segment and, in ONE compare-and-set of the stream record, appends the staging
-ledgers as closed segments (their summaries as written); ``abort`` (and a janitor for
-a driver that died) deletes staging ledgers no stream record names. Done from here,
-through the stream record's bytes, it would bypass the stream layer's fencing rules.
+- ``exactly-once``: each task writes its partition to staged ledgers of its own (closed
+  ledgers in segment format, outside the stream, tagged with the job's id) and returns
+  their ids; the driver's ``commit`` adopts every successful task's ledgers, in
+  partition order, as segments of the stream in ONE compare-and-set
+  (``Namespace.adopt``: writer lock, fence, recover, CAS) and then deletes every other
+  ledger the job staged (failed, retried or speculative attempts). A repeated commit
+  adopts nothing twice; ``abort`` deletes every ledger of the job: nothing of an
+  aborted job is ever visible. Readers see the job's records all at once, after the
+  stream's earlier records. Left: a driver that dies between staging and commit leaves
+  staged ledgers no stream names (tagged ``staged=<job>``); nothing deletes them yet.
+- ``at-least-once`` (the default): each task takes the stream's writer lock for
+  its whole partition and appends its rows in order, as one contiguous run of
+  records in a fresh segment, and returns only once every record is confirmed by an
+  ack quorum. If a task dies after some of its records were confirmed, those stay in
+  the stream and Spark's retry appends the partition again (duplicates of that
+  prefix); ``abort`` cannot remove them. Tasks of one job write one after another
+  (they queue on the lock). tests/pipeline/test_kill.py kills a task's Python worker
+  mid-write and checks exactly this.
 """
 
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +122,11 @@ class ScribaDataSource(DataSource):
         stream = opts.get("stream", "").strip()
         if not stream or "," in stream:
             raise ConfigError("writing to scriba needs option('stream', 'ns/stream') (one stream)")
-        return ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames())
+        delivery = opts.get("delivery", "at-least-once").strip().lower()
+        if delivery not in ("at-least-once", "exactly-once"):
+            raise ConfigError(f"option delivery={delivery!r}: expected at-least-once or exactly-once")
+        return ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames(),
+                            delivery == "exactly-once", uuid.uuid4().hex)
 
 
 class ScribaBatchReader(DataSourceReader):
@@ -226,13 +229,17 @@ class ScribaCommit(WriterCommitMessage):
     count: int
     first: str | None
     last: str | None
+    staged: tuple[int, ...] = ()  # exactly-once: the task's staged ledgers, in order
 
 
 class ScribaWriter(DataSourceWriter):
-    def __init__(self, opts: SourceOptions, stream: str, with_headers: bool) -> None:
+    def __init__(self, opts: SourceOptions, stream: str, with_headers: bool, exactly_once: bool = False,
+                 job: str = "") -> None:
         self.opts = opts
         self.stream = stream
         self.with_headers = with_headers
+        self.exactly_once = exactly_once
+        self.job = job  # made on the driver, pickled to every task: tags the staged ledgers
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         def rows() -> Iterator[tuple[bytes, dict[str, bytes] | None]]:
@@ -247,11 +254,43 @@ class ScribaWriter(DataSourceWriter):
 
         opts = self.opts
         with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+            if self.exactly_once:
+                counted = _Counted(rows())
+                staged = access.stage(self.stream, counted, self.job,
+                                      records_per_ledger=opts.max_records_per_partition)
+                return ScribaCommit(counted.count, None, None, tuple(staged))
             count, first, last = access.append(self.stream, rows(), create=opts.create_stream)
         return ScribaCommit(count, str(first) if first else None, str(last) if last else None)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Every record was confirmed when its task returned (see the module docstring)."""
+        """At-least-once: every record was confirmed when its task returned. Exactly-once:
+        the successful tasks' staged ledgers adopted in one CAS, the job's others deleted."""
+        if not self.exactly_once:
+            return
+        adopted = [i for m in messages if isinstance(m, ScribaCommit) for i in m.staged]
+        opts = self.opts
+        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+            access.adopt(self.stream, adopted)
+            access.delete_ledgers(set(access.staged_ledgers(self.job)) - set(adopted))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Confirmed records cannot be withdrawn (at-least-once; see the module docstring)."""
+        """Exactly-once: every ledger the job staged is deleted (nothing was adopted).
+        At-least-once: confirmed records cannot be withdrawn (see the module docstring)."""
+        if not self.exactly_once:
+            return
+        opts = self.opts
+        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+            access.delete_ledgers(access.staged_ledgers(self.job))
+
+
+class _Counted:
+    """Rows passed through, counted."""
+
+    def __init__(self, rows: Iterator[tuple[bytes, dict[str, bytes] | None]]) -> None:
+        self._rows = rows
+        self.count = 0
+
+    def __iter__(self) -> Iterator[tuple[bytes, dict[str, bytes] | None]]:
+        for row in self._rows:
+            self.count += 1
+            yield row

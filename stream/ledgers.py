@@ -6,12 +6,14 @@ Uses only the public client API (``Client.create_ledger``, ``open_ledger``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from scriba.client import Client, LedgerReader, LedgerWriter
 from scriba.entry import Entry
-from scriba.errors import NoSuchLedgerError
+from scriba.errors import NoSuchLedgerError, ScribaError
 from scriba.log import get_logger
 from scriba.stream import record_set
 from scriba.stream.position import Position
@@ -31,15 +33,42 @@ class Record(NamedTuple):
 
 
 async def create_segment_ledger(
-    client: Client, settings: StreamSettings, password: bytes, *, namespace: str, stream: str
+    client: Client, settings: StreamSettings, password: bytes, *, namespace: str, stream: str, staged_by: str = ""
 ) -> LedgerWriter:
     return await client.create_ledger(
         settings.ensemble_size, settings.write_quorum_size, settings.ack_quorum_size,
         password=password, digest=settings.digest,
-        custom_metadata={"stream": f"{namespace}/{stream}"},
+        custom_metadata={"stream": f"{namespace}/{stream}", **({"staged": staged_by} if staged_by else {})},
         placement=settings.placement,
         placement_options=settings.placement_options or None,
     )
+
+
+async def write_staged_ledger(
+    client: Client, settings: StreamSettings, password: bytes, records: Sequence[tuple[bytes, Mapping[str, bytes]]],
+    *, namespace: str, stream: str, publish_time_ms: int, staged_by: str, records_per_set: int = 1000,
+) -> int:
+    """A closed ledger holding ``records`` in segment format (record sets counted from 0),
+    outside the stream until ``adopt`` makes it a segment; its id. Nothing is left
+    behind on an error but a ledger no stream names, tagged ``staged=<staged_by>`` in its
+    custom metadata so that whoever staged it can find and delete it."""
+    ledger = await create_segment_ledger(client, settings, password, namespace=namespace, stream=stream,
+                                         staged_by=staged_by)
+    before = size = 0
+    sets = []
+    for i in range(0, len(records), records_per_set):
+        batch = [(bytes(p), record_set.check_headers(h)) for p, h in records[i:i + records_per_set]]
+        data = record_set.encode(batch, records_before=before, bytes_before=size, publish_time_ms=publish_time_ms)
+        sets.append(data)
+        before, size = before + len(batch), size + len(data)
+    try:
+        await asyncio.gather(*[ledger.append_async(data) for data in sets])
+        await ledger.close()
+    except BaseException:
+        with contextlib.suppress(ScribaError):
+            await ledger.abort()
+        raise
+    return int(ledger.ledger_id)
 
 
 def summary_of_last_entry(entry: Entry) -> SegmentSummary:

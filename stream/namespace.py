@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -38,7 +38,14 @@ from scriba.log import get_logger
 from scriba.meta.update import read_record, update_metadata
 from scriba.stream import record_set
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import Record, delete_ledgers, peek_segment, read_entry, recover_segment
+from scriba.stream.ledgers import (
+    Record,
+    delete_ledgers,
+    peek_segment,
+    read_entry,
+    recover_segment,
+    write_staged_ledger,
+)
 from scriba.stream.position import Position
 from scriba.stream.reader import ReaderOptions, StreamReader
 from scriba.stream.retention import apply_retention, truncate_stream
@@ -67,7 +74,7 @@ from scriba.stream.settings import (
     check_overrides,
     effective_settings,
 )
-from scriba.stream.writer import StreamWriter, WriterOptions, open_stream_writer
+from scriba.stream.writer import StreamWriter, WriterOptions, adopt_ledgers, open_stream_writer
 
 log = get_logger(__name__)
 
@@ -191,6 +198,28 @@ class Namespace:
         settings = await self._settings_of(record)
         return await open_stream_writer(self.client, self.catalog, name, settings, self._password,
                                         options or WriterOptions())
+
+    async def stage(self, name: str, records: Sequence[tuple[bytes, Mapping[str, bytes]]], *,
+                    staged_by: str = "staged") -> int:
+        """``records`` written to a new closed ledger in segment format, not yet in the stream
+        (an exactly-once batch write's task), tagged ``staged_by`` (a job id, for its
+        clean-up); its id, for :meth:`adopt`."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        check_active(record)
+        return await write_staged_ledger(self.client, await self._settings_of(record), self._password, records,
+                                         namespace=self.name, stream=name, publish_time_ms=self.catalog.now_ms(),
+                                         staged_by=staged_by)
+
+    async def adopt(self, name: str, ledger_ids: Sequence[int], *, options: WriterOptions | None = None
+                    ) -> StreamRecord:
+        """Staged ledgers appended as CLOSED segments, in order, all in one CAS, under the
+        writer lock (the current writer is fenced, as opening a writer does). Repeating it
+        with the same ledgers changes nothing (a duplicate commit)."""
+        record = (await self.catalog.read_stream(check_name(name))).value
+        check_active(record)
+        settings = await self._settings_of(record)
+        return await adopt_ledgers(self.client, self.catalog, name, settings, self._password,
+                                   options or WriterOptions(), ledger_ids)
 
     async def open_reader(
         self, name: str, start: Start = "earliest", *, options: ReaderOptions | None = None

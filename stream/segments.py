@@ -22,6 +22,15 @@ A roll is: create a ledger, :func:`add_segment`, drain and close the old ledger,
 :func:`close_segment`. A crash between any two steps leaves OPEN segments that
 step 3 of the next writer closes: no step depends on a later one having happened.
 
+Adoption (:func:`adopt_segments`, for exactly-once batch writes such as Spark's): ledgers
+written elsewhere in segment format ("staged": closed, one record set per entry, record
+counts from 0 in each) become CLOSED segments at ``next_seq``, ``next_seq + 1``, ... in
+ONE compare-and-set, by the writer holding the lock once it has closed every OPEN
+segment. Adopting the same ledgers again changes nothing (a repeated commit); ledgers
+partly present are refused. Each staged ledger keeps its own publish times, so across
+adopted segments they may go back: a timestamp seek still skips no record at or after
+its time (each segment is ordered inside), but may return some from before it.
+
 Truncation deletes whole CLOSED segments below a position (never an OPEN one and
 never the last segment), records the truncation point, and lists the segments'
 ledgers in ``deleting`` until they are deleted (:func:`truncate`,
@@ -336,6 +345,46 @@ def close_segment(
     return dataclasses.replace(
         stream, segments=tuple(closed if s.seq == seq else s for s in stream.segments)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StagedSegment:
+    """A closed ledger written in segment format outside the stream, and its summary."""
+
+    ledger_id: int
+    summary: SegmentSummary
+
+
+def adopt_segments(
+    stream: StreamRecord, token: int, staged: Sequence[StagedSegment], now_ms: int
+) -> StreamRecord:
+    """Append ``staged`` as CLOSED segments, in order, all at once; see the module docstring.
+
+    Refused: a fenced ``token`` (``WriterFencedError``), an OPEN segment still in the
+    stream, an empty or duplicated staged ledger, or one already in the stream while
+    others are not (``BadRequestError``). All already adopted: the stream unchanged.
+    """
+    check_writer(stream, token)
+    ids = [s.ledger_id for s in staged]
+    if len(set(ids)) != len(ids):
+        raise BadRequestError(f"stream {stream.name}: a staged ledger is listed twice: {ids}")
+    known = {s.ledger_id for s in stream.segments} | set(stream.deleting)
+    present = [i for i in ids if i in known]
+    if ids and len(present) == len(ids):
+        return stream  # a repeated commit of the same ledgers
+    if present:
+        raise BadRequestError(f"stream {stream.name}: staged ledgers {present} are already segments but "
+                              f"{sorted(set(ids) - set(present))} are not: no commit adopts part of a set")
+    if open_segments(stream):
+        raise BadRequestError(f"stream {stream.name}: segment {open_segments(stream)[0].seq} is open; "
+                              "close it (open the writer) before adopting staged ledgers")
+    empty = [s.ledger_id for s in staged if s.summary.record_count <= 0 or s.summary.last_entry_id < 0]
+    if empty:
+        raise BadRequestError(f"stream {stream.name}: staged ledgers {empty} hold no record (delete them instead)")
+    adopted = tuple(Segment(stream.next_seq + i, s.ledger_id, SegmentState.CLOSED, token, now_ms, now_ms, s.summary)
+                    for i, s in enumerate(staged))
+    return dataclasses.replace(stream, next_seq=stream.next_seq + len(adopted),
+                               segments=(*stream.segments, *adopted))
 
 
 def segment_closed(stream: StreamRecord, seq: int) -> bool:

@@ -39,7 +39,7 @@ import functools
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,13 @@ from scriba.stream.catalog import Catalog
 from scriba.stream.ledgers import create_segment_ledger, delete_ledgers, recover_segment
 from scriba.stream.position import Position, trusted
 from scriba.stream.retention import apply_retention
-from scriba.stream.segments import close_segment, last_publish_ms, lock_name, segment_closed
+from scriba.stream.segments import (
+    StreamRecord,
+    close_segment,
+    last_publish_ms,
+    lock_name,
+    segment_closed,
+)
 from scriba.stream.settings import StreamSettings
 from scriba.stream.writer_core import (
     AbandonSegment,
@@ -77,6 +83,7 @@ from scriba.stream.writer_core import (
     WriterCore,
     WriterFailed,
     add_segment_steps,
+    adopt_steps,
     as_stream_error,
     open_steps,
 )
@@ -542,3 +549,23 @@ async def open_stream_writer(
     log.info("stream_writer_opened", stream=f"{catalog.namespace}/{name}", token=token, segment=seq)
     return StreamWriter(client, catalog, name, settings, password, election, leadership, ledger, seq,
                         last_publish_ms(record), options)
+
+
+async def adopt_ledgers(
+    client: Client, catalog: Catalog, name: str, settings: StreamSettings, password: bytes,
+    options: WriterOptions, ledger_ids: Sequence[int],
+) -> StreamRecord:
+    """Take the writer lock, fence and recover, adopt the staged ``ledger_ids`` as CLOSED
+    segments in one CAS (``writer_core.adopt_steps``), let the lock go. Repeating it
+    with the same ledgers changes nothing."""
+    election = Election(catalog.store, lock_name(catalog.namespace, name))
+    leadership = await _take_lock(election, _candidate(), options.lock_timeout_s)
+    try:
+        steps = _StepRunner(client, catalog, name, settings, password)
+        record: StreamRecord = await steps.run(adopt_steps(leadership.token, ledger_ids, catalog.now_ms))
+    finally:
+        with contextlib.suppress(ScribaError):
+            await election.resign()
+    log.info("stream_ledgers_adopted", stream=f"{catalog.namespace}/{name}", token=leadership.token,
+             ledgers=list(ledger_ids))
+    return record

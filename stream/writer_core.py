@@ -69,8 +69,10 @@ from scriba.stream.segments import (
     Segment,
     SegmentStats,
     SegmentSummary,
+    StagedSegment,
     StreamRecord,
     add_segment,
+    adopt_segments,
     close_segment,
     fence,
     finish_deletes,
@@ -504,6 +506,12 @@ Steps = Generator[Step, Any, tuple[StreamRecord, int]]
 
 def open_steps(token: int, now_ms: Callable[[], int]) -> Steps:
     """Opening a writer once its lock is held with ``token``; returns the record and the new segment."""
+    yield from _fence_and_recover(token, now_ms)
+    return (yield from add_segment_steps(token, now_ms))
+
+
+def _fence_and_recover(token: int, now_ms: Callable[[], int]) -> Generator[Step, Any, StreamRecord]:
+    """Fence with ``token``, close every OPEN segment at its recovered end, finish deletes."""
     record: StreamRecord = yield UpdateStream(lambda r: r.writer_epoch != token, lambda r: fence(r, token))
     for segment in open_segments(record):
         summary: SegmentSummary = yield RecoverSegment(segment)
@@ -515,7 +523,25 @@ def open_steps(token: int, now_ms: Callable[[], int]) -> Steps:
     if record.deleting:  # a truncation that crashed before deleting its ledgers
         done: list[int] = yield DeleteLedgers(record.deleting)
         record = yield UpdateStream(lambda r: bool(set(r.deleting) & set(done)), lambda r: finish_deletes(r, done))
-    return (yield from add_segment_steps(token, now_ms))
+    return record
+
+
+def adopt_steps(token: int, ledger_ids: Sequence[int], now_ms: Callable[[], int]
+                ) -> Generator[Step, Any, StreamRecord]:
+    """Staged ledgers adopted as segments (``segments.adopt_segments``) once the lock is held
+    with ``token``: fence and recover as an opening writer does, summarise each staged
+    ledger (opened with recovery, so no late add can change it), then ONE CAS."""
+    yield from _fence_and_recover(token, now_ms)
+    staged = []
+    for ledger_id in ledger_ids:
+        summary: SegmentSummary = yield RecoverSegment(Segment(-1, ledger_id))
+        staged.append(StagedSegment(ledger_id, summary))
+    ids = set(ledger_ids)
+    record: StreamRecord = yield UpdateStream(
+        lambda r: not ids <= {s.ledger_id for s in r.segments} | set(r.deleting),
+        lambda r: adopt_segments(r, token, staged, now_ms()),
+    )
+    return record
 
 
 def add_segment_steps(token: int, now_ms: Callable[[], int]) -> Steps:

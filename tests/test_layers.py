@@ -53,7 +53,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "stream": frozenset({"core", "meta", "placement", "client"}),
     "rsm": frozenset({"core", "meta", "placement", "client", "stream"}),
     "geo": frozenset({"core", "meta", "placement", "client", "stream"}),
-    "pipeline": frozenset({"core", "meta", "placement", "client", "stream", "autorecovery"}),  # audit: the auditor's replica check at scale
+    "pipeline": frozenset({"core", "meta", "placement", "client", "stream", "autorecovery", "rsm"}),  # audit: the auditor's replica check at scale; compact: the RSM's apply and snapshot store
     "autorecovery": frozenset({"core", "meta", "placement", "client"}),
     "examples": frozenset({"core", "client", "stream", "rsm"}),  # the public API only
     "console": frozenset({"core", *_LIBRARY}),  # reads every layer, imported by none

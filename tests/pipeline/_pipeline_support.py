@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
+from typing import Any
 
+from scriba.cli import build_parser
 from scriba.client import Client
 from scriba.stream import Position, open_namespace
 
@@ -45,3 +49,24 @@ async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:
     return [(f"{tag}{i}".encode(), {"i": str(i).encode()} if i % 3 else {}) for i in range(n)]
+
+
+def main(argv: list[str]) -> int:
+    """``scriba ARGV`` without ``scriba.cli.main``'s logging setup (bound to pytest's capture)."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+def dying_frame(spark: Any, total: int, marker: Path, die_at: int = 2500) -> Any:
+    """One partition of payloads ``k0..k<total-1>`` whose Python worker dies (``os._exit``) at
+    row ``die_at`` the first time (``marker`` records that it did)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def payload(i: int) -> bytes:
+        if i == die_at and not marker.exists():  # the first attempt's worker dies here
+            marker.touch()
+            os._exit(1)
+        return b"k%d" % i
+
+    return spark.range(total).coalesce(1).select(F.udf(payload, BinaryType(), useArrow=False)("id").alias("payload"))

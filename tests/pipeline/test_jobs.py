@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _records
+from _pipeline_support import _append, _ns, _records, main
 
-from scriba.cli import build_parser
 from scriba.client import Client
 from scriba.entry import make_digest, master_key, pack_entry
 from scriba.errors import Status
@@ -65,12 +64,6 @@ def test_export_to_parquet_resumes_where_it_stopped(spark: Any, uri: str, big: s
 
 
 PASSWORD = b"audit-pw"
-
-
-def main(argv: list[str]) -> int:
-    """``scriba ARGV`` without ``scriba.cli.main``'s logging setup (bound to pytest's capture)."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
 
 
 async def _forge_faults(uri: str) -> tuple[int, list[str]]:

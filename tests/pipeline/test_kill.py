@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, _records
+from _pipeline_support import _append, _ns, _read, _records, dying_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -59,21 +59,11 @@ def test_streaming_driver_killed_mid_batch_resumes_exactly_once(spark: Any, uri:
 
 
 def test_batch_write_task_killed_mid_write_is_at_least_once(spark: Any, uri: str, tmp_path: Path) -> None:
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType
-
     ns = _ns()
     asyncio.run(_append(uri, ns, "out", []))
     marker = tmp_path / "died"
     total = 3000
-
-    def payload(i: int) -> bytes:
-        if i == 2500 and not marker.exists():  # the first attempt's worker dies here
-            marker.touch()
-            os._exit(1)
-        return b"k%d" % i
-
-    df = spark.range(total).coalesce(1).select(F.udf(payload, BinaryType(), useArrow=False)("id").alias("payload"))
+    df = dying_frame(spark, total, marker)
     writer = df.write.format("scriba").option("metadata", uri).option("stream", f"{ns}/out").mode("append")
     with pytest.raises(Exception):  # noqa: B017 - local mode does not retry a task: the job fails
         writer.save()

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scriba.errors import (
+    BadRequestError,
     ConfigError,
     CursorRegressionError,
     InvalidPositionError,
@@ -28,9 +29,11 @@ from scriba.stream.segments import (
     SegmentState,
     SegmentStats,
     SegmentSummary,
+    StagedSegment,
     StreamRecord,
     StreamState,
     add_segment,
+    adopt_segments,
     advance_cursor,
     close_segment,
     fence,
@@ -229,6 +232,30 @@ def test_writer_fencing_rules() -> None:
     deleting = dataclasses.replace(closed, state=StreamState.DELETING)
     with pytest.raises(StreamNotFoundError):
         fence(deleting, 99)
+
+
+def test_adopt_staged_ledgers_in_one_change() -> None:
+    stream = _stream(_closed(0), _closed(1), epoch=9)
+    staged = [StagedSegment(501, SegmentSummary(2, 3, 12, 120, 5)), StagedSegment(502, SegmentSummary(0, 0, 1, 9, 4))]
+    adopted = adopt_segments(stream, 9, staged, now_ms=77)
+    assert [(s.seq, s.ledger_id, s.state, s.summary) for s in adopted.segments[2:]] == [
+        (2, 501, SegmentState.CLOSED, staged[0].summary), (3, 502, SegmentState.CLOSED, staged[1].summary)]
+    assert adopted.next_seq == 4 and adopted.record_count == stream.record_count + 13
+    assert StreamRecord.from_bytes(adopted.to_bytes()) == adopted
+    assert adopt_segments(adopted, 9, staged, now_ms=78) is adopted  # a repeated commit: nothing changes
+    assert adopt_segments(stream, 9, [], now_ms=78) == stream
+    truncated, _ = truncate(adopted, Position(3, 0, 0))
+    assert adopt_segments(truncated, 9, staged, now_ms=79) is truncated  # 501 is being deleted: still adopted
+    with pytest.raises(BadRequestError, match="part of a set"):
+        adopt_segments(adopted, 9, [*staged, StagedSegment(503, SegmentSummary(0, 0, 1, 9, 4))], now_ms=79)
+    with pytest.raises(WriterFencedError):
+        adopt_segments(stream, 8, staged, now_ms=79)  # a fenced writer (an older commit) changes nothing
+    with pytest.raises(BadRequestError, match="twice"):
+        adopt_segments(stream, 9, [staged[0], staged[0]], now_ms=79)
+    with pytest.raises(BadRequestError, match="no record"):
+        adopt_segments(stream, 9, [StagedSegment(504, SegmentSummary())], now_ms=79)
+    with pytest.raises(BadRequestError, match="is open"):
+        adopt_segments(add_segment(stream, 9, ledger_id=600, now_ms=0), 9, staged, now_ms=79)
 
 
 def test_roll_rules() -> None:

@@ -229,6 +229,34 @@ async def test_old_writer_fenced_through_ledger_and_cas_when_it_does_not_notice(
     assert [r.payload for r in await read_all(ns_b, "pause")] == [b"a0", b"a1", b"a2", b"a3", b"a4", b"b0"]
 
 
+async def test_staged_ledgers_adopted_once_in_one_change(env: Env) -> None:
+    """Exactly-once batch writes' stream step: staged ledgers become segments in order by one
+    CAS; a repeated adopt changes nothing; a crashed writer's open segment is closed first at
+    its recovered end; a staged ledger never adopted (an aborted task's) stays out of the stream."""
+    ns_a = await _ns(env)
+    ns = await _ns(env)
+    a = await ns_a.open_writer("eo", create=True)
+    await a.append_many([b"w0", b"w1"])
+    await env.crash(ns_a.client)  # its segment is still OPEN
+    staged = [await ns.stage("eo", [(b"t%d-%d" % (t, i), {"t": b"%d" % t}) for i in range(n)])
+              for t, n in ((0, 2500), (1, 3))]
+    aborted = await ns.stage("eo", [(b"never", {})])
+    record = await ns.adopt("eo", staged, options=FAST_LOCK)
+    assert [s.ledger_id for s in record.segments[-2:]] == staged
+    assert [s.summary.record_count for s in record.segments] == [2, 2500, 3]
+    assert all(s.state is SegmentState.CLOSED for s in record.segments)
+    again = await ns.adopt("eo", staged, options=FAST_LOCK)  # a duplicate commit message
+    assert again.segments == record.segments and again.next_seq == record.next_seq
+    got = await read_all(ns, "eo")
+    want = [b"w0", b"w1", *[b"t0-%d" % i for i in range(2500)], *[b"t1-%d" % i for i in range(3)]]
+    assert [r.payload for r in got] == want and got[2].headers == {"t": b"0"}
+    assert aborted not in {s.ledger_id for s in again.segments}
+    b = await ns.open_writer("eo", options=FAST_LOCK)  # writing goes on after the adopted segments
+    after = await b.append(b"after")
+    await b.close()
+    assert after.segment_seq == record.next_seq and (await read_all(ns, "eo"))[-1].payload == b"after"
+
+
 async def test_old_writer_roll_is_fenced_by_token(env: Env) -> None:
     ns_a = await _ns(env)
     ns_b = await _ns(env)

@@ -1,0 +1,103 @@
+"""Exactly-once batch writes (``option("delivery", "exactly-once")``) on real bookies and
+etcd: a task killed mid-write leaves nothing visible and the re-run writes every row once;
+a retried (or speculative) attempt's staged ledgers are never adopted and are deleted; a
+duplicate commit adopts nothing twice; an aborted job leaves nothing visible and no staged
+ledger. Each is checked with the acked-set checker (nothing lost, nothing unexpected,
+nothing twice) and the order of the rows."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pipeline_support import _append, _ns, _read, dying_frame
+
+from scriba.client import Client
+from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
+from scriba.pipeline.source import ScribaCommit, ScribaDataSource
+from scriba.stream import open_namespace
+from scriba.testing.checkers.acked_set import check_acked_set
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
+    result = check_acked_set(wanted, wanted, read)
+    assert result.ok and not result.duplicated, result.explain()
+    assert read == wanted  # and in order
+
+
+async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
+    """Ledgers staged for ``ns/stream`` that are not (or no longer) its segments."""
+    async with Client.connect(uri) as client:
+        record = (await (await open_namespace(client, ns)).catalog.read_stream(stream)).value
+        segments = {s.ledger_id for s in record.segments}
+        found = []
+        async for key, raw in client.store.scan(LEDGERS_PREFIX):
+            meta = LedgerMetadata.from_bytes(raw.value).custom_metadata
+            if meta.get("stream") == f"{ns}/{stream}" and meta.get("staged"):
+                found.append(int(key.rsplit("/", 1)[-1]))
+        return sorted(set(found) - segments)
+
+
+def test_task_killed_mid_write_then_rerun_is_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", []))
+    marker = tmp_path / "died"
+    total = 3000
+    df = dying_frame(spark, total, marker)
+    writer = (df.write.format("scriba").option("metadata", uri).option("stream", f"{ns}/out")
+              .option("delivery", "exactly-once").option("maxRecordsPerPartition", "700").mode("append"))
+    with pytest.raises(Exception):  # noqa: B017 - local mode does not retry a task: the job fails
+        writer.save()
+    assert marker.exists()
+    assert asyncio.run(_read(uri, ns, "out")) == []  # nothing of the failed job is visible
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == []  # abort deleted what it staged
+    writer.save()  # the re-run (Spark's retry on a cluster)
+    _exactly_once([b"k%d" % i for i in range(total)], [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == []
+
+
+def test_retried_attempt_duplicate_commit_and_abort(uri: str) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", [(b"before", {})]))
+    schema = StructType([StructField("payload", BinaryType())])
+    source = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "delivery": "exactly-once",
+                               "maxRecordsPerPartition": "40"})
+    rows = [{"payload": b"r%d" % i} for i in range(100)]
+    job = source.writer(schema, False)
+    first = job.write(iter(rows[:50]))  # partition 0, attempt 1: "lost" (a retried or speculative attempt)
+    again = job.write(iter(rows[:50]))  # partition 0, attempt 2: the one Spark commits
+    other = job.write(iter(rows[50:]))  # partition 1
+    assert isinstance(first, ScribaCommit) and len(first.staged) == 2 and first.count == 50
+    assert asyncio.run(_read(uri, ns, "out"))[-1][1] == b"before"  # staged: nothing visible yet
+    job.commit([again, other])
+    job.commit([again, other])  # a duplicate commit message
+    wanted = [b"before", *[r["payload"] for r in rows]]
+    _exactly_once(wanted, [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == []  # attempt 1's ledgers deleted
+
+    aborted = source.writer(schema, False)
+    message = aborted.write(iter([{"payload": b"never"}] * 30))
+    aborted.abort([message])
+    _exactly_once(wanted, [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == []
+
+
+def test_checker_negative_control_at_least_once_retry_duplicates(uri: str) -> None:
+    """The same retry at-least-once: the checker must see the partition twice."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", []))
+    schema = StructType([StructField("payload", BinaryType())])
+    job = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out"}).writer(schema, False)
+    rows = [{"payload": b"r%d" % i} for i in range(20)]
+    job.write(iter(rows))  # attempt 1 (its records are confirmed as it goes)
+    job.commit([job.write(iter(rows))])  # attempt 2
+    with pytest.raises(AssertionError, match="read more than once: 20"):
+        _exactly_once([r["payload"] for r in rows], [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
