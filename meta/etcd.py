@@ -732,6 +732,13 @@ class EtcdStore:
             call.cancel()
             self._calls.discard(call)
 
+    async def revoke_lease_for_test(self) -> None:
+        """Revoke the lease behind the session's back, as an expiry the client has not yet
+        noticed (a loop starved past the TTL): the next ephemeral write meets a lost lease."""
+        lease_id = self._lease_id
+        invariant(lease_id is not None, "revoke_lease_for_test: no live lease")
+        await self._rpc("revoke lease", self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id), idempotent=True)
+
     async def expire_session_for_test(self) -> None:
         """Revoke the lease as an expiry would: ephemerals go, then LOST, then CONNECTED anew."""
         lease_id = self._lease_id
