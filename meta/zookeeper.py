@@ -54,7 +54,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
@@ -650,7 +650,7 @@ class ZooKeeperStore:
 
     # --- watches ----------------------------------------------------------------------
 
-    async def watch(self, key: str, *, prefix: bool = False) -> AsyncIterator[WatchEvent]:
+    async def watch(self, key: str, *, prefix: bool = False) -> AsyncGenerator[WatchEvent, None]:
         self._check_open()
         if prefix:
             check_prefix(key)
@@ -828,11 +828,11 @@ class ZooKeeperStore:
                 continue
             if isinstance(result, kz.NoAuthError):
                 raise _unauthorized("txn", self.hosts, result)
-            check = owners[i]
-            if check is None:
+            owner = owners[i]
+            if owner is None:
                 return False  # a key changed between our read and the multi: read again
             raise BadVersionError(
-                f"txn check failed: {check.key} changed from version {check.version} ({type(result).__name__})"
+                f"txn check failed: {owner.key} changed from version {owner.version} ({type(result).__name__})"
             )
         return True
 

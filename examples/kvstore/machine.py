@@ -358,6 +358,8 @@ def _sorted(found: list[Version], req: Any) -> list[Version]:
 
 def _compare_kv(c: Any, v: Version | None) -> bool:
     target = c.target
+    mine: bytes | int
+    theirs: bytes | int
     if target == rpc_pb2.Compare.VALUE:
         mine, theirs = (v.value if v else b""), c.value
     elif target == rpc_pb2.Compare.VERSION:
