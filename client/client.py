@@ -72,6 +72,9 @@ class ClientConfig:
     failed_bookie_quarantine_s: float = 30.0  # replacements avoid bookies failed this recently
     recovery_attempts_max: int = 3  # open_ledger retries a recovery that failed retriably
     recovery_retry_s: float = 0.2  # the first backoff window; it doubles per retry (scriba.retry)
+    # keep a ledger's password in its metadata (as BookKeeper does) so autorecovery can
+    # re-replicate it unaided; off: workers must be given the password (--password)
+    store_password_in_metadata: bool = True
     driver: DriverConfig = field(default_factory=DriverConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
@@ -285,6 +288,7 @@ class Client:
             custom_metadata=dict(custom_metadata or {}),
             placement_policy=policy.name,
             placement_options=dict(policy.options),
+            password=password if password and self._config.store_password_in_metadata else None,
         )
         try:
             version = await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
