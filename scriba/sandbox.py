@@ -4,9 +4,13 @@ Starts a real etcd (one member, unless ``--metadata`` names an existing store) a
 N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
 (``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
 round-robin over the regions first; the default bookie count is then one per zone),
-starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
-writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
-PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
+starts the web console (``scriba console``, as a process; ``--no-console`` skips it)
+and an autorecovery process (``scriba autorecovery run``: the elected auditor and one
+replication worker, as BookKeeper's standalone runs autorecovery beside its bookies;
+``--autorecovery-delay-s`` sets how long a bookie may be gone before its ledgers are
+re-replicated, ``--no-autorecovery`` skips it), writes ``DIR/sandbox.json`` (metadata
+URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID; the
+autorecovery process's id and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -39,7 +43,6 @@ import fcntl
 import hashlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -52,9 +55,17 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S as AUTORECOVERY_DELAY_S
 from scriba.embedded.process import ServerStartError, python_module_argv
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
+from scriba.sandbox_children import (
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    start_autorecovery,
+    start_console,
+    stop_child,
+)
 from scriba.shell import SANDBOX_DIR_DEFAULT, SANDBOX_FILE
 
 log = get_logger(__name__)
@@ -66,8 +77,6 @@ BOOKIES_DEFAULT = 4
 BOOKIES_MAX = 32
 ZONES_MAX = 26
 REGIONS_MAX = 9
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
 
 
@@ -88,6 +97,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    autorecovery_delay_s: float | None = AUTORECOVERY_DELAY_S  # lost-bookie delay; None: no autorecovery
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -96,6 +106,8 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        if self.autorecovery_delay_s is not None and self.autorecovery_delay_s < 0:
+            raise ConfigError(f"--autorecovery-delay-s: {self.autorecovery_delay_s} is below 0")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -206,6 +218,7 @@ class Sandbox:
         self.etcd: Any = None
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
+        self.autorecovery: tuple[subprocess.Popen[bytes], str] | None = None  # (process, its id)
         self.metadata_uri = options.metadata or ""
 
     def _reap_orphans(self) -> None:
@@ -217,6 +230,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids.append((doc.get("autorecovery") or {}).get("pid"))  # likewise
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -289,6 +303,9 @@ class Sandbox:
                 f.result()
         if self.options.console:
             self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
+        if self.options.autorecovery_delay_s is not None:
+            self.autorecovery = start_autorecovery(self.metadata_uri, self.options.autorecovery_delay_s,
+                                                   self.data_dir)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -313,6 +330,10 @@ class Sandbox:
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            "autorecovery": None if self.autorecovery is None else {
+                "id": self.autorecovery[1], "pid": self.autorecovery[0].pid,
+                "delay_s": self.options.autorecovery_delay_s,
+            },
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -338,8 +359,9 @@ class Sandbox:
         """Stop every process this sandbox started (bookies first, then etcd), waiting for each."""
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / SANDBOX_FILE).unlink()
-        if self.console is not None:
-            _stop_process(self.console[0])
+        for child in (self.autorecovery, self.console):  # before the bookies: none of them is "lost"
+            if child is not None:
+                stop_child(child[0])
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -357,34 +379,6 @@ def _running(process: Any) -> bool:
         return running
     pid = getattr(process, "pid", None)
     return pid is not None and _pid_alive(pid)
-
-
-def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen)
-    with open(data_dir / "console.log", "ab") as log_file:
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
-                                 cwd=data_dir)
-    pipe = child.stdout
-    if pipe is None:  # cannot happen with stdout=PIPE; keeps the type checker sure of it
-        raise ServerStartError("the console's stdout is not a pipe")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while (left := deadline - time.monotonic()) > 0 and child.poll() is None:
-        if select.select([pipe], [], [], left)[0]:
-            line = pipe.readline().decode(errors="replace").strip()
-            if line.startswith("console: "):
-                return child, line.removeprefix("console: ")
-    _stop_process(child)
-    raise ServerStartError(f"the console did not start on {listen} (log {data_dir / 'console.log'})")
-
-
-def _stop_process(child: subprocess.Popen[bytes]) -> None:
-    child.terminate()
-    try:
-        child.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
 
 
 def _stop_quietly(process: Any) -> None:
@@ -418,6 +412,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
+    p.add_argument("--autorecovery-delay-s", type=float, default=AUTORECOVERY_DELAY_S, metavar="S",
+                   help="the autorecovery process re-replicates a bookie's ledgers once it has been gone "
+                        f"this long (default {AUTORECOVERY_DELAY_S:g}; 0: at once)")
+    p.add_argument("--no-autorecovery", action="store_true",
+                   help="do not start the autorecovery process (auditor + replication worker)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
@@ -433,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console)
+                             console=None if args.no_console else args.console,
+                             autorecovery_delay_s=None if args.no_autorecovery else args.autorecovery_delay_s)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -487,6 +487,9 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     print(f"metadata: {sandbox.metadata_uri}", file=out)
     if sandbox.console is not None:
         print(f"console:  {sandbox.console[1]}", file=out)
+    if sandbox.autorecovery is not None:
+        print(f"autorecovery: auditor + worker ({sandbox.autorecovery[1]}), a lost bookie re-replicated "
+              f"after {sandbox.options.autorecovery_delay_s:g}s", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     print(
         f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
@@ -516,6 +519,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if args.fresh:
         argv.append("--fresh")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
+    argv += (["--no-autorecovery"] if args.no_autorecovery
+             else ["--autorecovery-delay-s", f"{args.autorecovery_delay_s:g}"])
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
