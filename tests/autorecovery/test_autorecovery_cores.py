@@ -146,6 +146,20 @@ def test_plan_refuses_when_placement_cannot_hold() -> None:
         plan_repair(md, 0, {B[1]}, topology=only, policy=make_policy("zone-aware"))
 
 
+def test_plan_moves_what_it_can_when_one_bookie_has_no_replacement() -> None:
+    """A lost bookie (b0) and a live one missing entries (b2) on one segment, one spare (b3):
+    b0 moves to b3 now; b2 stays (its mark waits for a bookie). Seen on real processes: the
+    whole repair used to wait, leaving the lost bookie's replicas missing too."""
+    md = ledger([(0, ("b0", "b1", "b2"))], closed_at=9)
+    live = topo(B[:4]).without(B[0])  # b1, b2 and the one spare b3
+    plan = plan_repair(md, 0, {B[0], B[2]}, topology=live, policy=make_policy("random"))
+    assert plan is not None and plan.slots == (0,)
+    assert plan.new_ensemble == (B[3], B[1], B[2])
+    assert plan.moved == (B[0],) and plan.added == (B[3],)
+    with pytest.raises(NotEnoughBookiesError):  # nothing at all can move: still refused
+        plan_repair(md, 0, {B[0], B[2]}, topology=topo(B[:3]).without(B[0]), policy=make_policy("random"))
+
+
 def test_ensemble_change_applies_once_and_detects_a_stale_plan() -> None:
     md = ledger([(0, ("b0", "b1", "b2")), (10, ("b0", "b3", "b2"))], closed_at=15)
     plan = plan_repair(md, 0, {B[1]}, topology=topo(), policy=make_policy("random", rng=random.Random(2)))
@@ -211,6 +225,10 @@ def test_a_repair_claims_exactly_the_entries_it_copied(data: st.DataObject) -> N
         return
     if plan is None or not plan.copies_anything:
         return
+    moved = set(plan.moved)
+    assert moved <= move
+    if moved != move:  # a partial plan only when every candidate bookie was used up
+        assert set(plan.added) == set(nodes) - set(target[1]) - move
     needs, change = ensemble_change(plan)
     assert needs(md)
     after = change(md)
@@ -218,7 +236,7 @@ def test_a_repair_claims_exactly_the_entries_it_copied(data: st.DataObject) -> N
     for x in range(end + 1):
         before_set, after_set = md.write_set(x), after.write_set(x)
         if plan.segment_first <= x <= plan.last_entry_id:
-            assert not set(after_set) & move
+            assert not set(after_set) & moved
             assert set(after_set) - set(before_set) == set(plan.targets(md, x))
         else:
             assert after_set == before_set
