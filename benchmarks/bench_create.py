@@ -10,7 +10,8 @@ the ledger record's create, and the close's compare-and-set.
 ``zk-plain`` is the ZooKeeper store with write coalescing off (one request per write,
 as before ``scriba.meta.zk_multi``): the before/after baseline in the same run.
 
-Printed per store: create+close/s, p50/p99 latency, time-outs and other errors, and a
+Printed per store: create+close/s, p50/p99 latency, the client process's CPU per
+create+close (all its threads: kazoo's included; the least noisy figure on a busy machine), time-outs and other errors, and a
 summary with the 1-creator figure beside the many-creator one and their ratio; the ids
 of both phases (two clients) are checked to be unique (exit status 1 if not). The
 baseline is the 1-creator phase of the same run: concurrency should multiply the rate,
@@ -68,9 +69,9 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
                 latencies_ms.append((time.perf_counter() - t0) * 1000)
                 ids.append(writer.ledger_id)
 
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         await asyncio.gather(*(creator() for _ in range(creators)))
-        elapsed_s = time.monotonic() - t0
+        elapsed_s, cpu_s = time.monotonic() - t0, time.process_time() - cpu0
     latencies_ms.sort()
     return {
         "creators": creators,
@@ -79,6 +80,7 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
         "per_s": round(len(latencies_ms) / elapsed_s, 1),
         "latency_ms_p50": round(percentile(latencies_ms, 0.50), 2),
         "latency_ms_p99": round(percentile(latencies_ms, 0.99), 2),
+        "cpu_us_per_ledger": round(cpu_s / max(1, len(latencies_ms)) * 1e6),  # this process, all threads
         "timeouts": timeouts,
         "errors": errors,
         "ids": ids,
@@ -105,7 +107,8 @@ def run_store(kind: str, base: Path, *, seconds: float, creators: int, warmup: i
 def _line(kind: str, r: dict[str, Any]) -> str:
     return (
         f"{kind:5} {r['creators']:3} creators: {r['per_s']:8,.0f} create+close/s  p50 {r['latency_ms_p50']:7.2f} ms"
-        f"  p99 {r['latency_ms_p99']:8.2f} ms  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}  errors {r['errors']}"
+        f"  p99 {r['latency_ms_p99']:8.2f} ms  client CPU {r['cpu_us_per_ledger']:5} us/ledger"
+        f"  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}  errors {r['errors']}"
     )
 
 
