@@ -159,9 +159,12 @@ async def fill(uri: str, total_bytes: int, size: int) -> tuple[int, int]:
     return ledgers, entries
 
 
-async def writer_for(client: Client, size: int, seconds: float, done: Callable[[], bool]) -> float:
+async def writer_for(
+    client: Client, size: int, seconds: float, done: Callable[[], bool], *, delete: bool = False
+) -> float:
     """Entries/s of one writer, 256 in flight, for ``seconds`` or until ``done()`` (checked per
-    batch), whichever comes first: bounded, so a repair that never ends cannot fill the disk."""
+    batch), whichever comes first: bounded, so a repair that never ends cannot fill the disk.
+    ``delete``: delete the ledger after (the baseline's, so the lost bookie holds the fill only)."""
     w = await client.create_ledger(3, 3, 2)
     payload = b"w" * size
     n = 0
@@ -171,6 +174,8 @@ async def writer_for(client: Client, size: int, seconds: float, done: Callable[[
         n += 256
     elapsed = time.perf_counter() - start
     await w.close()
+    if delete:
+        await client.delete_ledger(w.ledger_id)
     return n / elapsed
 
 
@@ -179,7 +184,7 @@ async def repair_phase(uri: str, cluster: LocalCluster, args: argparse.Namespace
     from scriba.embedded.process import ServerProcess, free_port, python_module_argv
 
     async with Client.connect(uri) as client:
-        alone = await writer_for(client, args.size, args.writer_s, lambda: False)
+        alone = await writer_for(client, args.size, args.writer_s, lambda: False, delete=True)
         victim = cluster.bookies[0].bookie_id
         held = [md for md in [await client.ledger_metadata(i) for i in await client.list_ledgers()]
                 if BookieId(victim) in md.bookies()]

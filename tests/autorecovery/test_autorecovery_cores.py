@@ -304,3 +304,34 @@ def test_throttle_zero_is_unlimited_and_bytes_bind_too() -> None:
     t = Throttle.of(0, 1_000_000)
     assert t.take(1, 100_000, 0.0) == 0  # within the burst
     assert t.take(1, 1_000_000, 0.0) == pytest.approx(1.0)
+
+
+def test_sources_are_assigned_so_a_batch_reads_as_one_range() -> None:
+    """Striping rotates each entry's first choice; the copier still reads the whole batch
+    from one surviving bookie (one range read), the moved bookie only as a last resort."""
+    from scriba.autorecovery.copier import assign_sources
+
+    survivors, moved = [B[1], B[2]], B[0]
+    tried = {EntryId(e): [survivors[e % 2], survivors[(e + 1) % 2], moved] for e in range(10)}
+    by_source = assign_sources(list(tried), tried)
+    assert list(by_source) == [B[1]] and by_source[B[1]] == list(range(10))
+    assert all(t == [B[2], moved] for t in tried.values())  # what is left for a retry
+    # a retry after b1 failed: b2 for all; then only the moved bookie is left for entry 3
+    again = assign_sources(list(tried), tried)
+    assert again == {B[2]: list(range(10))}
+    tried[EntryId(3)] = [moved]
+    assert assign_sources([EntryId(3), EntryId(4)], tried) == {moved: [3, 4]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(B[:5]), min_size=1, max_size=4, unique=True), min_size=1, max_size=30))
+def test_each_wanted_entry_gets_one_source_from_its_own_list(orders: list[list[BookieId]]) -> None:
+    from scriba.autorecovery.copier import assign_sources
+
+    tried = {EntryId(e): list(order) for e, order in enumerate(orders)}
+    by_source = assign_sources(list(tried), tried)
+    assigned = [(e, b) for b, entries in by_source.items() for e in entries]
+    assert sorted(e for e, _ in assigned) == list(range(len(orders)))
+    for e, b in assigned:
+        assert b in orders[e] and b not in tried[EntryId(e)]
+        assert len(tried[EntryId(e)]) == len(orders[e]) - 1
