@@ -57,15 +57,15 @@ from typing import IO, Any
 
 from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S as AUTORECOVERY_DELAY_S
 from scriba.embedded.process import ServerStartError, python_module_argv
-from scriba.errors import ConfigError, ScribaError
-from scriba.log import get_logger
-from scriba.sandbox_children import (
+from scriba.embedded.sandbox_children import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     start_autorecovery,
     start_console,
     stop_child,
 )
+from scriba.errors import ConfigError, ScribaError
+from scriba.log import get_logger
 from scriba.shell import SANDBOX_DIR_DEFAULT, SANDBOX_FILE
 
 log = get_logger(__name__)
