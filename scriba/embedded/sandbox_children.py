@@ -12,7 +12,7 @@ import json
 import select
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -22,19 +22,21 @@ START_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
 
 
-def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_console(metadata_uri: str, listen: str, data_dir: Path,
+                  tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen)
+    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
     return _start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
                         if line.startswith("console: ") else None)
 
 
-def start_autorecovery(metadata_uri: str, delay_s: float, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_autorecovery(metadata_uri: str, delay_s: float, data_dir: Path,
+                       tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """``scriba autorecovery run`` (auditor + one worker) as a child process (log
     ``DIR/autorecovery.log``); its id once it runs. Ledgers keep their passwords in their
     metadata (``ClientConfig.store_password_in_metadata``), so it needs none given."""
     argv = python_module_argv("scriba.cli", "autorecovery", "--metadata", metadata_uri, "run",
-                              "--id", "sandbox-autorecovery", "--delay-s", f"{delay_s:g}")
+                              "--id", "sandbox-autorecovery", "--delay-s", f"{delay_s:g}", *tls_args)
 
     def ready(line: str) -> str | None:
         try:
