@@ -30,6 +30,9 @@ class BookieConfig:
     data_dir: Path
     listen_host: str = "127.0.0.1"
     listen_port: int = 3181
+    # The binary data path (bookie/binary_server.py) on listen_host: 0 any free port,
+    # None none (clients then use gRPC for this bookie).
+    binary_port: int | None = 0
     journal_dir: Path | None = None  # None: the journal lives under data_dir
     bookie_id: str | None = None  # None: the advertised host:port
     advertised_host: str | None = None  # None: listen_host (or 127.0.0.1 for 0.0.0.0)
@@ -65,6 +68,8 @@ class BookieConfig:
         require(bool(self.metadata_uri), "metadata_uri", "is required")
         require(bool(str(self.data_dir)), "data_dir", "is required")
         require(0 <= self.listen_port <= 65535, "listen_port", f"{self.listen_port} out of range")
+        require(self.binary_port is None or 0 <= self.binary_port <= 65535, "binary_port",
+                f"{self.binary_port} out of range")
         require(0 <= self.http_port <= 65535, "http_port", f"{self.http_port} out of range")
         require(self.entry_size_max >= 64, "entry_size_max", "must be at least 64 bytes")
         require(

@@ -76,6 +76,9 @@ class ClientConfig:
     # keep a ledger's password in its metadata (as BookKeeper does) so autorecovery can
     # re-replicate it unaided; off: workers must be given the password (--password)
     store_password_in_metadata: bool = True
+    # "binary": the binary data path to bookies that offer it, gRPC to the others;
+    # "grpc": gRPC only (TransportConfig.protocol)
+    transport_protocol: str = "binary"
     driver: DriverConfig = field(default_factory=DriverConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
@@ -91,6 +94,7 @@ class ClientConfig:
         require(self.failed_bookie_quarantine_s >= 0, "failed_bookie_quarantine_s", "must be >= 0")
         require(self.recovery_attempts_max >= 1, "recovery_attempts_max", "must be >= 1")
         require(self.recovery_retry_s >= 0, "recovery_retry_s", "must be >= 0")
+        require(self.transport_protocol in ("binary", "grpc"), "transport_protocol", "'binary' or 'grpc'")
         self.driver.validate()
         self.write.validate()
         self.read.validate()
@@ -191,13 +195,14 @@ class Client:
                 await registry.start(cfg.registry_sync_s)
                 owns_transport = transport is None
                 if transport is None:
-                    from scriba.client.grpc_transport import GrpcBookieTransport
+                    from scriba.client.binary_transport import new_transport
                     from scriba.client.transport import TransportConfig
 
-                    the_transport: BookieTransport = GrpcBookieTransport(
-                        registry.address,
+                    the_transport: BookieTransport = new_transport(
+                        registry,
                         TransportConfig(
                             add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s,
+                            protocol=cfg.transport_protocol,
                             tls=cfg.tls,
                         ),
                     )

@@ -283,6 +283,9 @@ class BookieRegistration:
     # refuse a larger payload before sending it. Records written before the field
     # existed read as the default, which those bookies enforced.
     entry_size_max: int = ENTRY_SIZE_MAX_DEFAULT
+    # host:port of the binary data path ("" when the bookie offers none, or predates it:
+    # clients then send it everything over gRPC).
+    binary_address: str = ""
 
     @property
     def location(self) -> str:
@@ -308,6 +311,7 @@ class BookieRegistration:
                 "http_address": self.http_address,
                 "version": self.version,
                 "entry_size_max": self.entry_size_max,
+                "binary_address": self.binary_address,
             },
         )
 
@@ -327,6 +331,7 @@ class BookieRegistration:
                 http_address=d.get("http_address", ""),
                 version=d.get("version", ""),
                 entry_size_max=_positive_int(d.get("entry_size_max", ENTRY_SIZE_MAX_DEFAULT)),
+                binary_address=str(d.get("binary_address", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequestError(f"bookie registration: malformed ({exc!r})") from None

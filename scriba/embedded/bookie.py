@@ -47,15 +47,20 @@ class BookieProcess:
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         journal_dir: Path | None = None,
+        binary: bool = True,
         tls: TlsConfig | None = None,
         probe_tls: TlsConfig | None = None,
     ) -> None:
+        """``binary``: serve the binary data path on a port of its own (False: gRPC only,
+        as a bookie that predates it)."""
         self.base_dir = Path(base_dir).absolute()  # the child runs in it: argv paths must not be relative
         self.metadata_uri = metadata_uri
         self.port = port if port is not None else free_port()
         self.http_port = http_port if http_port is not None else free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
+        self.binary_port: int | None = free_port() if binary else None
+        self.binary_address = f"127.0.0.1:{self.binary_port}" if binary else ""
         self.bookie_id = bookie_id or self.address  # as `scriba bookie run`: the id defaults to the address
         self.region = region
         self.zone = zone
@@ -85,6 +90,7 @@ class BookieProcess:
             "--zone", self.zone,
             "--rack", self.rack,
             "--http", self.http_address,
+            "--binary-port", str(self.binary_port) if self.binary_port is not None else "off",
             *tls_argv(self.tls),
             *self.extra_args,
         )

@@ -66,7 +66,9 @@ class BookieCluster:
         extra_args: Sequence[str] = (),
         start: bool = True,
         timeout_s: float = 30.0,
+        binary: bool = True,
     ) -> BookieProcess:
+        """``binary``: serve the binary data path too (False: gRPC only, an older bookie)."""
         if len(self.bookies) >= BOOKIES_MAX:
             raise ConfigError(f"bookie cluster: at most {BOOKIES_MAX} bookies")
         index = len(self.bookies)
@@ -79,6 +81,7 @@ class BookieCluster:
             rack=rack,
             env={**self.env, **(env or {})},
             extra_args=[*self.extra_args, *extra_args],
+            binary=binary,
             tls=self.tls,
         )
         self.bookies.append(bookie)
@@ -135,6 +138,10 @@ class BookieCluster:
 
     def addresses(self) -> dict[str, str]:
         return {b.bookie_id: b.address for b in self.bookies}
+
+    def binary_addresses(self) -> dict[str, str]:
+        """Each bookie's binary data path address ("" for a gRPC-only bookie)."""
+        return {b.bookie_id: b.binary_address for b in self.bookies}
 
     def stop_all(self) -> None:
         """SIGTERM every running bookie this cluster started (SIGKILL on timeout), and wait."""

@@ -177,3 +177,32 @@ def test_tls_config_validation_names_the_field(tmp_path: Path) -> None:
         TlsConfig(cert=tmp_path / "a.crt").validate()
     with pytest.raises(ConfigError, match=r"tls\.ca: required with require_client_cert"):
         TlsConfig(cert=tmp_path / "a", key=tmp_path / "b", require_client_cert=True).validate()
+
+
+async def test_tls_binary_data_path_is_tls_with_the_same_allow_lists(
+    tls_cluster: BookieCluster, pki: TestPki, good_client: Client
+) -> None:
+    """The binary data path of a TLS bookie: admitted clients' adds travel on it over
+    TLS; a plaintext client gets no answer, a certificate on no allow-list UNAUTHORIZED."""
+    from scriba.client.binary_transport import BinaryTransport
+    from scriba.ids import LedgerId
+    from scriba.testing.waiting import eventually
+
+    w = await good_client.create_ledger(3, 3, 2, password=b"pw")
+    assert await w.append(b"over binary tls") == 0
+    t = good_client.transport
+    assert isinstance(t, BinaryTransport)
+    await eventually(lambda: {t.wire_of(b) for b in w.metadata.current_ensemble} == {"binary"}, 20.0,
+                     what="every bookie of the ensemble reached over its binary link")
+    addresses, binary = tls_cluster.addresses(), tls_cluster.binary_addresses()
+    b0 = BookieId(tls_cluster[0].bookie_id)
+    for tls, refused in ((None, UnavailableError), (pki.client_tls(pki.intruder), UnauthorizedError)):
+        bt = BinaryTransport(lambda b: addresses[b], TransportConfig(read_timeout_s=DEADLINE_S, tls=tls),
+                             resolve_binary=lambda b: binary[b])
+        try:
+            with pytest.raises(refused):
+                await asyncio.wait_for(bt.read_lac(b0, LedgerId(w.ledger_id)), DEADLINE_S * 2)
+            assert bt.wire_of(b0) == "grpc" and bt.links_opened == 0
+        finally:
+            await bt.close()
+    await w.close()

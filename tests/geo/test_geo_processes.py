@@ -3,7 +3,8 @@
 Two clusters, each its own etcd and its own three bookie processes ("us", the source,
 and "eu", the target). The target's bookies advertise ``127.0.0.2:PORT``, where the
 fault proxy (``scriba faults-proxy``, driven by ``toxiproxy-python``) listens and
-forwards to the bookie on ``127.0.0.1:PORT``; the replicator reaches the target's etcd
+forwards to the bookie on ``127.0.0.1:PORT`` (one proxy per listener: gRPC and the
+binary data path); the replicator reaches the target's etcd
 through the proxy too. So every byte between the replicator and the target crosses the
 proxy: cutting it is cutting the inter-cluster link (the test's own clients reach the
 source directly and the target's bookies through the same proxies, read only after
@@ -99,6 +100,8 @@ def geo(tmp_path: Path) -> Iterator[Geo]:
         api = toxiproxy_client(proxy.url)
         proxies = [api.create(upstream=b.address, name=f"eu-{b.bookie_id}", listen=f"{PROXY_HOST}:{b.port}")
                    for b in eu_bookies]
+        proxies += [api.create(upstream=b.binary_address, name=f"eu-{b.bookie_id}-bin",  # the binary data path
+                               listen=f"{PROXY_HOST}:{b.binary_port}") for b in eu_bookies]
         host, port = eu.server.endpoints[0]
         etcd = api.create(upstream=f"{host}:{port}", name="eu-etcd")
         geo = Geo(us, eu, api, [*proxies, etcd], f"etcd://{etcd.listen}/{eu.prefix}", tmp_path)
