@@ -7,8 +7,11 @@ from this process over the replica service (``RsmClient``), 64-byte commands:
 
 1. many concurrent proposers (``--concurrency``): proposals/s, p50/p99;
 2. one proposer: p50/p99;
-3. linearizable reads/s from the leader (same concurrency; each read proves leadership
-   with a barrier append shared by the reads waiting at that moment);
+3. linearizable reads/s through the leader, in the same run: *unpipelined* (each read its
+   own ``READ`` request, the client before pipelining) and *pipelined* (``READ_MANY``
+   frames; the reads of a frame share one read index) at the same concurrency, and
+   pipelined at ``--read-concurrency`` reads in flight. Every read proves leadership with
+   a barrier append shared by the reads waiting at that moment;
 4. fail-over: the leader SIGKILLed -> the first confirmed proposal through a client
    that knows every replica, over ``--trials`` trials (the killed replica restarts
    under a new id before the next trial). Replica timings as in the R15 test:
@@ -138,6 +141,23 @@ async def timed_load(call: Any, concurrency: int, seconds: float) -> tuple[int, 
     return len(latencies), latencies
 
 
+async def read_loads(addresses: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Linearizable reads/s: one READ per read (before pipelining) vs READ_MANY frames."""
+    from scriba.rsm.remote import RsmClient
+
+    out: dict[str, Any] = {}
+    for name, pipelined, readers in (("unpipelined", False, args.concurrency), ("pipelined", True, args.concurrency),
+                                     ("pipelined_many", True, args.read_concurrency)):
+        client = RsmClient(addresses, timeout_s=60.0, pipeline_reads=pipelined)
+        await client.read(b"get")  # find the leader first
+        n, lat = await timed_load(lambda c=client: c.read(b"get"), readers, args.seconds)
+        out[name] = {"readers": readers, "reads_per_s": round(n / args.seconds), **summary_ms(lat),
+                     "frames": client.read_frames_sent}
+        await client.close()
+    out["pipelined_vs_unpipelined"] = round(out["pipelined"]["reads_per_s"] / max(1, out["unpipelined"]["reads_per_s"]), 2)
+    return out
+
+
 async def leader_slot(replicas: Replicas) -> str:
     from scriba.rsm.remote import RsmClient
 
@@ -179,9 +199,7 @@ async def scriba_side(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                              **summary_ms(lat)}
         n, lat = await timed_load(lambda: client.propose(COMMAND), 1, args.seconds)
         out["one_proposer"] = {"proposals_per_s": round(n / args.seconds), **summary_ms(lat)}
-        n, lat = await timed_load(lambda: client.read(b"get"), args.concurrency, args.seconds)
-        out["linearizable_reads"] = {"readers": args.concurrency, "reads_per_s": round(n / args.seconds),
-                                     **summary_ms(lat)}
+        out["linearizable_reads"] = await read_loads(list(replicas.addresses.values()), args)
         await client.close()
         failovers: list[float] = []
         for _ in range(args.trials):
@@ -215,12 +233,12 @@ def pysyncobj_node(me: str, partners: list[str], journal: str, result_path: str,
                    concurrency: int) -> int:
     from pysyncobj import SyncObj, SyncObjConf, replicated  # type: ignore[import-not-found,import-untyped]
 
-    class Counter(SyncObj):  # type: ignore[misc]
+    class Counter(SyncObj):
         def __init__(self) -> None:
             super().__init__(me, partners, SyncObjConf(journalFile=journal, dynamicMembershipChange=False))
             self.count = 0
 
-        @replicated  # type: ignore[misc]
+        @replicated
         def incr(self, command: bytes) -> int:
             self.count += 1
             return self.count
@@ -308,6 +326,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--read-concurrency", type=int, default=1024, help="reads in flight, last read load")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-rsm-") as tmp:
@@ -318,12 +337,15 @@ def main() -> int:
     doc = {"scriba": scriba, "pysyncobj": baseline, "throughput_ratio": round(ratio, 2),
            "note": "2 shared cores: figures are noisy; PySyncObj does not fsync, Scriba's bookies do"}
     print(json.dumps(doc, indent=2))
+    reads = scriba["linearizable_reads"]
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2))
     print(f"proposals/s at {args.concurrency} in flight: Scriba {scriba['concurrent']['proposals_per_s']} vs "
           f"PySyncObj {baseline['concurrent']['proposals_per_s']} = {ratio:.2f}x; one proposer p99 "
           f"{scriba['one_proposer']['p99_ms']} ms vs {baseline['one_proposer']['p99_ms']} ms; fail-over p99 "
-          f"{scriba['failover']['p99_s']} s; linearizable reads {scriba['linearizable_reads']['reads_per_s']}/s",
+          f"{scriba['failover']['p99_s']} s; linearizable reads/s unpipelined {reads['unpipelined']['reads_per_s']}, "
+          f"pipelined {reads['pipelined']['reads_per_s']} ({reads['pipelined_vs_unpipelined']}x) at "
+          f"{args.concurrency} in flight, {reads['pipelined_many']['reads_per_s']} at {args.read_concurrency}",
           file=sys.stderr)
     return 0
 

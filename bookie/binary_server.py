@@ -240,15 +240,15 @@ class BinaryConnection(asyncio.Protocol):
             self._write(wire.encode_range_chunk(rid, *held, more=False))
 
     async def _read_lac(self, rid: int, ledger_id: int, flags: int, previous_lac: int, timeout_ms: int,
-                        key: bytes) -> None:
+                        entries_max: int, key: bytes) -> None:
         request = pb.ReadLacRequest(
             ledger_id=ledger_id, flags=pb.FENCE if flags & wire.READ_FENCE else 0, master_key=key,
             long_poll=bool(flags & wire.LAC_LONG_POLL), previous_lac=previous_lac, timeout_ms=timeout_ms,
-            piggyback_entry=bool(flags & wire.LAC_PIGGYBACK),
+            piggyback_entries_max=entries_max,
         )
         r = await self._service.ReadLac(request, None)
         self._write(wire.encode_lac_answer(rid, int(r.status), r.lac, r.last_entry_id, r.fenced, r.message,
-                                           r.last_entry, r.piggybacked_entry))
+                                           r.last_entry, r.piggybacked_entries))
 
 
 class BinaryServer:

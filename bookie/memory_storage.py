@@ -122,6 +122,14 @@ class InMemoryLedgerStorage:
             self._waiters.notify(ledger_id)
         await asyncio.sleep(0)
 
+    def note_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        st = self._state(ledger_id)
+        if st.master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+        if lac > st.lac:
+            st.lac = lac
+            self._waiters.notify(ledger_id)
+
     async def delete_ledgers(self, ledger_ids: Collection[int]) -> None:
         for lid in ledger_ids:
             self._states.pop(lid, None)

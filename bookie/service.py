@@ -46,7 +46,7 @@ from scriba.bookie.add_decoding import (
     wire_status,
 )
 from scriba.bookie.metrics import BookieMetrics
-from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage
+from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage, long_poll_entries
 from scriba.entry import HEADER_SIZE
 from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
 from scriba.grpc_auth import guard_handlers, identity_check
@@ -474,16 +474,27 @@ class BookieService(pb_grpc.BookieServicer):
             )
             if fence and state.last_entry_id >= 0:
                 response.last_entry = self._storage.read_entry(lid, state.last_entry_id)
-            if request.long_poll and request.piggyback_entry and state.lac > request.previous_lac:
-                try:
-                    response.piggybacked_entry = self._storage.read_entry(lid, request.previous_lac + 1)
-                except ScribaError:
-                    pass  # the reader asks for it by itself
+            if request.long_poll and state.lac > request.previous_lac:
+                self._piggyback(response, request, state.lac)
         except Exception as exc:
             response = pb.ReadLacResponse(lac=-1, last_entry_id=-1)
             self._fail(response, exc, "read_lac", lid, None)
         self._metrics.observe_read(kind, response.status, time.perf_counter() - started)
         return response
+
+    def _piggyback(self, response: pb.ReadLacResponse, request: pb.ReadLacRequest, lac: int) -> None:
+        """A long poll's answer carries the entries the reader waits for (confirmed ones
+        only): ``piggyback_entries_max`` of them, or the one of ``piggyback_entry``."""
+        lid, previous = request.ledger_id, request.previous_lac
+        if request.piggyback_entries_max:
+            entries_max = min(request.piggyback_entries_max, self._range_entries_max)
+            response.piggybacked_entries.extend(
+                long_poll_entries(self._storage, lid, previous, lac, entries_max, self._range_bytes_max)
+            )
+        elif request.piggyback_entry:
+            entries = long_poll_entries(self._storage, lid, previous, lac, 1, self._range_bytes_max)
+            if entries:
+                response.piggybacked_entry = entries[0]
 
     async def WriteLac(self, request: pb.WriteLacRequest, context: Any) -> pb.WriteLacResponse:
         lid = request.ledger_id
@@ -493,7 +504,10 @@ class BookieService(pb_grpc.BookieServicer):
                 raise BadRequestError("master key missing")
             if not self._state.accepting_adds:
                 raise BookieReadOnlyError("bookie is not accepting writes")
-            await self._storage.write_lac(lid, request.lac, request.master_key)
+            if request.hint_only:
+                self._storage.note_lac(lid, request.lac, request.master_key)
+            else:
+                await self._storage.write_lac(lid, request.lac, request.master_key)
             return pb.WriteLacResponse(status=_OK)
         except Exception as exc:
             response = pb.WriteLacResponse()

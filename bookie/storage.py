@@ -484,10 +484,25 @@ class DiskLedgerStorage:
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         if self._switch.read_only and not self._switch.failed:
             raise BookieReadOnlyError(f"read-only: {self._switch.reason}")
-        _, key_record = self._state_for_write(ledger_id, master_key)
+        st, key_record = self._state_for_write(ledger_id, master_key)
+        # Visible at once, before the record is durable: the writer confirmed every entry
+        # up to ``lac`` (on an ack quorum) before sending it, so it is true whether or not
+        # this bookie keeps the record; tailing readers learn it now.
+        self._raise_lac(st, ledger_id, lac)
         await self._journal_write(
             key_record + jr.encode_explicit_lac(ledger_id, lac), (_LAC, ledger_id, lac)
         )
+
+    def note_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        st = self._state(ledger_id)
+        if st.master_key != master_key:
+            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
+        self._raise_lac(st, ledger_id, lac)
+
+    def _raise_lac(self, st: LedgerState, ledger_id: int, lac: int) -> None:
+        if lac > st.lac:
+            st.lac = lac
+            self._waiters.notify(ledger_id)
 
     # --- reads --------------------------------------------------------------------------
 

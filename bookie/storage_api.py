@@ -20,9 +20,11 @@ from typing import Protocol, runtime_checkable
 
 from scriba.config import require
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, HEADER_SIZE
-from scriba.errors import Status
+from scriba.errors import ScribaError, Status
 
-__all__ = ["AddColumns", "AddOp", "LacState", "LedgerStorage", "StorageConfig", "check_add_op"]
+__all__ = [
+    "AddColumns", "AddOp", "LacState", "LedgerStorage", "StorageConfig", "check_add_op", "long_poll_entries",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,13 @@ class LedgerStorage(Protocol):
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None: ...
 
+    def note_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        """A writer's LAC pushed for tailing readers: the LAC rises at once (long polls
+        wake), nothing is journaled (the entries' piggybacked LACs are the durable record;
+        after a restart the LAC may read lower, never higher). UnauthorizedError for a
+        wrong key, NoSuchLedgerError for a ledger this bookie holds nothing of."""
+        ...
+
     def ledger_ids(self) -> list[int]: ...
 
     async def delete_ledgers(self, ledger_ids: Collection[int]) -> None: ...
@@ -204,6 +213,25 @@ def check_add_op(op: AddOp, entry_size_max: int) -> bool:
         int.from_bytes(entry[0:8], "big") == op.ledger_id
         and int.from_bytes(entry[8:16], "big", signed=True) == op.entry_id
     )
+
+
+def long_poll_entries(
+    storage: LedgerStorage, ledger_id: int, previous_lac: int, lac: int, entries_max: int, bytes_max: int
+) -> list[bytes]:
+    """The entries a long-poll answer carries to a tailing reader: consecutive from
+    ``previous_lac + 1``, at most ``entries_max`` and about ``bytes_max`` bytes (at least
+    one), and **never one beyond ``lac``**: a reader may only see confirmed entries.
+    Empty when the LAC did not pass ``previous_lac`` or ``previous_lac + 1`` cannot be
+    read here (this bookie's copy is not durable yet, or corrupt): the reader then reads
+    it from the replicas itself."""
+    first = previous_lac + 1
+    last = min(lac, previous_lac + entries_max)
+    if entries_max <= 0 or last < first:
+        return []
+    try:
+        return storage.read_range(ledger_id, first, last, entries_max, bytes_max)
+    except ScribaError:
+        return []
 
 
 class ReadOnlySwitch:

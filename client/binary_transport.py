@@ -487,17 +487,18 @@ class BinaryTransport(GrpcBookieTransport):
         previous_lac: EntryId,
         *,
         wait_s: float,
-        piggyback_entry: bool = True,
+        piggyback_entries_max: int = 1,
     ) -> LacResult:
         link = await self._link(bookie_id)
         if link is None:
             return await super().long_poll_lac(bookie_id, ledger_id, previous_lac, wait_s=wait_s,
-                                               piggyback_entry=piggyback_entry)
-        flags = wire.LAC_LONG_POLL | (wire.LAC_PIGGYBACK if piggyback_entry else 0)
+                                               piggyback_entries_max=piggyback_entries_max)
         timeout_ms = max(0, int(wait_s * 1000))
+        entries_max = max(0, min(piggyback_entries_max, 0xFFFF))
         return await self._binary_lac(
             bookie_id, link, ledger_id, wait_s + LONG_POLL_MARGIN_S,
-            lambda rid: wire.encode_read_lac(rid, ledger_id, flags, previous_lac, timeout_ms, b""),
+            lambda rid: wire.encode_read_lac(rid, ledger_id, wire.LAC_LONG_POLL, previous_lac, timeout_ms, b"",
+                                             entries_max),
         )
 
     async def _binary_lac(self, bookie_id: BookieId, link: BinaryLink, ledger_id: LedgerId, timeout_s: float,
@@ -510,7 +511,7 @@ class BinaryTransport(GrpcBookieTransport):
             lac=EntryId(r.lac),
             last_entry_id=EntryId(r.last_entry_id),
             last_entry=bytes(r.last_entry),
-            piggybacked_entry=bytes(r.piggybacked_entry),
+            piggybacked_entries=tuple(map(bytes, r.piggybacked_entries)),
             fenced=r.fenced,
         )
 

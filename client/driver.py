@@ -35,14 +35,20 @@ class DriverConfig:
     read_timeout_s: float = 5.0
     metadata_timeout_s: float = 10.0
     appends_waiting_max: int = 100_000  # appends queued behind the in-flight bound
-    explicit_lac_delay_s: float = 0.2  # idle writer: send the LAC explicitly after this
+    # A confirmed LAC that no later entry carries (piggybacked) is pushed to the bookies
+    # explicitly after this (0: on the next loop turn; tailing readers see the entry at
+    # once); None: never (readers wait for a later entry or the close).
+    explicit_lac_delay_s: float | None = 0.0
     long_poll_s: float = 1.0
 
     def validate(self) -> DriverConfig:
         require(self.read_timeout_s > 0, "read_timeout_s", "must be > 0")
         require(self.metadata_timeout_s > 0, "metadata_timeout_s", "must be > 0")
         require(self.appends_waiting_max >= 1, "appends_waiting_max", "must be >= 1")
-        require(self.explicit_lac_delay_s >= 0, "explicit_lac_delay_s", "must be >= 0")
+        require(
+            self.explicit_lac_delay_s is None or self.explicit_lac_delay_s >= 0,
+            "explicit_lac_delay_s", "must be >= 0 or None",
+        )
         require(self.long_poll_s > 0, "long_poll_s", "must be > 0")
         return self
 

@@ -653,14 +653,15 @@ class GrpcBookieTransport:
         previous_lac: EntryId,
         *,
         wait_s: float,
-        piggyback_entry: bool = True,
+        piggyback_entries_max: int = 1,
     ) -> LacResult:
         request = pb.ReadLacRequest(
             ledger_id=ledger_id,
             long_poll=True,
             previous_lac=previous_lac,
             timeout_ms=max(0, int(wait_s * 1000)),
-            piggyback_entry=piggyback_entry,
+            piggyback_entry=piggyback_entries_max > 0,  # a bookie that predates the max sends one
+            piggyback_entries_max=max(0, piggyback_entries_max),
         )
         return await self._read_lac(bookie_id, ledger_id, request, wait_s + LONG_POLL_MARGIN_S)
 
@@ -678,15 +679,19 @@ class GrpcBookieTransport:
             lac=EntryId(r.lac),
             last_entry_id=EntryId(r.last_entry_id),
             last_entry=bytes(r.last_entry),
-            piggybacked_entry=bytes(r.piggybacked_entry),
+            piggybacked_entries=(
+                tuple(r.piggybacked_entries) if r.piggybacked_entries
+                else (r.piggybacked_entry,) if r.piggybacked_entry else ()
+            ),
             fenced=r.fenced,
         )
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
     ) -> None:
         conn, stub = self._stub(bookie_id)
-        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key)
+        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key, hint_only=hint_only)
         try:
             r = await stub.WriteLac(request, timeout=self.read_timeout_s)
         except grpc.aio.AioRpcError as exc:

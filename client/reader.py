@@ -1,7 +1,7 @@
 """``LedgerReader``: the read handle of a ledger (from ``Client.open_ledger``).
 
-Range reads, LAC reads and tailing by long poll, each run as an ``Operation`` of a
-read core.
+Range reads, LAC reads and tailing by long poll (the answer carrying the newly
+confirmed entries), each run as an ``Operation`` of a read core.
 """
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 from scriba.client.driver import DriverConfig, read_ledger_metadata
 from scriba.client.operation import Operation
 from scriba.client.read_core import LacReadCore, ReadConfig, ReadCore, ReadOrder
-from scriba.client.transport import BookieTransport
-from scriba.entry import Digest, Entry
+from scriba.client.transport import BookieTransport, LacResult
+from scriba.entry import Digest, Entry, unpack_entry
 from scriba.errors import (
+    DigestMismatchError,
     InternalError,
     NoSuchEntryError,
     ScribaError,
@@ -27,6 +28,8 @@ from scriba.meta.records import LedgerMetadata
 from scriba.meta.store import MetadataStore
 
 log = get_logger(__name__)
+
+PIGGYBACK_ENTRIES_MAX: Final = 64  # entries a tailing long poll's answer may carry (bookies cap it too)
 
 
 class LedgerReader:
@@ -127,7 +130,16 @@ class LedgerReader:
                 yield entry
 
     async def tail(self, start: int = 0) -> AsyncIterator[Entry]:
-        """Follow the ledger from ``start``: every entry in order, ending once it is closed."""
+        """Follow the ledger from ``start``: every entry in order, ending once it is closed.
+
+        Waiting at the end is one long poll at a time (``ReadLastConfirmed`` with
+        ``long_poll``): the bookie answers as soon as its LAC passes the last entry
+        delivered, carrying the newly confirmed entries with it (``piggybacked_entries``,
+        up to ``PIGGYBACK_ENTRIES_MAX``), so an entry is delivered one round trip after the
+        bookie learns it is confirmed. What the answer did not carry (a larger step, a
+        bookie without its copy yet, an older bookie) is read from the replicas, and the
+        next poll goes to another replica of the write set.
+        """
         next_id = start
         failures = 0
         while True:
@@ -142,31 +154,61 @@ class LedgerReader:
                     yield entry
                 next_id = last + 1
                 continue
-            advanced = await self._long_poll()
-            if advanced is None:  # that bookie failed: back off (bounded), try the next
+            result = await self._long_poll(EntryId(next_id - 1))
+            if result is None:  # that bookie failed: back off (bounded), try the next
                 failures += 1
                 await asyncio.sleep(min(0.05 * failures, 1.0))
             else:
                 failures = 0
-            if not advanced:
+            if result is None or result.lac < next_id:  # closed meanwhile? a new ensemble?
                 await self.refresh()
+                continue
+            self._lac = max(self._lac, int(result.lac))
+            carried = piggybacked(result, self._md.ledger_id, next_id, self._digest)
+            if not carried:
+                self._poll_index += 1  # its copy lags (or is bad): poll another replica next
+            for entry in carried:
+                yield entry
+                next_id += 1
 
-    async def _long_poll(self) -> bool | None:
-        ensemble = self._md.current_ensemble
-        bookie_id = ensemble[self._poll_index % len(ensemble)]
+    async def _long_poll(self, previous_lac: EntryId) -> LacResult | None:
+        """The answer of one bookie that holds entry ``previous_lac + 1`` (the best in read
+        order; after a failure the next one), once its LAC passes ``previous_lac`` or the
+        poll's time is up; None if that bookie failed."""
+        order = self._read_order(self._md.write_set(previous_lac + 1))
+        bookie_id = order[self._poll_index % len(order)]
         try:
             async with asyncio.timeout(self._config.long_poll_s + self._config.read_timeout_s):
-                result = await self._transport.long_poll_lac(
-                    bookie_id, self._md.ledger_id, EntryId(self._lac), wait_s=self._config.long_poll_s
+                return await self._transport.long_poll_lac(
+                    bookie_id, self._md.ledger_id, previous_lac, wait_s=self._config.long_poll_s,
+                    piggyback_entries_max=PIGGYBACK_ENTRIES_MAX,
                 )
         except (ScribaError, builtins.TimeoutError) as exc:
             log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))
             self._poll_index += 1
             return None
-        if result.lac > self._lac:
-            self._lac = int(result.lac)
-            return True
-        return False
 
     async def close(self) -> None:
         """Nothing to release (reads hold no resources between calls)."""
+
+
+def piggybacked(result: LacResult, ledger_id: LedgerId, first: int, digest: Digest) -> list[Entry]:
+    """The entries of a long poll's answer that may be delivered: consecutive from
+    ``first``, each verified (digest, and a header naming that entry of this ledger) and
+    **none beyond the LAC of the same answer** — a reader never sees an unconfirmed entry,
+    whatever a bookie sends. Stops at the first that fails; the reader reads the rest
+    from the replicas (which also reports a corrupt copy)."""
+    entries: list[Entry] = []
+    entry_id = first
+    for data in result.piggybacked_entries:
+        if entry_id > result.lac:
+            break
+        try:
+            entry = unpack_entry(digest, data)
+        except DigestMismatchError:
+            break
+        if entry.ledger_id != ledger_id or entry.entry_id != entry_id:
+            break
+        entries.append(entry)
+        entry_id += 1
+    return entries

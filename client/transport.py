@@ -112,7 +112,9 @@ class LacResult:
     lac: EntryId  # max(explicit LAC, LAC piggybacked on its entries); -1 if none
     last_entry_id: EntryId  # highest entry it stores; -1 if none
     last_entry: bytes = b""  # packed entry ``last_entry_id`` (fencing reads)
-    piggybacked_entry: bytes = b""  # long poll: packed entry previous_lac + 1
+    # long poll: packed entries previous_lac + 1, + 2, ... (consecutive, none beyond ``lac``;
+    # the bookie's word: the reader checks them)
+    piggybacked_entries: tuple[bytes, ...] = ()
     fenced: bool = False
 
 
@@ -202,14 +204,19 @@ class BookieTransport(Protocol):
         previous_lac: EntryId,
         *,
         wait_s: float,
-        piggyback_entry: bool = True,
+        piggyback_entries_max: int = 1,
     ) -> LacResult:
-        """Answers once the bookie's LAC passes ``previous_lac`` or ``wait_s`` passes."""
+        """Answers once the bookie's LAC passes ``previous_lac`` or ``wait_s`` passes, with up
+        to ``piggyback_entries_max`` entries from ``previous_lac + 1`` (none beyond the LAC)."""
         ...
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
-    ) -> None: ...
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
+    ) -> None:
+        """The writer's LAC to one bookie: journaled, or with ``hint_only`` only raised in
+        the bookie's memory for tailing readers (``WriteLacRequest.hint_only``)."""
+        ...
 
     async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo: ...
 

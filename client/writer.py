@@ -11,6 +11,14 @@ the transport has no batched path), and one future; answers come back per run, o
 ``append_async`` lets a caller keep thousands of entries in flight without a
 coroutine per entry; ``append`` awaits it.
 
+Tailing readers learn of a confirmation from the LAC that the next entry carries
+(piggybacked). When no entry is packed between a confirmation and the next loop turn
+(``explicit_lac_delay_s``: an idle or slow-paced writer), the writer pushes the LAC to
+its bookies explicitly (``WriteLac`` with ``hint_only``: raised in the bookies' memory,
+not journaled, so it costs no fsync), one push at a time: a reader's long poll then
+answers one round trip after the confirmation instead of when (if ever) a later entry
+brings it, and a writer whose next entries carry the LAC sends no push at all.
+
 Every append entry point checks its payload before anything changes, so a refused
 payload leaves the writer as it was: a bytes-like payload (``bytearray``,
 ``memoryview``, any buffer) is copied into ``bytes`` (the caller may reuse its buffer
@@ -26,7 +34,7 @@ import asyncio
 import builtins
 import functools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
@@ -117,9 +125,11 @@ class LedgerWriter:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._close_future: asyncio.Future[None] | None = None
-        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.Handle | None = None  # the LAC check to come
         self._timers: list[asyncio.TimerHandle] = []
-        self._explicit_lac = core.last_add_confirmed
+        self._explicit_lac = core.last_add_confirmed  # the highest LAC pushed explicitly
+        self._lac_mark = core.next_entry_id  # entries from this id carry the LAC of the last confirmation
+        self._lac_push: asyncio.Task[None] | None = None  # the push in flight (at most one at a time)
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
         self._on_adds = self._on_add_responses
@@ -295,9 +305,12 @@ class LedgerWriter:
                 future.set_result(entry_id)
         if self._waiting:
             self._drain_waiting()
-        if not futures and self._config.explicit_lac_delay_s and self._lac_timer is None:
-            self._lac_timer = self._loop.call_later(
-                self._config.explicit_lac_delay_s, self._explicit_lac_due
+        self._lac_mark = self._core.next_entry_id
+        delay_s = self._config.explicit_lac_delay_s
+        if delay_s is not None and self._lac_timer is None and self._lac_push is None:
+            self._lac_timer = (
+                self._loop.call_later(delay_s, self._explicit_lac_due) if delay_s
+                else self._loop.call_soon(self._explicit_lac_due)
             )
 
     def _fail(self, effect: FailAppends) -> None:
@@ -361,19 +374,37 @@ class LedgerWriter:
         task.add_done_callback(self._tasks.discard)
 
     def _explicit_lac_due(self) -> None:
+        """Push the LAC explicitly unless a later entry carries it (see ``_push_lac``)."""
         self._lac_timer = None
         core = self._core
         lac = core.last_add_confirmed
-        if core.pending or lac <= self._explicit_lac or core.state is not WriterState.OPEN:
-            return
+        if lac <= self._explicit_lac or core.state is WriterState.FAILED:
+            return  # closing or closed: still pushed (the last entries would wait for a poll's timeout)
+        if core.next_entry_id > self._lac_mark:
+            return  # an entry packed since the last confirmation carries it (piggybacked)
         self._explicit_lac = lac
-        for bookie_id in core.ensemble:
-            self._spawn(self._write_lac(bookie_id, lac))
+        self._lac_push = self._loop.create_task(self._push_lac(core.ensemble, lac))
+        self._tasks.add(self._lac_push)
+        self._lac_push.add_done_callback(self._tasks.discard)
+
+    async def _push_lac(self, ensemble: Sequence[BookieId], lac: int) -> None:
+        """The LAC to every bookie of the ensemble, so that a tailing reader's long poll
+        answers now rather than when a later entry (if any) brings it. One push at a time:
+        under a stream of confirmations the pushes coalesce, paced by their round trip;
+        entries that carry the LAC themselves make pushing unnecessary."""
+        try:
+            await asyncio.gather(*(self._write_lac(bookie_id, lac) for bookie_id in ensemble))
+        finally:
+            self._lac_push = None
+        if self._lac_timer is None:
+            self._explicit_lac_due()  # confirmed meanwhile, with no later entry to carry it?
 
     async def _write_lac(self, bookie_id: BookieId, lac: int) -> None:
         try:
             async with asyncio.timeout(self._config.read_timeout_s):
-                await self._transport.write_lac(bookie_id, self._ledger_id, EntryId(lac), self._master_key)
+                await self._transport.write_lac(
+                    bookie_id, self._ledger_id, EntryId(lac), self._master_key, hint_only=True
+                )
         except (ScribaError, builtins.TimeoutError) as exc:
             self._log.debug("explicit_lac_failed", bookie_id=bookie_id, lac=lac, error=str(exc))
 
@@ -392,16 +423,28 @@ class LedgerWriter:
             while self._waiting and self._core.state is WriterState.OPEN:
                 self._space.clear()
                 await self._space.wait()
-            if self._lac_timer is not None:
-                self._lac_timer.cancel()
-                self._lac_timer = None
             try:
                 self._execute(self._core.close())
             except ScribaError as exc:
                 self._close_future.set_exception(exc)
             self._settle_close()
         await asyncio.shield(self._close_future)
+        await self._last_push()
         self._log.info("ledger_closed", lac=self._core.last_add_confirmed)
+
+    async def _last_push(self) -> None:
+        """Closed: the last LAC reaches the bookies before ``close`` returns, so tailing
+        readers need not wait out their long poll to see the last entries, even if this
+        process exits at once. Waits at most ``long_poll_s`` (past that, a reader's poll
+        has timed out and shown the close anyway): an unreachable bookie delays no close
+        by more."""
+        if self._lac_push is None and self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+            self._explicit_lac_due()
+        deadline = self._loop.time() + self._config.long_poll_s
+        while self._lac_push is not None and (left := deadline - self._loop.time()) > 0:
+            await asyncio.wait({self._lac_push}, timeout=left)
 
     async def abort(self) -> None:
         """Stop without closing (tests, shutdown): pending appends fail, tasks end."""

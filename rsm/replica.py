@@ -30,11 +30,13 @@ stream, like any follower's.
 
 Proposals on a follower are forwarded to the leader over the replica service
 (``forward_proposals``; else ``RsmNotLeaderError`` names the leader's address).
-Linearizable reads on the leader share a barrier append; on a follower they ask the
-leader for the barrier's position (a read index) and wait to apply up to it.
+Linearizable reads on the leader share a barrier append; on a follower they share a
+round trip asking the leader for the barrier's position (a read index) and wait to apply
+up to it (``reading``, ``read_index``).
 
 The class is assembled from mixins named for what they hold: ``leading`` (campaign,
-term start, leader watch, transfer), ``snapshotting`` (take, store, restore) and
+term start, leader watch, transfer), ``reading`` (the three read levels, read index),
+``snapshotting`` (take, store, restore) and
 ``service`` (the replica service's request handler). With ``metrics_listen`` it serves
 Prometheus ``/metrics`` (``metrics``: role, token, positions, lag, snapshot, proposals,
 batch sizes).
@@ -50,7 +52,6 @@ from typing import Any
 
 from scriba.client import Client
 from scriba.errors import (
-    BadConsistencyError,
     ClientSessionError,
     CommandOutcomeUnknownError,
     CommandTooLargeError,
@@ -71,12 +72,14 @@ from scriba.meta.election import Election, Leadership
 from scriba.rsm import membership as mb
 from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
-from scriba.rsm.config import CONSISTENCY_LEVELS, RsmConfig
+from scriba.rsm.config import RsmConfig
 from scriba.rsm.envelope import HEADER_BYTES, NO_SESSION, Envelope, Kind
 from scriba.rsm.leading import Leading
 from scriba.rsm.machine import StateMachine
 from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics, check_listen, lag
 from scriba.rsm.peer import PeerPool, ReplicaServer
+from scriba.rsm.read_index import ReadIndexRounds
+from scriba.rsm.reading import Reading
 from scriba.rsm.role import CatchUp, Effect, OpenWriter, Role, RoleCore, Serve, StepDown, Stop
 from scriba.rsm.service import ReplicaService
 from scriba.rsm.snapshots_core import SnapshotSchedule
@@ -91,7 +94,7 @@ RETRY_PAUSE_S = 0.05
 LAG_QUERY_TIMEOUT_S = 2.0
 
 
-class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
+class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
     def __init__(
         self,
         client: Client,
@@ -125,6 +128,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self._server: ReplicaServer | None = None
         self._tls = self.config.tls.load() if self.config.tls is not None else None  # bad files: ConfigError
         self._peers = PeerPool(self._tls)
+        self._follower_rounds = ReadIndexRounds(self._leader_read_index)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()  # applied position or role moved
         self._leader: tuple[str, str] | None = None  # (replica id, address)
@@ -201,6 +205,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
             await self._server.close()
         if self._metrics_endpoint is not None:
             await self._metrics_endpoint.close()
+        await self._follower_rounds.close()
         await self._peers.close()
         with contextlib.suppress(ScribaError):
             await mb.deregister(self.client.store, self.group, self.replica_id)
@@ -459,46 +464,6 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         where = f"the leader is {leader[0]} at {leader[1]}" if leader else "no leader is known yet"
         return RsmNotLeaderError(f"replica {self.replica_id} is not the leader; {where}",
                                  leader_id=leader[0] if leader else None, leader_address=leader[1] if leader else None)
-
-    # --- reads -------------------------------------------------------------------------
-    async def read(self, request: bytes, consistency: str = "linearizable", *, after: Position | str | None = None
-                   ) -> bytes:
-        if consistency not in CONSISTENCY_LEVELS:
-            raise BadConsistencyError(f"consistency {consistency!r}: one of {', '.join(CONSISTENCY_LEVELS)}")
-        self._check_running()
-        if consistency == "after":
-            if after is None:
-                raise BadConsistencyError('consistency "after" needs after=<position> (e.g. a session\'s '
-                                          "last_position)")
-            await self._wait_applied(Position.parse(after), self.config.read_timeout_s)
-        elif consistency == "linearizable" and not self.config.unsafe_local_linearizable_reads:
-            index = await self.read_index(forwarded=False)
-            if index is not None:
-                await self._wait_applied(index, self.config.read_timeout_s)
-        return self._query(request)
-
-    def _query(self, request: bytes) -> bytes:
-        try:
-            return bytes(self.state.machine.query(request))
-        except Exception as exc:
-            raise StateMachineError(f"state machine query raised: {type(exc).__name__}: {exc}") from exc
-
-    async def read_index(self, *, forwarded: bool) -> Position | None:
-        """A position every write confirmed before this call is at or below (a barrier)."""
-        term = self._term
-        if term is not None and self.role.accepts(term.token):
-            try:
-                _, position = await asyncio.wait_for(asyncio.shield(term.barrier(int(time.time() * 1000))),
-                                                     self.config.read_timeout_s)
-            except TimeoutError:
-                raise DeadlineExceededError(f"read barrier not confirmed within {self.config.read_timeout_s} s") from None
-            return position
-        leader = self._leader
-        if forwarded or leader is None or not leader[1] or leader[0] == self.replica_id:
-            raise self._not_leader()
-        answer = await self._peers.get(leader[1]).call(wire.Op.READ_INDEX, b"", self.config.read_timeout_s,
-                                                       wire.FORWARDED)
-        return wire.parse_position(answer)
 
     # --- internals ---------------------------------------------------------------------
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:

@@ -1,6 +1,6 @@
 """The replica service's request handler: what a peer (a forwarding follower) or a remote
 client (``RsmClient``) may ask of a replica over ``peer.ReplicaServer`` — propose, open a
-session, read, read index, status (a mixin of ``ReplicatedStateMachine``).
+session, read, a frame of reads, read index, status (a mixin of ``ReplicatedStateMachine``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class ReplicaService:
         if op is wire.Op.READ:
             consistency, after, request = wire.parse_read(body)
             return await self.read(request, consistency, after=after)
+        if op is wire.Op.READ_MANY:
+            return wire.read_many_answer(await self.read_many(wire.parse_read_many(body)))
         if op is wire.Op.READ_INDEX:
             return wire.position_body(await self.read_index(forwarded=forwarded))
         return json.dumps(self.status()).encode()

@@ -12,8 +12,10 @@ per-request cost low (one struct unpack, no protobuf objects).
 
 Bodies: PROPOSE ``u64 session | u64 seq | u64 acked_below | command`` -> ``u8 n | position
 text (n) | result``; READ ``u8 consistency | u8 n | after position (n) | request`` ->
-``result``; READ_INDEX -> position text; OPEN_SESSION -> ``u64 id | position text``;
-STATUS -> JSON. An error body is JSON ``{type, message, leader_id, leader_address}``
+``result``; READ_MANY ``u32 n | n * (u32 length | READ body)`` -> ``u32 n | n * (u8 status |
+u32 length | result or error body)`` (the reads of one frame share one read index: one
+leadership confirmation); READ_INDEX -> position text; OPEN_SESSION -> ``u64 id | position
+text``; STATUS -> JSON. An error body is JSON ``{type, message, leader_id, leader_address}``
 and becomes the same exception type on the caller's side (``error_from``).
 Flag ``FORWARDED``: a follower passed this on; the receiver must not forward again.
 """
@@ -34,6 +36,10 @@ LENGTH = struct.Struct(">I")
 REQUEST = struct.Struct(">QBB")
 RESPONSE = struct.Struct(">QB")
 PROPOSE = struct.Struct(">QQQ")
+COUNT = struct.Struct(">I")
+ITEM = struct.Struct(">I")
+ANSWER = struct.Struct(">BI")
+READS_PER_FRAME_MAX: Final = 4096
 FORWARDED: Final = 1
 CONSISTENCY_CODES: Final = {"linearizable": 0, "sequential": 1, "after": 2}
 CONSISTENCY_NAMES: Final = {v: k for k, v in CONSISTENCY_CODES.items()}
@@ -45,6 +51,7 @@ class Op(enum.IntEnum):
     READ_INDEX = 3
     OPEN_SESSION = 4
     STATUS = 5
+    READ_MANY = 6
 
 
 def frame(payload: bytes) -> bytes:
@@ -72,9 +79,13 @@ def ok(request_id: int, body: bytes) -> bytes:
 
 
 def error(request_id: int, exc: ScribaError) -> bytes:
+    return frame(RESPONSE.pack(request_id, 1) + error_body(exc))
+
+
+def error_body(exc: ScribaError) -> bytes:
     doc = {"type": type(exc).__name__, "message": str(exc),
            "leader_id": getattr(exc, "leader_id", None), "leader_address": getattr(exc, "leader_address", None)}
-    return frame(RESPONSE.pack(request_id, 1) + json.dumps(doc).encode())
+    return json.dumps(doc).encode()
 
 
 def parse_response(payload: bytes) -> tuple[int, bool, bytes]:
@@ -149,6 +160,8 @@ def read_body(consistency: str, after: Position | None, request_bytes: bytes) ->
 def parse_read(body: bytes) -> tuple[str, Position | None, bytes]:
     if not body or body[0] not in CONSISTENCY_NAMES:
         raise errors.BadConsistencyError(f"unknown consistency code {body[:1]!r}")
+    if len(body) > 1 and body[1] == 0:  # no position: the common case, without the slicing
+        return CONSISTENCY_NAMES[body[0]], None, body[2:]
     after, rest = _untext(body[1:])
     return CONSISTENCY_NAMES[body[0]], after, rest
 
@@ -159,3 +172,58 @@ def position_body(position: Position | None) -> bytes:
 
 def parse_position(body: bytes) -> Position | None:
     return _untext(body)[0]
+
+
+def read_many_body(reads: list[bytes]) -> bytes:
+    """Several READ bodies (``read_body``) in one frame."""
+    return COUNT.pack(len(reads)) + b"".join(ITEM.pack(len(r)) + r for r in reads)
+
+
+def _items(body: bytes, what: str) -> tuple[int, int]:
+    if len(body) < COUNT.size:
+        raise BadRequestError(f"{what} body too short for its count")
+    (n,) = COUNT.unpack_from(body)
+    if n > READS_PER_FRAME_MAX:
+        raise BadRequestError(f"{what} of {n} reads exceeds {READS_PER_FRAME_MAX} per frame")
+    return n, COUNT.size
+
+
+def parse_read_many(body: bytes) -> list[tuple[str, Position | None, bytes]]:
+    n, at = _items(body, "READ_MANY")
+    reads = []
+    unpack, size, total = ITEM.unpack_from, ITEM.size, len(body)
+    for _ in range(n):
+        if total < at + size:
+            raise BadRequestError("READ_MANY body too short for its reads")
+        (length,) = unpack(body, at)
+        at += size
+        if total < at + length:
+            raise BadRequestError("READ_MANY body too short for its reads")
+        reads.append(parse_read(body[at:at + length]))
+        at += length
+    if at != total:
+        raise BadRequestError(f"READ_MANY body has {total - at} bytes after its reads")
+    return reads
+
+
+def read_many_answer(answers: list[tuple[bool, bytes]]) -> bytes:
+    """Per read: ok and its result, or not ok and an error body (``error_body``)."""
+    return COUNT.pack(len(answers)) + b"".join(ANSWER.pack(0 if ok_ else 1, len(out)) + out for ok_, out in answers)
+
+
+def parse_read_many_answer(body: bytes, expected: int) -> list[tuple[bool, bytes]]:
+    n, at = _items(body, "READ_MANY answer")
+    if n != expected:
+        raise BadRequestError(f"READ_MANY answer has {n} results for {expected} reads")
+    answers = []
+    unpack, size, total = ANSWER.unpack_from, ANSWER.size, len(body)
+    for _ in range(n):
+        if total < at + size:
+            raise BadRequestError("READ_MANY answer too short for its results")
+        status, length = unpack(body, at)
+        at += size
+        if total < at + length:
+            raise BadRequestError("READ_MANY answer too short for its results")
+        answers.append((status == 0, body[at:at + length]))
+        at += length
+    return answers

@@ -33,10 +33,11 @@ Bodies (``s`` = u16-length-prefixed UTF-8 string, ``k`` = u16-length-prefixed by
 - READ_RANGE: ledger_id u64 | first i64 | last i64 | max_entries u32 | max_bytes u64.
   Answered by RANGE_CHUNK frames with the request's id, the last one without flag
   MORE: status u16 | first_entry_id i64 | n u32 | s message | sizes n x u32 | entries.
-- READ_LAC: ledger_id u64 | flags u32 (1 = fence, 2 = long poll, 4 = piggyback entry)
-  | previous_lac i64 | timeout_ms u32 | k master_key. Answer: status u16 | lac i64 |
+- READ_LAC: ledger_id u64 | flags u32 (1 = fence, 2 = long poll) | previous_lac i64 |
+  timeout_ms u32 | piggyback_entries_max u16 | k master_key. Answer: status u16 | lac i64 |
   last_entry_id i64 | fenced u8 | s message | last_entry_len u32 | last_entry |
-  piggybacked entry (the rest).
+  n u32 | sizes n x u32 | the piggybacked entries previous_lac + 1 ... (consecutive,
+  none beyond lac) concatenated.
 - ERROR (either side, request_id of the offending frame or 0): status u16 | s message;
   the sender closes the connection after it.
 
@@ -104,7 +105,6 @@ HEADER_SIZE: Final = HEADER.size
 ADD_RECOVERY: Final = 1
 READ_FENCE: Final = 1
 LAC_LONG_POLL: Final = 2
-LAC_PIGGYBACK: Final = 4
 
 _RUN_HEAD: Final = struct.Struct("<QIIH")  # ledger_id, flags, n, key length
 _ANSWER_HEAD: Final = struct.Struct("<QHIH")  # ledger_id, status, n, message length
@@ -112,7 +112,7 @@ _READ_ENTRY: Final = struct.Struct("<QqIH")
 _ENTRY_ANSWER: Final = struct.Struct("<HqH")
 _READ_RANGE: Final = struct.Struct("<QqqIQ")
 _CHUNK_HEAD: Final = struct.Struct("<HqIH")
-_READ_LAC: Final = struct.Struct("<QIqIH")
+_READ_LAC: Final = struct.Struct("<QIqIHH")
 _LAC_ANSWER: Final = struct.Struct("<HqqBH")
 _U32: Final = struct.Struct("<I")
 _STATUS_MESSAGE: Final = struct.Struct("<HH")
@@ -418,18 +418,20 @@ def decode_range_chunk(body: Buffer) -> RangeChunk:
 
 # --- READ_LAC / LAC ---------------------------------------------------------------------
 def encode_read_lac(request_id: int, ledger_id: int, flags: int, previous_lac: int, timeout_ms: int,
-                    master_key: bytes) -> list[Buffer]:
-    return encode_frame(FrameType.READ_LAC, request_id,
-                        [_READ_LAC.pack(ledger_id, flags, previous_lac, timeout_ms, len(master_key)), master_key])
+                    master_key: bytes, piggyback_entries_max: int = 0) -> list[Buffer]:
+    return encode_frame(FrameType.READ_LAC, request_id, [
+        _READ_LAC.pack(ledger_id, flags, previous_lac, timeout_ms, piggyback_entries_max, len(master_key)),
+        master_key,
+    ])
 
 
-def decode_read_lac(body: Buffer) -> tuple[int, int, int, int, bytes]:
-    """``(ledger_id, flags, previous_lac, timeout_ms, master_key)``."""
+def decode_read_lac(body: Buffer) -> tuple[int, int, int, int, int, bytes]:
+    """``(ledger_id, flags, previous_lac, timeout_ms, piggyback_entries_max, master_key)``."""
     r = _Reader(body)
-    ledger_id, flags, previous_lac, timeout_ms, k = r.take(_READ_LAC)
+    ledger_id, flags, previous_lac, timeout_ms, entries_max, k = r.take(_READ_LAC)
     key = bytes(r.bytes_(k))
     r.done()
-    return ledger_id, flags, previous_lac, timeout_ms, key
+    return ledger_id, flags, previous_lac, timeout_ms, entries_max, key
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,15 +442,17 @@ class LacAnswer:
     fenced: bool
     message: str
     last_entry: Buffer
-    piggybacked_entry: Buffer
+    piggybacked_entries: tuple[Buffer, ...]
 
 
 def encode_lac_answer(request_id: int, status: int, lac: int, last_entry_id: int, fenced: bool, message: str,
-                      last_entry: Buffer, piggybacked_entry: Buffer) -> list[Buffer]:
+                      last_entry: Buffer, piggybacked_entries: Sequence[Buffer] = ()) -> list[Buffer]:
     raw, m = _s(message)
+    n = len(piggybacked_entries)
     return encode_frame(FrameType.LAC, request_id, [
         _LAC_ANSWER.pack(status, lac, last_entry_id, 1 if fenced else 0, m), raw,
-        _U32.pack(len(last_entry)), last_entry, piggybacked_entry,
+        _U32.pack(len(last_entry)), last_entry,
+        _U32.pack(n), struct.pack(f"<{n}I", *map(len, piggybacked_entries)), *piggybacked_entries,
     ])
 
 
@@ -458,7 +462,19 @@ def decode_lac_answer(body: Buffer) -> LacAnswer:
     message = r.text(m)
     (n,) = r.take(_U32)
     last_entry = r.bytes_(n)
-    return LacAnswer(status, lac, last_entry_id, bool(fenced), message, last_entry, r.rest())
+    (count,) = r.take(_U32)
+    if count * 4 > r.end - r.pos:
+        raise FrameError(f"lac answer: {count} piggybacked entries announced, {r.end - r.pos} bytes left")
+    sizes = r.ints("I", count, 4)
+    blob = r.rest()
+    if sum(sizes) != len(blob):
+        raise FrameError(f"lac answer: sizes add up to {sum(sizes)} bytes, entries hold {len(blob)}")
+    entries: list[Buffer] = []
+    start = 0
+    for size in sizes:
+        entries.append(blob[start:start + size])
+        start += size
+    return LacAnswer(status, lac, last_entry_id, bool(fenced), message, last_entry, tuple(entries))
 
 
 class FrameReader:

@@ -192,7 +192,7 @@ class ReadRangeResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., first_entry_id: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., message: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., packed_entries: _Optional[bytes] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "flags", "master_key", "long_poll", "previous_lac", "timeout_ms", "piggyback_entry")
+    __slots__ = ("ledger_id", "flags", "master_key", "long_poll", "previous_lac", "timeout_ms", "piggyback_entry", "piggyback_entries_max")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class ReadLacRequest(_message.Message):
     PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PIGGYBACK_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    PIGGYBACK_ENTRIES_MAX_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     flags: int
     master_key: bytes
@@ -207,10 +208,11 @@ class ReadLacRequest(_message.Message):
     previous_lac: int
     timeout_ms: int
     piggyback_entry: bool
-    def __init__(self, ledger_id: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., long_poll: _Optional[bool] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., piggyback_entry: _Optional[bool] = ...) -> None: ...
+    piggyback_entries_max: int
+    def __init__(self, ledger_id: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., long_poll: _Optional[bool] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., piggyback_entry: _Optional[bool] = ..., piggyback_entries_max: _Optional[int] = ...) -> None: ...
 
 class ReadLacResponse(_message.Message):
-    __slots__ = ("status", "lac", "last_entry_id", "last_entry", "piggybacked_entry", "fenced", "message")
+    __slots__ = ("status", "lac", "last_entry_id", "last_entry", "piggybacked_entry", "fenced", "message", "piggybacked_entries")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +220,7 @@ class ReadLacResponse(_message.Message):
     PIGGYBACKED_ENTRY_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PIGGYBACKED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     status: Status
     lac: int
     last_entry_id: int
@@ -225,17 +228,20 @@ class ReadLacResponse(_message.Message):
     piggybacked_entry: bytes
     fenced: bool
     message: str
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., lac: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., last_entry: _Optional[bytes] = ..., piggybacked_entry: _Optional[bytes] = ..., fenced: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    piggybacked_entries: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., lac: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., last_entry: _Optional[bytes] = ..., piggybacked_entry: _Optional[bytes] = ..., fenced: _Optional[bool] = ..., message: _Optional[str] = ..., piggybacked_entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class WriteLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "lac", "master_key")
+    __slots__ = ("ledger_id", "lac", "master_key", "hint_only")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    HINT_ONLY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     lac: int
     master_key: bytes
-    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    hint_only: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., master_key: _Optional[bytes] = ..., hint_only: _Optional[bool] = ...) -> None: ...
 
 class WriteLacResponse(_message.Message):
     __slots__ = ("status", "message")

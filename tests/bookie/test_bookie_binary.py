@@ -282,3 +282,15 @@ def test_tls_hook_serves_the_binary_path_over_tls(tmp_path: Path) -> None:
         assert status == Status.OK and got == pack_entry(Crc32cDigest(), 15, 0, -1, 0, b"secret") and used == "binary"
     finally:
         h.close()
+
+
+def test_long_poll_carries_the_confirmed_entries_and_none_beyond_the_lac(harness: Harness) -> None:
+    frames, _ = harness.run(harness.exchange(add_frame(30, [0, 1, 2, 3, 4])))  # entry 4 carries lac 3
+    assert [a.status for hd, body in frames if hd.type == FrameType.ADD_ACK for a in wire.decode_add_ack(body)] == [0]
+    poll, _ = harness.run(harness.exchange(b(wire.encode_read_lac(8, 30, wire.LAC_LONG_POLL, 0, 1000, b"", 8))))
+    answer = wire.decode_lac_answer(poll[-1][1])
+    assert (answer.status, answer.lac) == (0, 3)
+    expected = [pack_entry(Crc32cDigest(), 30, e, e - 1, 0, b"x" * 10) for e in (1, 2, 3)]
+    assert [bytes(e) for e in answer.piggybacked_entries] == expected
+    plain, _ = harness.run(harness.exchange(b(wire.encode_read_lac(9, 30, wire.LAC_LONG_POLL, 0, 1000, b""))))
+    assert wire.decode_lac_answer(plain[-1][1]).piggybacked_entries == ()  # none asked, none sent

@@ -265,6 +265,50 @@ async def test_long_poll_returns_when_lac_advances_with_the_piggybacked_entry(ma
     assert timed.status == Status.OK and timed.lac == 1
 
 
+async def test_long_poll_carries_the_newly_confirmed_entries_and_none_beyond_the_lac(make_bookie) -> None:
+    """``piggyback_entries_max``: the answer brings previous_lac + 1 .. LAC (at most the
+    max); entries stored but not confirmed stay out, whatever the max allows."""
+    bk = await make_bookie()
+    await send(bk.stub, [[add(22, i) for i in range(6)]])  # stored 0..5; entry 5 carries lac 4
+
+    def poll(previous: int, entries_max: int) -> Any:
+        return bk.stub.ReadLac(pb.ReadLacRequest(
+            ledger_id=22, long_poll=True, previous_lac=previous, timeout_ms=5000, piggyback_entry=True,
+            piggyback_entries_max=entries_max))
+
+    resp = await asyncio.wait_for(poll(0, 64), 5)
+    assert resp.status == Status.OK and resp.lac == 4 and resp.last_entry_id == 5
+    assert list(resp.piggybacked_entries) == [entry(22, i) for i in (1, 2, 3, 4)]  # not 5: unconfirmed
+    assert resp.piggybacked_entry == b""
+    capped = await asyncio.wait_for(poll(1, 2), 5)
+    assert list(capped.piggybacked_entries) == [entry(22, 2), entry(22, 3)]
+    one = await asyncio.wait_for(poll(3, 0), 5)  # an older client: one entry, the old field
+    assert one.piggybacked_entry == entry(22, 4) and not one.piggybacked_entries
+    # The writer's explicit LAC confirms 5: the waiting poll answers with it.
+    waiting = asyncio.ensure_future(poll(4, 64))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert (await bk.stub.WriteLac(pb.WriteLacRequest(ledger_id=22, lac=5, master_key=KEY))).status == Status.OK
+    resp = await asyncio.wait_for(waiting, 5)
+    assert resp.lac == 5 and list(resp.piggybacked_entries) == [entry(22, 5)]
+
+
+async def test_a_hint_only_lac_wakes_long_polls_and_checks_the_key(make_bookie) -> None:
+    bk = await make_bookie()
+    await send(bk.stub, [[add(23, 0), add(23, 1)]])  # lac 0
+    waiting = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(
+        ledger_id=23, long_poll=True, previous_lac=0, timeout_ms=5000, piggyback_entries_max=8)))
+    hint = pb.WriteLacRequest(ledger_id=23, lac=1, master_key=KEY, hint_only=True)
+    assert (await bk.stub.WriteLac(hint)).status == Status.OK
+    resp = await asyncio.wait_for(waiting, 5)
+    assert resp.lac == 1 and list(resp.piggybacked_entries) == [entry(23, 1)]
+    wrong = pb.WriteLacRequest(ledger_id=23, lac=1, master_key=master_key(b"other"), hint_only=True)
+    assert (await bk.stub.WriteLac(wrong)).status == Status.UNAUTHORIZED
+    unknown = pb.WriteLacRequest(ledger_id=24, lac=3, master_key=KEY, hint_only=True)
+    assert (await bk.stub.WriteLac(unknown)).status == Status.NO_SUCH_LEDGER  # a hint creates nothing
+    assert (await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=24))).status == Status.NO_SUCH_LEDGER
+
+
 async def test_write_lac_and_bookie_info(make_bookie) -> None:
     bk = await make_bookie()
     await send(bk.stub, [[add(21, 0)]])

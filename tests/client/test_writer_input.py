@@ -40,7 +40,7 @@ from scriba.meta.store import MetadataStore
 BOOKIES = ("bk0", "bk1", "bk2", "bk3")
 CONFIG = ClientConfig(
     add_timeout_s=2.0, bookie_wait_s=2.0,
-    driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, explicit_lac_delay_s=0),
+    driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, explicit_lac_delay_s=None),
 )
 NOT_BYTES_LIKE = [None, "text", 12, 1.5, ["a"], object()]
 CRC32C_OVERHEAD = HEADER_SIZE + 4
@@ -212,7 +212,7 @@ async def test_appends_waiting_for_room_hold_a_copy() -> None:
         store.uri, store=store, transport=the_env.bookies,  # type: ignore[arg-type]
         config=ClientConfig(
             add_timeout_s=2.0, bookie_wait_s=2.0,
-            driver=DriverConfig(explicit_lac_delay_s=0),
+            driver=DriverConfig(explicit_lac_delay_s=None),
             write=WriteConfig(entries_inflight_max=1),
         ),
     )

@@ -2,7 +2,8 @@
 
     python rsm_replica_proc.py URI NAMESPACE REPLICA_ID ADDRESS TRACE_FILE MACHINE [CONFIG_JSON]
 
-MACHINE is ``counter`` or ``register``. Every apply is appended to TRACE_FILE as one
+MACHINE is ``counter`` or ``register``; CONFIG_JSON holds ``RsmConfig`` fields and
+optionally ``session_timeout_s`` (the metadata session's, default 2 s). Every apply is appended to TRACE_FILE as one
 JSON line ``[position, command, state digest]`` (flushed), so the test can check
 convergence after SIGKILLs. Prints ``READY`` once started; exits 3 with the error
 on stderr if the replica stops on an error.
@@ -65,7 +66,7 @@ class Traced:
 
 async def main(uri: str, namespace: str, replica_id: str, address: str, trace_path: str, machine: str, config: dict[str, Any]) -> int:
     configure(stream=sys.stderr)  # stdout carries READY only
-    store = await connect(uri, session_timeout_s=2.0)
+    store = await connect(uri, session_timeout_s=float(config.pop("session_timeout_s", 2.0)))
     client = await Client.connect(uri, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
     with open(trace_path, "a") as trace:  # noqa: ASYNC230 - opened once at start, before serving
         rsm = ReplicatedStateMachine(client, namespace=namespace, name=machine, state_machine=Traced(trace, machine == "register"),

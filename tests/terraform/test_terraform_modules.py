@@ -184,7 +184,7 @@ output "scripts" {
     bookie = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_ssm),
       templatefile("${local.t}/bookie.sh.tftpl", { bookie_id = "z.r.1", region = "r", zone = "z", rack = "r",
         journal_volume_id = "vol-1", ledger_volume_id = "vol-2", metadata_uri = "etcd://10.0.0.10:2379/s",
-        bookie_port = 3181, http_port = 8000, scriba_package = "scriba", pip_index_args = "",
+        bookie_port = 3181, binary_port = 3182, http_port = 8000, scriba_package = "scriba", pip_index_args = "",
         topology_b64 = "e30=", extra_args = "" })])
     etcd = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_pem),
       templatefile("${local.t}/etcd.sh.tftpl", local.member)])

@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from scriba.bookie.memory_storage import InMemoryLedgerStorage
-from scriba.bookie.storage_api import AddOp
+from scriba.bookie.storage_api import AddOp, long_poll_entries
 from scriba.client.client import Client, ClientConfig
 from scriba.client.transport import AddCallback, BookieInfo, LacResult
-from scriba.errors import ScribaError, Status, UnavailableError
+from scriba.errors import Status, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.meta.records import BookieRegistration, bookie_key
@@ -119,19 +119,24 @@ class StorageTransport:
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entry: bool = True,
+        wait_s: float, piggyback_entries_max: int = 1,
     ) -> LacResult:
         storage = self._storage(bookie_id)
-        try:
-            state = await storage.wait_lac(ledger_id, previous_lac, wait_s)
-        except ScribaError:
-            raise
-        return LacResult(EntryId(state.lac), EntryId(state.last_entry_id), fenced=state.fenced)
+        state = await storage.wait_lac(ledger_id, previous_lac, wait_s)
+        entries = long_poll_entries(storage, ledger_id, previous_lac, state.lac, piggyback_entries_max, 1 << 20)
+        return LacResult(EntryId(state.lac), EntryId(state.last_entry_id), fenced=state.fenced,
+                         piggybacked_entries=tuple(entries))
 
     async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
     ) -> None:
-        await self._storage(bookie_id).write_lac(ledger_id, lac, master_key)
+        storage = self._storage(bookie_id)
+        if hint_only:
+            await asyncio.sleep(0)
+            storage.note_lac(ledger_id, lac, master_key)
+        else:
+            await storage.write_lac(ledger_id, lac, master_key)
 
     async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo:
         storage = self._storage(bookie_id)

@@ -24,6 +24,7 @@ locals {
         ledger_volume_id  = aws_ebs_volume.node["${id}/ledger"].id
         metadata_uri      = local.metadata_uri
         bookie_port       = var.bookie_port
+        binary_port       = var.bookie_binary_port
         http_port         = var.http_port
         scriba_package    = var.scriba_package
         pip_index_args    = local.pip_index_args

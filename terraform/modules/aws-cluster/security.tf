@@ -1,5 +1,6 @@
 # Security groups: each opens only what its role serves.
-#   bookies:  gRPC (bookie_port) from client_cidrs and from other bookies;
+#   bookies:  gRPC (bookie_port) and the binary data path (bookie_binary_port) from
+#             client_cidrs and from other bookies;
 #             HTTP (http_port: /health, /metrics) from admin_cidrs; SSH from ssh_cidrs
 #   metadata: client port from the bookies and client_cidrs; peer port(s) from members;
 #             SSH from ssh_cidrs
@@ -23,6 +24,8 @@ locals {
   ingress_rules = merge(
     { for c in local.client_cidrs : "bookie-grpc-${c}" => { sg = "bookie", port = var.bookie_port, cidr = c, source = null, what = "bookie gRPC from clients" } },
     { "bookie-grpc-bookies" = { sg = "bookie", port = var.bookie_port, cidr = null, source = "bookie", what = "bookie gRPC from bookies" } },
+    { for c in local.client_cidrs : "bookie-binary-${c}" => { sg = "bookie", port = var.bookie_binary_port, cidr = c, source = null, what = "bookie binary data path from clients" } },
+    { "bookie-binary-bookies" = { sg = "bookie", port = var.bookie_binary_port, cidr = null, source = "bookie", what = "bookie binary data path from bookies" } },
     { for c in local.admin_cidrs : "bookie-http-${c}" => { sg = "bookie", port = var.http_port, cidr = c, source = null, what = "bookie HTTP admin and metrics" } },
     { for c in local.client_cidrs : "metadata-client-${c}" => { sg = "metadata", port = local.metadata_ports.client, cidr = c, source = null, what = "${var.metadata_store} clients" } },
     { "metadata-client-bookies" = { sg = "metadata", port = local.metadata_ports.client, cidr = null, source = "bookie", what = "${var.metadata_store} clients: bookies" } },

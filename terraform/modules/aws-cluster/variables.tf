@@ -197,6 +197,18 @@ variable "bookie_port" {
   }
 }
 
+variable "bookie_binary_port" {
+  description = "Bookies' binary data-path port (adds and reads; clients prefer it and fall back to gRPC)."
+  type        = number
+  default     = 3182
+  nullable    = false
+
+  validation {
+    condition     = var.bookie_binary_port >= 1024 && var.bookie_binary_port <= 65535 && var.bookie_binary_port != var.bookie_port && var.bookie_binary_port != var.http_port
+    error_message = "bookie_binary_port: 1024-65535, not bookie_port and not http_port."
+  }
+}
+
 variable "http_port" {
   description = "Bookies' HTTP port (/health and /metrics)."
   type        = number

@@ -62,7 +62,7 @@ run "three_zones" {
     error_message = "a bookie runs in its rack's placement group"
   }
   assert {
-    condition     = sort(keys(aws_vpc_security_group_ingress_rule.this)) == sort(["bookie-grpc-10.42.0.0/16", "bookie-grpc-bookies", "bookie-http-10.42.0.0/16", "metadata-client-10.42.0.0/16", "metadata-client-bookies", "metadata-peer-2380"])
+    condition     = sort(keys(aws_vpc_security_group_ingress_rule.this)) == sort(["bookie-binary-10.42.0.0/16", "bookie-binary-bookies", "bookie-grpc-10.42.0.0/16", "bookie-grpc-bookies", "bookie-http-10.42.0.0/16", "metadata-client-10.42.0.0/16", "metadata-client-bookies", "metadata-peer-2380"])
     error_message = "ingress rules: ${jsonencode(keys(aws_vpc_security_group_ingress_rule.this))}"
   }
   assert {
@@ -82,7 +82,7 @@ run "three_zones" {
     error_message = "metadata members at fixed addresses, one per zone"
   }
   assert {
-    condition     = strcontains(aws_instance.node["eu-west-1c.rack-1.1"].user_data, "--id eu-west-1c.rack-1.1 --region eu-west-1 --zone eu-west-1c --rack rack-1")
+    condition     = strcontains(aws_instance.node["eu-west-1c.rack-1.1"].user_data, "--id eu-west-1c.rack-1.1 --region eu-west-1 --zone eu-west-1c --rack rack-1") && strcontains(aws_instance.node["eu-west-1c.rack-1.1"].user_data, "--listen 0.0.0.0:3181 --binary-port 3182 ")
     error_message = "the bookie starts with its location from the topology"
   }
   assert {
@@ -145,9 +145,9 @@ run "five_zones_zookeeper" {
     condition     = length(toset([for m in [for i in aws_instance.node : i if i.tags["scriba:role"] == "metadata"] : m.subnet_id])) == 5
     error_message = "the 5 members are in 5 zones"
   }
-  # grpc x2, http, zk client x2, zk peer 2888 + election 3888, ssh x2
+  # grpc x2, binary x2, http, zk client x2, zk peer 2888 + election 3888, ssh x2
   assert {
-    condition     = length(aws_vpc_security_group_ingress_rule.this) == 9 && contains(keys(aws_vpc_security_group_ingress_rule.this), "metadata-peer-3888") && contains(keys(aws_vpc_security_group_ingress_rule.this), "bookie-ssh-192.0.2.0/24")
+    condition     = length(aws_vpc_security_group_ingress_rule.this) == 11 && contains(keys(aws_vpc_security_group_ingress_rule.this), "metadata-peer-3888") && contains(keys(aws_vpc_security_group_ingress_rule.this), "bookie-ssh-192.0.2.0/24")
     error_message = "ingress rules: ${jsonencode(keys(aws_vpc_security_group_ingress_rule.this))}"
   }
   assert {
@@ -242,6 +242,14 @@ run "refused_shape_and_settings" {
     var.zones, var.metadata_members, var.ssh_cidrs, var.journal_volume, var.ledger_volume,
     var.cluster_name, var.bookie_port, var.vpc_cidr, var.tls,
   ]
+}
+
+run "refused_binary_port_on_the_grpc_port" {
+  command = plan
+  variables {
+    bookie_binary_port = 3181
+  }
+  expect_failures = [var.bookie_binary_port]
 }
 
 run "refused_one_member_two_tls_keys_subnets_without_vpc" {

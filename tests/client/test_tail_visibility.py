@@ -1,0 +1,245 @@
+"""Tailing a ledger: the long poll's answer carries the newly confirmed entries, and the
+writer pushes a confirmed LAC that no later entry carries (in-process bookies, memory://).
+
+- ``LedgerReader.tail`` delivers the entries a long poll brings without another read,
+  and never one beyond the LAC of that answer, whatever a bookie sends (negative
+  control: a transport that piggybacks stored but unconfirmed entries);
+- ``piggybacked`` checks each entry (digest, ids) and stops at the first bad one;
+- the writer pushes its LAC explicitly only when no entry packed since the confirmation
+  carries it (``explicit_lac_delay_s``; ``None``: never).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from scriba.bookie.storage_api import AddOp
+from scriba.client import Client, ClientConfig
+from scriba.client.driver import DriverConfig
+from scriba.client.reader import piggybacked
+from scriba.client.transport import LacResult
+from scriba.entry import make_digest, pack_entry
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.meta.connect import connect
+from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.waiting import eventually
+
+BOOKIES = ["bk0", "bk1", "bk2"]
+
+
+def config(explicit_lac_delay_s: float | None = 0.0) -> ClientConfig:
+    return ClientConfig(
+        add_timeout_s=2.0, bookie_wait_s=2.0,
+        driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=0.2,
+                            explicit_lac_delay_s=explicit_lac_delay_s),
+    )
+
+
+class CountingTransport(StorageTransport):
+    """Counts explicit LAC pushes; with ``lie``, a long poll piggybacks every stored entry
+    after ``previous_lac`` (as a broken bookie would), confirmed or not."""
+
+    def __init__(self, bookie_ids: list[str], *, lie: bool = False, push_delay_s: float = 0.0) -> None:
+        super().__init__(bookie_ids)
+        self.lie = lie
+        self.push_delay_s = push_delay_s  # a slow network for the LAC pushes
+        self.lac_pushes: list[tuple[BookieId, int]] = []
+        self.durable_lacs = 0  # write_lac calls without hint_only
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes, *, hint_only: bool = False,
+    ) -> None:
+        if hint_only:
+            self.lac_pushes.append((bookie_id, lac))
+            await asyncio.sleep(self.push_delay_s)
+        else:
+            self.durable_lacs += 1
+        await super().write_lac(bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        result = await super().long_poll_lac(
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+        if not self.lie:
+            return result
+        storage = self._storage(bookie_id)
+        stored = storage.read_range(ledger_id, previous_lac + 1, result.last_entry_id, 1000, 1 << 20) \
+            if result.last_entry_id > previous_lac else []
+        return LacResult(result.lac, result.last_entry_id, fenced=result.fenced, piggybacked_entries=tuple(stored))
+
+
+async def open_client(transport: StorageTransport, cfg: ClientConfig) -> Client:
+    uri = f"memory://tail-{uuid.uuid4().hex}"
+    store = await connect(uri)
+    await register_bookies(store, BOOKIES)
+    return await Client.connect(uri, store=store, transport=transport, config=cfg)
+
+
+@pytest.fixture
+async def counting() -> AsyncIterator[tuple[Client, CountingTransport]]:
+    transport = CountingTransport(BOOKIES)
+    client = await open_client(transport, config())
+    yield client, transport
+    await client.close()
+    await client.store.close()
+
+
+async def test_tail_takes_the_entries_from_the_long_poll_answer(counting: tuple[Client, CountingTransport]) -> None:
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    r = await client.open_ledger(w.ledger_id, recovery=False)
+    tail = r.tail(0)
+    reads = transport.range_reads + transport.entry_reads
+    for i in range(20):  # one at a time: each confirmed, pushed, then waited for by the tail
+        await w.append(b"e%d" % i)
+        entry = await asyncio.wait_for(anext(tail), 10)
+        assert (entry.entry_id, entry.payload) == (i, b"e%d" % i)
+    assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long poll carried"
+    await w.close()
+    async with asyncio.timeout(10):
+        assert [e async for e in tail] == []
+
+
+async def test_the_tail_never_delivers_an_entry_beyond_the_lac_whatever_a_bookie_sends() -> None:
+    """Negative control of the LAC rule: the bookies piggyback stored but unconfirmed
+    entries (5 and 6 of a ledger confirmed up to 4); the tail delivers 0..4 and ends at
+    the close, never 5 or 6."""
+    transport = CountingTransport(BOOKIES, lie=True)
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        r = await client.open_ledger(w.ledger_id, recovery=False)
+        tail = r.tail(0)
+        got = []
+        for i in range(5):
+            await w.append(b"ok%d" % i)
+            got.append((await asyncio.wait_for(anext(tail), 10)).entry_id)
+        digest = make_digest("crc32c", b"")
+        for eid in (5, 6):  # as if sent by the writer, never confirmed (no ack quorum seen)
+            data = pack_entry(digest, w.ledger_id, eid, 4, 100, b"unconfirmed")
+            for b in BOOKIES:
+                await transport.storages[BookieId(b)].add_batch([AddOp(w.ledger_id, eid, w._master_key, data)])
+        await w.close()  # closes at its LAC: 4
+        async with asyncio.timeout(10):
+            got += [e.entry_id async for e in tail]
+        assert got == [0, 1, 2, 3, 4]
+    finally:
+        await client.close()
+        await client.store.close()
+
+
+def test_piggybacked_entries_are_checked_one_by_one() -> None:
+    digest = make_digest("crc32c", b"")
+    lid = LedgerId(7)
+
+    def packed(eid: int, ledger: int = 7) -> bytes:
+        return pack_entry(digest, ledger, eid, eid - 1, 10 * eid, b"p%d" % eid)
+
+    def ids(lac: int, *entries: bytes, first: int = 3) -> list[int]:
+        result = LacResult(EntryId(lac), EntryId(9), piggybacked_entries=entries)
+        return [e.entry_id for e in piggybacked(result, lid, first, digest)]
+
+    assert ids(5, packed(3), packed(4), packed(5)) == [3, 4, 5]
+    assert ids(4, packed(3), packed(4), packed(5)) == [3, 4]  # 5 is beyond the answer's LAC
+    assert ids(5, packed(4), packed(5)) == []  # not the entry asked for
+    assert ids(5, packed(3), packed(4, ledger=8), packed(5)) == [3]  # another ledger's entry
+    corrupt = bytearray(packed(4))
+    corrupt[-1] ^= 1
+    assert ids(5, packed(3), bytes(corrupt), packed(5)) == [3]  # a bad digest stops it
+    assert ids(5) == []
+
+
+async def test_the_writer_pushes_an_lac_no_later_entry_carries(counting: tuple[Client, CountingTransport]) -> None:
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    await w.append(b"alone")
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {0}, what="the LAC pushed")
+    for b in BOOKIES:
+        assert transport.storages[BookieId(b)].lac_state(w.ledger_id).lac == 0
+    assert transport.durable_lacs == 0  # a hint: raised in the bookies' memory, not journaled
+    await w.close()
+
+
+async def test_no_push_while_each_confirmation_is_carried_by_the_next_entry(
+    counting: tuple[Client, CountingTransport],
+) -> None:
+    """Appends chained from each confirmation: every new entry carries the LAC, so only
+    the last confirmation (nothing after it) is pushed."""
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    done = asyncio.get_running_loop().create_future()
+    count = 200
+
+    def next_append(future: asyncio.Future[Any]) -> None:
+        if future.result() + 1 < count:
+            w.append_async(b"x").add_done_callback(next_append)
+        elif not done.done():
+            done.set_result(None)
+
+    w.append_async(b"x").add_done_callback(next_append)
+    await asyncio.wait_for(done, 30)
+    await eventually(lambda: bool(transport.lac_pushes), what="the last LAC pushed")
+    assert {lac for _, lac in transport.lac_pushes} == {count - 1}
+    await w.close()
+
+
+async def test_no_push_when_disabled() -> None:
+    transport = CountingTransport(BOOKIES)
+    client = await open_client(transport, config(explicit_lac_delay_s=None))
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        for i in range(5):
+            await w.append(b"%d" % i)
+        await w.close()
+        assert transport.lac_pushes == []
+    finally:
+        await client.close()
+        await client.store.close()
+
+
+async def test_the_last_entry_before_a_close_reaches_a_tail_without_waiting_out_its_poll() -> None:
+    """Appended, then closed at once: the push still goes out (closing), so the tail gets
+    the entry long before its 30 s poll would time out and show the close."""
+    transport = CountingTransport(BOOKIES)
+    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                       driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=30.0))
+    client = await open_client(transport, cfg)
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        r = await client.open_ledger(w.ledger_id, recovery=False)
+        tail = r.tail(0)
+        first = asyncio.ensure_future(anext(tail))
+        await w.append(b"last")
+        await w.close()
+        entry = await asyncio.wait_for(first, 10)
+        assert (entry.entry_id, entry.payload) == (0, b"last")
+        await tail.aclose()
+    finally:
+        await client.close()
+        await client.store.close()
+
+
+async def test_close_returns_once_the_last_lac_reached_the_bookies() -> None:
+    """A writer process may exit right after ``close``: its last push must have landed by
+    then (here pushes take 0.2 s; close waits up to long_poll_s), or tailing readers wait
+    out their long poll."""
+    transport = CountingTransport(BOOKIES, push_delay_s=0.2)
+    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                       driver=DriverConfig(read_timeout_s=5.0, metadata_timeout_s=5.0, long_poll_s=10.0))
+    client = await open_client(transport, cfg)
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        for i in range(3):
+            await w.append(b"%d" % i)
+        await w.close()
+        assert [transport.storages[BookieId(b)].lac_state(w.ledger_id).lac for b in BOOKIES] == [2, 2, 2]
+    finally:
+        await client.close()
+        await client.store.close()
