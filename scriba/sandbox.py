@@ -7,9 +7,13 @@ round-robin over the regions first; the default bookie count is then one per zon
 ``--inter-region-latency-ms MS`` puts MS of latency each way between clients, taken to
 run in ``region-1``, and every other region's bookies, through the fault proxy:
 :mod:`scriba.embedded.fault_proxy`),
-starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
-writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
-PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
+starts the web console (``scriba console``, as a process; ``--no-console`` skips it)
+and an autorecovery process (``scriba autorecovery run``: the elected auditor and one
+replication worker, as BookKeeper's standalone runs autorecovery beside its bookies;
+``--autorecovery-delay-s`` sets how long a bookie may be gone before its ledgers are
+re-replicated, ``--no-autorecovery`` skips it), writes ``DIR/sandbox.json`` (metadata
+URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID; the
+autorecovery process's id and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -42,21 +46,27 @@ import fcntl
 import hashlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S as AUTORECOVERY_DELAY_S
 from scriba.embedded.process import ServerStartError, python_module_argv
+from scriba.embedded.sandbox_children import (
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    start_autorecovery,
+    start_console,
+    stop_child,
+)
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
 from scriba.shell import SANDBOX_DIR_DEFAULT, SANDBOX_FILE
@@ -70,8 +80,6 @@ BOOKIES_DEFAULT = 4
 BOOKIES_MAX = 32
 ZONES_MAX = 26
 REGIONS_MAX = 9
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
 
 
@@ -92,6 +100,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    autorecovery_delay_s: float | None = AUTORECOVERY_DELAY_S  # lost-bookie delay; None: no autorecovery
     tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
     inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
 
@@ -102,6 +111,8 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        if self.autorecovery_delay_s is not None and self.autorecovery_delay_s < 0:
+            raise ConfigError(f"--autorecovery-delay-s: {self.autorecovery_delay_s} is below 0")
         if self.inter_region_latency_ms < 0:
             raise ConfigError(f"--inter-region-latency-ms: {self.inter_region_latency_ms} must be >= 0")
         if self.inter_region_latency_ms > 0 and self.regions < 2:
@@ -219,6 +230,7 @@ class Sandbox:
         self.etcd: Any = None
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
+        self.autorecovery: tuple[subprocess.Popen[bytes], str] | None = None  # (process, its id)
         self.metadata_uri = options.metadata or ""
         self.pki: Any = None  # SandboxPki with --tls
         self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
@@ -232,6 +244,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids.append((doc.get("autorecovery") or {}).get("pid"))  # likewise
         pids.append((doc.get("region_latency") or {}).get("pid"))
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
@@ -329,6 +342,13 @@ class Sandbox:
 
             tls_args = tls_argv(self.pki.server_tls(self.pki.admin)) if self.pki is not None else []
             self.console = start_console(self.metadata_uri, self.options.console, self.data_dir, tls_args)
+        if self.options.autorecovery_delay_s is not None:
+            from scriba.embedded.bookie import tls_argv
+
+            # the operator's certificate: it reads every ledger and adds recovery copies
+            tls_args = tls_argv(self.pki.client_tls(self.pki.admin)) if self.pki is not None else []
+            self.autorecovery = start_autorecovery(self.metadata_uri, self.options.autorecovery_delay_s,
+                                                   self.data_dir, tls_args)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -353,6 +373,10 @@ class Sandbox:
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            "autorecovery": None if self.autorecovery is None else {
+                "id": self.autorecovery[1], "pid": self.autorecovery[0].pid,
+                "delay_s": self.options.autorecovery_delay_s,
+            },
             **(self.pki.describe() if self.pki is not None else {}),
             "region_latency": None if self.latency is None else self.latency.describe(),
             "bookies": [
@@ -380,8 +404,9 @@ class Sandbox:
         """Stop every process this sandbox started (bookies first, then etcd), waiting for each."""
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / SANDBOX_FILE).unlink()
-        if self.console is not None:
-            _stop_process(self.console[0])
+        for child in (self.autorecovery, self.console):  # before the bookies: none of them is "lost"
+            if child is not None:
+                stop_child(child[0])
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -401,35 +426,6 @@ def _running(process: Any) -> bool:
         return running
     pid = getattr(process, "pid", None)
     return pid is not None and _pid_alive(pid)
-
-
-def start_console(metadata_uri: str, listen: str, data_dir: Path,
-                  tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
-    """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
-    with open(data_dir / "console.log", "ab") as log_file:
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
-                                 cwd=data_dir)
-    pipe = child.stdout
-    if pipe is None:  # cannot happen with stdout=PIPE; keeps the type checker sure of it
-        raise ServerStartError("the console's stdout is not a pipe")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while (left := deadline - time.monotonic()) > 0 and child.poll() is None:
-        if select.select([pipe], [], [], left)[0]:
-            line = pipe.readline().decode(errors="replace").strip()
-            if line.startswith("console: "):
-                return child, line.removeprefix("console: ")
-    _stop_process(child)
-    raise ServerStartError(f"the console did not start on {listen} (log {data_dir / 'console.log'})")
-
-
-def _stop_process(child: subprocess.Popen[bytes]) -> None:
-    child.terminate()
-    try:
-        child.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
 
 
 def _stop_quietly(process: Any) -> None:
@@ -466,6 +462,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
+    p.add_argument("--autorecovery-delay-s", type=float, default=AUTORECOVERY_DELAY_S, metavar="S",
+                   help="the autorecovery process re-replicates a bookie's ledgers once it has been gone "
+                        f"this long (default {AUTORECOVERY_DELAY_S:g}; 0: at once)")
+    p.add_argument("--no-autorecovery", action="store_true",
+                   help="do not start the autorecovery process (auditor + replication worker)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     p.add_argument("--tls", action="store_true",
                    help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
@@ -484,7 +485,8 @@ def run(args: argparse.Namespace) -> int:
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
                              console=None if args.no_console else args.console, tls=args.tls,
-                             inter_region_latency_ms=args.inter_region_latency_ms)
+                             inter_region_latency_ms=args.inter_region_latency_ms,
+                             autorecovery_delay_s=None if args.no_autorecovery else args.autorecovery_delay_s)
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -539,6 +541,9 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     print(f"metadata: {sandbox.metadata_uri}", file=out)
     if sandbox.console is not None:
         print(f"console:  {sandbox.console[1]}", file=out)
+    if sandbox.autorecovery is not None:
+        print(f"autorecovery: auditor + worker ({sandbox.autorecovery[1]}), a lost bookie re-replicated "
+              f"after {sandbox.options.autorecovery_delay_s:g}s", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     tls = ""
     if sandbox.pki is not None:
@@ -576,6 +581,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if args.tls:
         argv.append("--tls")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
+    argv += (["--no-autorecovery"] if args.no_autorecovery
+             else ["--autorecovery-delay-s", f"{args.autorecovery_delay_s:g}"])
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
