@@ -44,7 +44,7 @@ from scriba.errors import (
     ScribaError,
 )
 from scriba.examples.namenode import edits as e
-from scriba.examples.namenode.blocks import BlockWriter, read_range
+from scriba.examples.namenode.blocks import BlockWriter, block_locations, read_range
 from scriba.examples.namenode.edits import Block
 from scriba.examples.namenode.errors import (
     HdfsError,
@@ -110,6 +110,23 @@ class NameNode:
             raise IllegalArgumentException("scriba_consistency=after needs scriba_after=<position>")
         answer = await self.rsm.read(json.dumps(request).encode(), consistency, after=after)
         return parse_answer(answer)[1]
+
+    async def transfer(self, target: str | None) -> str:
+        """Graceful fail-over: hand the active role to ``target`` (None: the most caught-up
+        live standby); returns the new active's id once the election names it."""
+        if not self.rsm.is_leader:
+            raise StandbyException(f"{self.replica_id} is not active; only the active can hand over its role")
+        standbys = [m for m in await self.rsm.members() if m.replica_id != self.replica_id]
+        if target is None:
+            if not standbys:
+                raise HdfsError(f"{self.replica_id} has no live standby to hand over to")
+            newest = max(standbys, key=lambda m: (Position.parse(m.applied) if m.applied else Position(0, 0, 0),
+                                                 m.replica_id))
+            target = newest.replica_id
+        elif target not in {m.replica_id for m in standbys}:
+            raise HdfsError(f"no live standby {target!r} (live: {sorted(m.replica_id for m in standbys)})")
+        await self.rsm.transfer_leadership(target)
+        return target
 
     async def free(self, blocks: list[Any]) -> None:
         for raw in blocks:
@@ -280,6 +297,16 @@ async def op_open(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.St
     return response
 
 
+async def op_getfileblocklocations(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
+    out = await nn.read({"q": "blocks", "path": path}, p)
+    blocks, size = [Block.from_json(b) for b in out["blocks"]], out["length"]
+    offset, length = p.integer("offset", 0), p.integer("length", size)
+    if offset < 0 or length < 0:
+        raise IllegalArgumentException(f"Invalid value for webhdfs parameter: offset={offset}, length={length} < 0")
+    locations = await block_locations(nn.client, blocks, offset, length)
+    return _json({"BlockLocations": {"BlockLocation": locations}})
+
+
 OPS: Final[dict[tuple[str, str], Handler]] = {
     ("GET", "GETFILESTATUS"): op_getfilestatus,
     ("GET", "LISTSTATUS"): op_liststatus,
@@ -289,6 +316,7 @@ OPS: Final[dict[tuple[str, str], Handler]] = {
     ("GET", "GETHOMEDIRECTORY"): op_gethomedirectory,
     ("GET", "GETSERVERDEFAULTS"): op_getserverdefaults,
     ("GET", "OPEN"): op_open,
+    ("GET", "GETFILEBLOCKLOCATIONS"): op_getfileblocklocations,
     ("PUT", "MKDIRS"): op_mkdirs,
     ("PUT", "RENAME"): op_rename,
     ("PUT", "SETPERMISSION"): op_setpermission,
@@ -314,6 +342,20 @@ def remote_error(exc: BaseException) -> web.Response:
                                     "message": f"{type(exc).__name__}: {exc}"}}
         return web.json_response(body, status=500)
     return web.json_response(error.remote_exception(), status=error.http_status)
+
+
+async def _hadoop_json_compat(rq: web.BaseRequest, response: web.StreamResponse) -> None:
+    """JSON answers to Hadoop's own Java client go without ``Content-Type``.
+
+    Hadoop's ``WebHdfsFileSystem.jsonParse`` checks a Content-Type with JAX-RS's
+    ``MediaType.valueOf``, whose implementation the shaded ``hadoop-client-runtime``
+    (what Spark ships) lacks: every JSON answer, errors included, then fails with
+    ``ClassNotFoundException: ...jersey.internal.RuntimeDelegateImpl``. Without the
+    header the check is skipped and the body parsed as JSON. Other clients (HdfsCLI,
+    fsspec, curl) get the header as usual.
+    """
+    if rq.headers.get("User-Agent", "").startswith("Java/") and response.content_type == "application/json":
+        del response.headers["Content-Type"]
 
 
 def make_app(nn: NameNode) -> web.Application:
@@ -344,11 +386,20 @@ def make_app(nn: NameNode) -> web.Application:
         except Exception as exc:
             return remote_error(exc)
 
+    async def transfer(rq: web.Request) -> web.StreamResponse:
+        try:
+            target = rq.query.get("to") or None
+            return _json({"active": await nn.transfer(target), "previous": nn.replica_id})
+        except Exception as exc:
+            return remote_error(exc)
+
     app = web.Application(client_max_size=1024 ** 3)
+    app.on_response_prepare.append(_hadoop_json_compat)
     app.router.add_route("*", PREFIX, webhdfs)
     app.router.add_route("*", PREFIX + "/{path:.*}", webhdfs)
     app.router.add_get("/scriba/status", status)
     app.router.add_get("/scriba/digest", digest)
+    app.router.add_post("/scriba/ha/transfer", transfer)
     return app
 
 

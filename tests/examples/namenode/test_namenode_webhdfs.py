@@ -243,3 +243,34 @@ def test_standby_reads_after_a_position(namenodes: list[NamenodeProc]) -> None:
     missing = requests.get(f"{standby.url}/webhdfs/v1/after/dir", timeout=30, params={
         "op": "GETFILESTATUS", "scriba_consistency": "after"})
     assert missing.status_code == 400 and "scriba_after" in missing.json()["RemoteException"]["message"]
+
+
+def test_spark_webhdfs_filesystem(namenodes: list[NamenodeProc], spark: Any) -> None:
+    """Spark's own ``webhdfs://`` file system (Hadoop's WebHdfsFileSystem): a DataFrame
+    written through the standby (Spark's output committer: mkdirs, create, rename, delete,
+    _SUCCESS) and read back through the active, byte for byte with HdfsCLI's view of it."""
+    active, standby = ordered(namenodes, active_first=True)
+    rows = [(i, "v" * (i % 7) + str(i)) for i in range(3000)]
+    spark.createDataFrame(rows, "id long, v string").repartition(3).write.mode("overwrite") \
+        .parquet(f"webhdfs://127.0.0.1:{standby.port}/spark/rows.parquet")
+    back = spark.read.parquet(f"webhdfs://127.0.0.1:{active.port}/spark/rows.parquet")
+    assert sorted((r.id, r.v) for r in back.collect()) == rows
+    client = InsecureClient(active.url, user="spark-reader")
+    names = client.list("/spark/rows.parquet")
+    assert "_SUCCESS" in names and not any(n.startswith("_temporary") for n in names), names
+    assert sum(n.startswith("part-") and n.endswith(".parquet") for n in names) == 3, names
+    # files a Python client wrote, read by Spark (several files, one spanning blocks)
+    big = b"".join(f"{i},{'x' * 50}\n".encode() for i in range(40_000))
+    client.write("/spark/in/a.csv", data=b"-1,a\n-2,b\n")
+    client.write("/spark/in/big.csv", data=big, blocksize=BLOCK)
+    assert client.status("/spark/in/big.csv")["length"] > 2 * BLOCK
+    frame = spark.read.csv(f"webhdfs://127.0.0.1:{standby.port}/spark/in", schema="n long, s string")
+    assert frame.count() == 40_002
+    assert sorted(r.n for r in frame.collect()) == [-2, -1, *range(40_000)]
+    # Spark's overwrite of a directory it wrote (delete recursive, then the committer again)
+    spark.createDataFrame([(7,)], "k int").write.mode("overwrite").json(
+        f"webhdfs://127.0.0.1:{active.port}/spark/rows.parquet")
+    assert [r.k for r in spark.read.json(f"webhdfs://127.0.0.1:{standby.port}/spark/rows.parquet").collect()] == [7]
+    missing = f"webhdfs://127.0.0.1:{active.port}/spark/nope"
+    with pytest.raises(Exception, match="Path does not exist"):
+        spark.read.parquet(missing).collect()
