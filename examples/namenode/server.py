@@ -108,6 +108,7 @@ class NameNode:
         after = params.text("scriba_after", "") or None
         if consistency == "after" and after is None:
             raise IllegalArgumentException("scriba_consistency=after needs scriba_after=<position>")
+        request = {**request, "user": params.user}
         answer = await self.rsm.read(json.dumps(request).encode(), consistency, after=after)
         return parse_answer(answer)[1]
 
@@ -181,40 +182,41 @@ async def op_getserverdefaults(nn: NameNode, path: str, p: Params, rq: web.Reque
 
 
 async def op_mkdirs(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.Mkdirs(path, p.permission(0o755), p.user, p.group, _now_ms()))
+    result, pos = await nn.propose(e.Mkdirs(path, p.permission(0o755), p.user, p.group, _now_ms(), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
 async def op_rename(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
     destination = p.text("destination", "")
     split_path(destination)
-    result, pos = await nn.propose(e.Rename(path, destination, _now_ms()))
+    result, pos = await nn.propose(e.Rename(path, destination, _now_ms(), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
 async def op_delete(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.Delete(path, p.flag("recursive", False), _now_ms()))
+    result, pos = await nn.propose(e.Delete(path, p.flag("recursive", False), _now_ms(), user=p.user))
     await nn.free(result["freed"])
     return _json({"boolean": result["deleted"]}, position=pos)
 
 
 async def op_setpermission(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetPermission(path, p.permission(0o755)))
+    _, pos = await nn.propose(e.SetPermission(path, p.permission(0o755), user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_setowner(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetOwner(path, p.text("owner", "") or None, p.text("group", "") or None))
+    _, pos = await nn.propose(e.SetOwner(path, p.text("owner", "") or None, p.text("group", "") or None, user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_settimes(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetTimes(path, p.integer("modificationtime", -1), p.integer("accesstime", -1)))
+    _, pos = await nn.propose(e.SetTimes(path, p.integer("modificationtime", -1), p.integer("accesstime", -1),
+                                        user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_setreplication(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.SetReplication(path, p.integer("replication", 3)))
+    result, pos = await nn.propose(e.SetReplication(path, p.integer("replication", 3), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
@@ -233,7 +235,7 @@ async def op_create(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.
         return _redirect(nn, path, p, rq)
     replication, block_size = p.integer("replication", 3), p.integer("blocksize", Params.BLOCK_SIZE)
     result, _ = await nn.propose(e.Create(path, p.flag("overwrite", False), p.permission(0o644), p.user, p.group,
-                                          replication, block_size, _now_ms()))
+                                          replication, block_size, _now_ms(), user=p.user))
     await nn.free(result["freed"])
     pos = await _upload(nn, path, int(result["file_id"]), replication, block_size, rq)
     return web.Response(status=201, headers={"Location": f"hdfs://{rq.host}{path}", "X-Scriba-Position": str(pos)})
@@ -243,8 +245,8 @@ async def op_append(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.
     if not p.flag("data", False):
         await nn.read({"q": "blocks", "path": path}, p)  # FileNotFoundException before the redirect
         return _redirect(nn, path, p, rq)
-    result, _ = await nn.propose(e.Append(path, _now_ms()))
-    status = await nn.read({"q": "status", "path": path}, Params({}))
+    result, _ = await nn.propose(e.Append(path, _now_ms(), user=p.user))
+    status = await nn.read({"q": "status", "path": path}, p)
     fs = status["FileStatus"]
     pos = await _upload(nn, path, int(result["file_id"]), fs["replication"], fs["blockSize"], rq)
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})

@@ -34,8 +34,10 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 30.0) 
 
 
 class NamenodeProc:
-    def __init__(self, uri: str, replica_id: str, log_dir: Path, namespace: str) -> None:
+    def __init__(self, uri: str, replica_id: str, log_dir: Path, namespace: str,
+                 rsm_config: dict[str, Any] | None = None) -> None:
         self.uri, self.replica_id, self.namespace = uri, replica_id, namespace
+        self.rsm_config = {**RSM_CONFIG, **(rsm_config or {})}
         self.port = free_port()
         self.rsm_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,7 +48,7 @@ class NamenodeProc:
         cmd = [sys.executable, "-m", "scriba.examples.namenode", "serve", "--metadata", self.uri,
                "--id", self.replica_id, "--listen", f"127.0.0.1:{self.port}",
                "--rsm-listen", f"127.0.0.1:{self.rsm_port}", "--namespace", self.namespace,
-               "--session-timeout-s", "2", "--rsm-config", json.dumps(RSM_CONFIG)]
+               "--session-timeout-s", "2", "--rsm-config", json.dumps(self.rsm_config)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ))
         wait_for(f"{self.replica_id} serving", self.status)
@@ -54,7 +56,8 @@ class NamenodeProc:
 
     def status(self) -> dict[str, Any] | None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"{self.replica_id} exited {self.proc.returncode}; log {self.log_path}")
+            tail = self.log_path.read_bytes()[-3000:].decode(errors="replace")
+            raise AssertionError(f"{self.replica_id} exited {self.proc.returncode}; log {self.log_path}:\n{tail}")
         try:
             return dict(requests.get(f"{self.url}/scriba/status", timeout=2).json())
         except requests.RequestException:
@@ -77,6 +80,21 @@ class NamenodeProc:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def open_root(node: NamenodeProc) -> None:
+    """As the superuser, let every user create under ``/`` (a fresh namespace's root is
+    ``hdfs:supergroup 755``, as after HDFS's format)."""
+    answer = requests.put(f"{node.url}/webhdfs/v1/", params={"op": "SETPERMISSION", "permission": "777",
+                                                            "user.name": "hdfs"}, timeout=60)
+    answer.raise_for_status()
+
+
+def haadmin(node: NamenodeProc, *verb: str) -> subprocess.CompletedProcess[str]:
+    """``scriba-namenode haadmin --metadata ... VERB ...`` as a process; its output (pipes closed)."""
+    cmd = [sys.executable, "-m", "scriba.examples.namenode", "haadmin", "--metadata", node.uri,
+           "--namespace", node.namespace, *verb]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
 def active_of(nodes: list[NamenodeProc], timeout_s: float = 30.0) -> NamenodeProc:

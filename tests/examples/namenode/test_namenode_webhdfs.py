@@ -13,6 +13,7 @@ namenode replicas (active + standby), real etcd, real bookies.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import http.client
 import itertools
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, wait_for
+from namenode_procs import NamenodeProc, active_of, open_root, wait_for
 
 from scriba.testing.cluster import BookieCluster
 
@@ -45,7 +46,7 @@ def namenodes(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         bookies.start_bookies(3, zones=["z1", "z2", "z3"])
         nodes = [NamenodeProc(uri, f"nn{i}", base, "nn").start() for i in (1, 2)]
-        active_of(nodes)
+        open_root(active_of(nodes))
         yield nodes
     finally:
         for node in nodes:
@@ -92,12 +93,15 @@ def test_hdfscli_roundtrip(namenodes: list[NamenodeProc], active_first: bool) ->
     client.rename(f"{root}/in", f"{root}/out")
     assert client.status(f"{root}/in", strict=False) is None
     client.set_permission(f"{root}/out/tiny", "600")
-    client.set_owner(f"{root}/out/tiny", owner="bob", group="staff")
+    superuser = InsecureClient(client.url, user="hdfs")
+    superuser.set_owner(f"{root}/out/tiny", owner="bob", group="staff")
     status = client.status(f"{root}/out/tiny")
     assert (status["permission"], status["owner"], status["group"]) == ("600", "bob", "staff")
     with pytest.raises(HdfsError, match="already exists"):
         client.write(f"{root}/out/tiny", data=b"x")
-    client.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
+    with pytest.raises(HdfsError, match="access=WRITE"):  # bob's now, 600: alice may not overwrite it
+        client.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
+    superuser.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
     with client.read(f"{root}/out/tiny") as reader:
         assert reader.read() == b"replaced"
     with pytest.raises(HdfsError, match="non empty"):
@@ -245,6 +249,39 @@ def test_standby_reads_after_a_position(namenodes: list[NamenodeProc]) -> None:
     assert missing.status_code == 400 and "scriba_after" in missing.json()["RemoteException"]["message"]
 
 
+def test_permissions_over_webhdfs(namenodes: list[NamenodeProc]) -> None:
+    """HDFS's AccessControlException, as a Hadoop client expects it (403, RemoteException),
+    for writes (through the standby's forwarding too) and reads; nothing denied is stored."""
+    active, standby = ordered(namenodes, active_first=True)
+    owner = InsecureClient(active.url, user="frank")
+    owner.makedirs("/perm/frank", permission="700")
+    owner.write("/perm/frank/secret", data=b"s3cret")
+    other = InsecureClient(f"{standby.url};{active.url}", user="gina")
+    raw = requests.get(f"{standby.url}/webhdfs/v1/perm/frank/secret", params={"op": "OPEN", "user.name": "gina"},
+                       timeout=30)
+    error = raw.json()["RemoteException"]
+    assert (raw.status_code, error["exception"], error["javaClassName"]) == (
+        403, "AccessControlException", "org.apache.hadoop.security.AccessControlException")
+    assert error["message"] == ('Permission denied: user=gina, access=EXECUTE, '
+                                'inode="/perm/frank":frank:supergroup:drwx------')
+    with pytest.raises(HdfsError, match="Permission denied: user=gina, access=EXECUTE") as denied:
+        other.write("/perm/frank/planted", data=b"x")
+    assert denied.value.exception == "AccessControlException"
+    assert owner.status("/perm/frank/planted", strict=False) is None
+    with pytest.raises(HdfsError, match="access=WRITE"):
+        other.delete("/perm/frank", recursive=True)
+    with pytest.raises(HdfsError, match="gina is not the owner"):
+        other.set_permission("/perm/frank", "777")
+    with pytest.raises(HdfsError, match="non-super user cannot change owner"):
+        owner.set_owner("/perm/frank", owner="gina")
+    assert owner.list("/perm/frank") == ["secret"]
+    owner.set_permission("/perm/frank", "755")  # the owner opens it: reads now pass, writes still not
+    with other.read("/perm/frank/secret") as reader:
+        assert reader.read() == b"s3cret"
+    with pytest.raises(HdfsError, match='access=WRITE, inode="/perm/frank"'):
+        other.write("/perm/frank/planted", data=b"x")
+
+
 def test_spark_webhdfs_filesystem(namenodes: list[NamenodeProc], spark: Any) -> None:
     """Spark's own ``webhdfs://`` file system (Hadoop's WebHdfsFileSystem): a DataFrame
     written through the standby (Spark's output committer: mkdirs, create, rename, delete,
@@ -255,7 +292,7 @@ def test_spark_webhdfs_filesystem(namenodes: list[NamenodeProc], spark: Any) -> 
         .parquet(f"webhdfs://127.0.0.1:{standby.port}/spark/rows.parquet")
     back = spark.read.parquet(f"webhdfs://127.0.0.1:{active.port}/spark/rows.parquet")
     assert sorted((r.id, r.v) for r in back.collect()) == rows
-    client = InsecureClient(active.url, user="spark-reader")
+    client = InsecureClient(active.url, user=getpass.getuser())  # Spark's user: it owns /spark
     names = client.list("/spark/rows.parquet")
     assert "_SUCCESS" in names and not any(n.startswith("_temporary") for n in names), names
     assert sum(n.startswith("part-") and n.endswith(".parquet") for n in names) == 3, names
@@ -274,3 +311,9 @@ def test_spark_webhdfs_filesystem(namenodes: list[NamenodeProc], spark: Any) -> 
     missing = f"webhdfs://127.0.0.1:{active.port}/spark/nope"
     with pytest.raises(Exception, match="Path does not exist"):
         spark.read.parquet(missing).collect()
+    # HDFS's AccessControlException reaches Spark as Hadoop's own exception class
+    private = InsecureClient(active.url, user="hilda")
+    private.makedirs("/spark-private", permission="700")
+    private.write("/spark-private/a.csv", data=b"1,a\n")
+    with pytest.raises(Exception, match=r"org\.apache\.hadoop\.security\.AccessControlException"):
+        spark.read.csv(f"webhdfs://127.0.0.1:{active.port}/spark-private").collect()
