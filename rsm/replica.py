@@ -68,6 +68,7 @@ from scriba.errors import (
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
+from scriba.meta.store import SessionState
 from scriba.rsm import membership as mb
 from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
@@ -165,6 +166,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self._tail_task = self._spawn(self._tail_loop())
         for coro in (self._campaign_loop(), self._watch_leader()):
             self._spawn(coro)
+        self.client.store.session.add_listener(self._on_session)
         self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
         return self
 
@@ -174,7 +176,19 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
             self._stopped = ReplicaStoppedError(f"replica {self.replica_id} was stopped")
         await self._shutdown("stopped")
 
+    def _on_session(self, state: SessionState) -> None:
+        """A new metadata session replaced a LOST one: its ephemerals went with the old one,
+        so publish the member record again (else ``members()`` and transfers miss this
+        replica until its role changes)."""
+        if state is SessionState.CONNECTED and self._stopped is None:
+            self._spawn(self._republish_member())
+
+    async def _republish_member(self) -> None:
+        with contextlib.suppress(ScribaError):
+            await mb.update_member(self.client.store, self.group, self._member())
+
     async def _shutdown(self, reason: str) -> None:
+        self.client.store.session.remove_listener(self._on_session)
         term = self._term
         if term is not None:
             self.role.deposed(term.token, reason)
