@@ -6,7 +6,8 @@ N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
 round-robin over the regions first; the default bookie count is then one per zone),
 starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
 writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
-PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
+PID; the console's URL and PID; with ``--with namenode`` the namenode example's three
+replicas, see :mod:`scriba.embedded.namenode`), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -69,6 +70,7 @@ REGIONS_MAX = 9
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
+SERVICES = ("namenode",)
 
 
 class SandboxBusyError(ScribaError):
@@ -88,6 +90,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    services: tuple[str, ...] = ()  # --with: extra services ("namenode")
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -96,6 +99,9 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        unknown = sorted(set(self.services) - set(SERVICES))
+        if unknown:
+            raise ConfigError(f"--with {', '.join(unknown)}: known services are {', '.join(SERVICES)}")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -206,6 +212,7 @@ class Sandbox:
         self.etcd: Any = None
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
+        self.namenodes: list[Any] = []  # scriba.embedded.namenode.NamenodeChild
         self.metadata_uri = options.metadata or ""
 
     def _reap_orphans(self) -> None:
@@ -217,6 +224,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids += [n.get("pid") for n in doc.get("namenodes", [])]  # run in DIR/namenode-* (their cwd)
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -289,6 +297,12 @@ class Sandbox:
                 f.result()
         if self.options.console:
             self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
+        if "namenode" in self.options.services:
+            from scriba.embedded.namenode import start_namenodes
+
+            print("starting the namenode example (active + 2 standbys) ...", file=out, flush=True)
+            zones = sorted({self.options.location(i)[1] for i in range(max(n, places))})
+            self.namenodes = start_namenodes(self.metadata_uri, self.data_dir, zones, START_TIMEOUT_S)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -313,6 +327,7 @@ class Sandbox:
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            **({"namenodes": _describe_namenodes(self.namenodes)} if self.namenodes else {}),
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -340,6 +355,10 @@ class Sandbox:
             (self.data_dir / SANDBOX_FILE).unlink()
         if self.console is not None:
             _stop_process(self.console[0])
+        if self.namenodes:
+            from scriba.embedded.namenode import stop_namenodes
+
+            stop_namenodes(self.namenodes, STOP_TIMEOUT_S)
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -357,6 +376,12 @@ def _running(process: Any) -> bool:
         return running
     pid = getattr(process, "pid", None)
     return pid is not None and _pid_alive(pid)
+
+
+def _describe_namenodes(children: list[Any]) -> list[dict[str, Any]]:
+    from scriba.embedded.namenode import describe
+
+    return describe(children)
 
 
 def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -418,6 +443,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
+    p.add_argument("--with", dest="services", action="append", default=[], choices=SERVICES, metavar="SERVICE",
+                   help="also start SERVICE: namenode (the WebHDFS namenode example, an active and two "
+                        "standbys over the zones, listed in sandbox.json)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
@@ -433,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console)
+                             console=None if args.no_console else args.console,
+                             services=tuple(args.services))
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -487,6 +516,8 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     print(f"metadata: {sandbox.metadata_uri}", file=out)
     if sandbox.console is not None:
         print(f"console:  {sandbox.console[1]}", file=out)
+    for nn in _describe_namenodes(sandbox.namenodes):
+        print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     print(
         f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
@@ -516,6 +547,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if args.fresh:
         argv.append("--fresh")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
+    for service in args.services:
+        argv += ["--with", service]
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
@@ -536,6 +569,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
             print(f"metadata: {doc['metadata_uri']}")
             if doc.get("console"):
                 print(f"console:  {doc['console']['url']}")
+            for nn in doc.get("namenodes", []):
+                print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})")
             print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
                   f"stop with: scriba sandbox --stop --data {data_dir}")
             return 0

@@ -65,8 +65,11 @@ async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
     async with Client.connect(args.metadata, config=client_config) as client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
+        # registered before it serves: whoever sees it answer can also find it (haadmin)
+        registration = ha.Registration(args.id, f"http://{host}:{port}", args.zone, os.getpid())
+        await ha.register(client, args.namespace, registration)
+        keeper = asyncio.create_task(ha.keep_registered(client, args.namespace, registration))
         runner = await serve(nn, host, port)
-        await ha.register(client, args.namespace, ha.Registration(args.id, nn.url, args.zone, os.getpid()))
         print(f"READY {nn.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -79,6 +82,7 @@ async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                 except TimeoutError:
                     pass
         finally:
+            keeper.cancel()
             await runner.cleanup()
             await nn.stop()
         if nn.rsm.error is not None:

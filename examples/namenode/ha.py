@@ -26,6 +26,10 @@ fenced like any election, so they cannot make two actives.
 - ``-failover FROM TO``: FROM must be active; hands the role to TO, waits until TO is active;
 - ``-transitionToStandby ID``: the active ID hands its role to the most caught-up standby;
 - ``-transitionToActive ID``: the current active hands its role to ID.
+
+Changes of state are the superuser's (``--user``, default ``hdfs``; WebHDFS's simple
+``user.name`` identity, as HDFS without Kerberos): another user gets
+``AccessControlException``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from scriba.errors import KeyExistsError, NoSuchKeyError, ScribaError
 
 PREFIX: Final = "examples/namenode"
 HTTP_TIMEOUT_S: Final = 30.0
+KEEP_EVERY_S: Final = 0.5
 
 
 class HaAdminError(Exception):
@@ -86,6 +91,22 @@ async def register(client: Client, namespace: str, registration: Registration) -
     raise HaAdminError(f"could not register {key}: it keeps reappearing")
 
 
+async def keep_registered(client: Client, namespace: str, registration: Registration,
+                          every_s: float = KEEP_EVERY_S) -> None:
+    """Publish again whenever the record is gone (a LOST metadata session took its
+    ephemerals; the client's new session does not bring them back). Runs until cancelled."""
+    key = registration_key(namespace, registration.id)
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await client.store.get(key)
+        except NoSuchKeyError:
+            with contextlib.suppress(ScribaError, HaAdminError):
+                await register(client, namespace, registration)
+        except ScribaError:
+            pass  # the store is unreachable now: try again at the next turn
+
+
 async def registrations(client: Client, namespace: str) -> dict[str, Registration]:
     prefix = f"{PREFIX}/{namespace.replace('/', '.')}/"
     return {key[len(prefix):]: Registration.from_bytes(v.value) for key, v in await client.store.list(prefix)}
@@ -93,8 +114,8 @@ async def registrations(client: Client, namespace: str) -> dict[str, Registratio
 
 # --- haadmin ------------------------------------------------------------------------------
 class HaAdmin:
-    def __init__(self, nodes: dict[str, Registration], http: aiohttp.ClientSession) -> None:
-        self.nodes, self.http = nodes, http
+    def __init__(self, nodes: dict[str, Registration], http: aiohttp.ClientSession, user: str = "hdfs") -> None:
+        self.nodes, self.http, self.user = nodes, http, user
 
     def url(self, replica_id: str) -> str:
         node = self.nodes.get(replica_id)
@@ -127,7 +148,7 @@ class HaAdmin:
     async def transfer(self, source: str, target: str | None) -> str:
         """Ask the active ``source`` to hand its role to ``target`` (None: the most caught-up
         standby); returns the new active once it serves as active."""
-        params = {"to": target} if target else {}
+        params = {"user.name": self.user, **({"to": target} if target else {})}
         async with self.http.post(f"{self.url(source)}/scriba/ha/transfer", params=params) as answer:
             body = await answer.json()
             if answer.status != 200:
@@ -167,6 +188,7 @@ def add_parser(sub: Any) -> None:
     h = sub.add_parser("haadmin", help="HA state of the namenodes: status, graceful fail-over")
     h.add_argument("--metadata", required=True, help="metadata URI, e.g. etcd://127.0.0.1:2379/scriba")
     h.add_argument("--namespace", default="namenode", help="stream namespace of the edit log")
+    h.add_argument("--user", default="hdfs", help="who asks (changes of state need the superuser, hdfs)")
     verbs = h.add_mutually_exclusive_group(required=True)
     verbs.add_argument("-getServiceState", metavar="ID", help="print active or standby")
     verbs.add_argument("-getAllServiceState", action="store_true", help="ID, URL and state of every namenode")
@@ -182,7 +204,7 @@ async def haadmin(args: argparse.Namespace) -> int:
             nodes = await registrations(client, args.namespace)
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            admin = HaAdmin(nodes, http)
+            admin = HaAdmin(nodes, http, args.user)
             for line in await _run_verb(admin, args):
                 print(line)
         return 0

@@ -27,10 +27,11 @@ best-effort after the edit is confirmed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -42,11 +43,14 @@ from scriba.errors import (
     ReplicaStoppedError,
     RsmNotLeaderError,
     ScribaError,
+    UnavailableError,
 )
 from scriba.examples.namenode import edits as e
+from scriba.examples.namenode import permissions as perm
 from scriba.examples.namenode.blocks import BlockWriter, block_locations, read_range
 from scriba.examples.namenode.edits import Block
 from scriba.examples.namenode.errors import (
+    AccessControlException,
     HdfsError,
     IllegalArgumentException,
     RetriableException,
@@ -61,7 +65,9 @@ from scriba.stream import Position
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
 PREFIX: Final = "/webhdfs/v1"
+FAILOVER_PAUSE_S: Final = 0.05
 CHUNK_BYTES: Final = 64 * 1024
 LISTING_LIMIT: Final = 1000
 
@@ -89,11 +95,24 @@ class NameNode:
     def role(self) -> str:
         return "active" if self.rsm.is_leader else "standby"
 
+    async def _during_failover(self, call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+        """``call()``, again while no active answers (an election, a dead active's session
+        still running), until ``timeout_s``: a client waits out a fail-over instead of a
+        storm of immediate errors. Only failures that changed nothing are retried."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await call()
+            except (RsmNotLeaderError, UnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(FAILOVER_PAUSE_S)
+
     async def propose(self, edit: e.Edit) -> tuple[Any, Position]:
         """Apply ``edit`` through the edit log (exactly once); its result, or its ``HdfsError``."""
         for _ in range(2):
             if self._session is None:
-                self._session = await self.rsm.open_session()
+                self._session = await self._during_failover(self.rsm.open_session, self.rsm.config.propose_timeout_s)
             try:
                 committed = await self.rsm.submit(e.encode(edit), session=self._session)
             except ClientSessionError:
@@ -108,8 +127,9 @@ class NameNode:
         after = params.text("scriba_after", "") or None
         if consistency == "after" and after is None:
             raise IllegalArgumentException("scriba_consistency=after needs scriba_after=<position>")
-        request = {**request, "user": params.user}
-        answer = await self.rsm.read(json.dumps(request).encode(), consistency, after=after)
+        body = json.dumps({**request, "user": params.user}).encode()
+        answer = await self._during_failover(lambda: self.rsm.read(body, consistency, after=after),
+                                             self.rsm.config.read_timeout_s)
         return parse_answer(answer)[1]
 
     async def transfer(self, target: str | None) -> str:
@@ -390,6 +410,9 @@ def make_app(nn: NameNode) -> web.Application:
 
     async def transfer(rq: web.Request) -> web.StreamResponse:
         try:
+            user = Params(rq.query).user
+            if user != perm.SUPERUSER:  # HDFS: haadmin needs the superuser
+                raise AccessControlException(f"Access denied for user {user}. Superuser privilege is required")
             target = rq.query.get("to") or None
             return _json({"active": await nn.transfer(target), "previous": nn.replica_id})
         except Exception as exc:

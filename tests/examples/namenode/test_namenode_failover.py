@@ -20,7 +20,9 @@ import hashlib
 import os
 import random
 import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +76,7 @@ class History:
     logs: dict[str, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)
     acks: int = 0
     unknown: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # what the in-doubt calls were told
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unsure(self, path: str, *states: bytes | None) -> None:
@@ -152,9 +155,12 @@ class Writer(threading.Thread):
         is recorded as possible. ``forget``: an acknowledged path this call moves or removes."""
         try:
             result = op()
-        except (HdfsError, requests.RequestException):
+        except (HdfsError, requests.RequestException) as exc:
             result = None
             failed = True
+            with self.history.lock:
+                self.history.errors[f"{type(exc).__name__}: {str(exc)[:60]}"] += 1
+            time.sleep(0.05)  # a client's pause before its next call (no StandbyException storm)
         else:
             failed = check is not None and not check(result)
         if failed:
@@ -289,7 +295,8 @@ def test_r18_failovers_under_a_writer_workload(cluster: list[NamenodeProc]) -> N
     assert history.acks > 4 * ROUNDS and history.logs
     problems = check(history, tree(InsecureClient(";".join(n.url for n in cluster), user="r18"), "/r18"))
     assert problems == [], problems[:20]
-    print(f"R18: {ROUNDS} fail-overs, {history.acks} acknowledged operations, {history.unknown} in doubt")
+    print(f"R18: {ROUNDS} fail-overs, {history.acks} acknowledged operations, {history.unknown} in doubt: "
+          f"{history.errors.most_common(8)}")
 
 
 def test_haadmin_on_processes(cluster: list[NamenodeProc]) -> None:
@@ -306,6 +313,9 @@ def test_haadmin_on_processes(cluster: list[NamenodeProc]) -> None:
     # -failover from a standby is refused, naming the active; nothing changes
     refused = haadmin(active, "-failover", standbys[0].replica_id, standbys[1].replica_id)
     assert refused.returncode == 1 and f"the active is {active.replica_id}" in refused.stderr
+    assert active_of(cluster) is active
+    intruder = haadmin(active, "--user", "mallory", "-failover", active.replica_id, standbys[0].replica_id)
+    assert intruder.returncode == 1 and "Access denied for user mallory" in intruder.stderr
     assert active_of(cluster) is active
     unknown = haadmin(active, "-getServiceState", "nn-missing")
     assert unknown.returncode == 1 and "no live namenode 'nn-missing'" in unknown.stderr

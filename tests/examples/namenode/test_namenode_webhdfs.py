@@ -142,8 +142,8 @@ def test_bad_input_gets_hadoops_errors_and_logs_nothing(namenodes: list[Namenode
     before = node.digest("linearizable")
 
     def call(method: str, path: str, **params: str) -> tuple[int, dict[str, Any]]:
-        answer = requests.request(method, f"{node.url}/webhdfs/v1{path}", params=params, timeout=30,
-                                  allow_redirects=False)
+        answer = requests.request(method, f"{node.url}/webhdfs/v1{path}", params={"user.name": "dave", **params},
+                                  timeout=30, allow_redirects=False)
         return answer.status_code, answer.json() if answer.content else {}
 
     for method, path, params, status, exception in (
