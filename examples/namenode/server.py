@@ -27,11 +27,10 @@ best-effort after the edit is confirmed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -43,7 +42,6 @@ from scriba.errors import (
     ReplicaStoppedError,
     RsmNotLeaderError,
     ScribaError,
-    UnavailableError,
 )
 from scriba.examples.namenode import edits as e
 from scriba.examples.namenode import permissions as perm
@@ -60,14 +58,12 @@ from scriba.examples.namenode.machine import NamenodeMachine, parse_answer
 from scriba.examples.namenode.namespace import split_path
 from scriba.examples.namenode.webhdfs_params import Params
 from scriba.log import get_logger
-from scriba.rsm import ClientSession, ReplicatedStateMachine, RsmConfig
+from scriba.rsm import ClientSession, ReplicatedStateMachine, RsmConfig, while_leaderless
 from scriba.stream import Position
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
 PREFIX: Final = "/webhdfs/v1"
-FAILOVER_PAUSE_S: Final = 0.05
 CHUNK_BYTES: Final = 64 * 1024
 LISTING_LIMIT: Final = 1000
 
@@ -95,24 +91,11 @@ class NameNode:
     def role(self) -> str:
         return "active" if self.rsm.is_leader else "standby"
 
-    async def _during_failover(self, call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-        """``call()``, again while no active answers (an election, a dead active's session
-        still running), until ``timeout_s``: a client waits out a fail-over instead of a
-        storm of immediate errors. Only failures that changed nothing are retried."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return await call()
-            except (RsmNotLeaderError, UnavailableError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(FAILOVER_PAUSE_S)
-
     async def propose(self, edit: e.Edit) -> tuple[Any, Position]:
         """Apply ``edit`` through the edit log (exactly once); its result, or its ``HdfsError``."""
         for _ in range(2):
             if self._session is None:
-                self._session = await self._during_failover(self.rsm.open_session, self.rsm.config.propose_timeout_s)
+                self._session = await while_leaderless(self.rsm.open_session, self.rsm.config.propose_timeout_s)
             try:
                 committed = await self.rsm.submit(e.encode(edit), session=self._session)
             except ClientSessionError:
@@ -128,8 +111,8 @@ class NameNode:
         if consistency == "after" and after is None:
             raise IllegalArgumentException("scriba_consistency=after needs scriba_after=<position>")
         body = json.dumps({**request, "user": params.user}).encode()
-        answer = await self._during_failover(lambda: self.rsm.read(body, consistency, after=after),
-                                             self.rsm.config.read_timeout_s)
+        answer = await while_leaderless(lambda: self.rsm.read(body, consistency, after=after),
+                                        self.rsm.config.read_timeout_s)
         return parse_answer(answer)[1]
 
     async def transfer(self, target: str | None) -> str:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
 
 from scriba.embedded.process import free_port
+from scriba.testing.cluster import BookieCluster
 
 T = TypeVar("T")
 RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
@@ -107,3 +111,28 @@ def active_of(nodes: list[NamenodeProc], timeout_s: float = 30.0) -> NamenodePro
         return None
 
     return wait_for("an active namenode", probe, timeout_s)
+
+
+@contextlib.contextmanager
+def namenode_cluster(etcd_cluster: Any, base: Path, replicas: int, namespace: str,
+                     rsm_config: dict[str, Any] | None = None) -> Iterator[list[NamenodeProc]]:
+    """3 bookies (zones z1..z3) and ``replicas`` namenodes ``nn1..`` on a fresh prefix of the
+    shared etcd, the root opened to every user; everything stopped at the end."""
+    uri = str(etcd_cluster.uri(f"n{uuid.uuid4().hex[:8]}"))
+    bookies = BookieCluster(base / "bookies", uri)
+    nodes: list[NamenodeProc] = []
+    try:
+        bookies.start_bookies(3, zones=["z1", "z2", "z3"])
+        nodes = [NamenodeProc(uri, f"nn{i}", base, namespace, rsm_config).start() for i in range(1, replicas + 1)]
+        open_root(active_of(nodes))
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        bookies.stop_all()
+
+
+def payload(name: str, size: int) -> bytes:
+    """``size`` bytes that depend on ``name`` (every file's content differs)."""
+    seed = hashlib.sha256(name.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]

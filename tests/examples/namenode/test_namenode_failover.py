@@ -16,12 +16,10 @@ The clients are given every URL and must find the new active on their own.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,9 +28,7 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, haadmin, open_root, wait_for
-
-from scriba.testing.cluster import BookieCluster
+from namenode_procs import NamenodeProc, active_of, haadmin, namenode_cluster, payload, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -44,24 +40,8 @@ NO_SNAPSHOTS = {"snapshot_every_commands": None, "snapshot_every_bytes": None}
 
 @pytest.fixture(scope="module")
 def cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NamenodeProc]]:
-    uri = str(etcd_cluster.uri(f"r{uuid.uuid4().hex[:8]}"))
-    base = tmp_path_factory.mktemp("namenode-ha")
-    bookies = BookieCluster(base / "bookies", uri)
-    nodes: list[NamenodeProc] = []
-    try:
-        bookies.start_bookies(3, zones=["z1", "z2", "z3"])
-        nodes = [NamenodeProc(uri, f"nn{i}", base, "ha", NO_SNAPSHOTS).start() for i in (1, 2, 3)]
-        open_root(active_of(nodes))
+    with namenode_cluster(etcd_cluster, tmp_path_factory.mktemp("namenode-ha"), 3, "ha", NO_SNAPSHOTS) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        bookies.stop_all()
-
-
-def data_of(path: str, size: int) -> bytes:
-    seed = hashlib.sha256(path.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
 
 
 @dataclass
@@ -112,7 +92,7 @@ class Writer(threading.Thread):
         choice = self.random.random()
         if choice < 0.35 or len(mine) < 2:
             path = f"{self.root}/f{self.n}"
-            data = data_of(path, self.random.choice(SIZES))
+            data = payload(path, self.random.choice(SIZES))
             self.call(lambda: self.client.write(path, data=data, blocksize=BLOCK, replication=3),
                       lambda _: h.files.__setitem__(path, data), (path, data))
         elif choice < 0.45:

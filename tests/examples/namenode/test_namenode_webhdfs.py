@@ -14,12 +14,10 @@ namenode replicas (active + standby), real etcd, real bookies.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import http.client
 import itertools
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +25,7 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, open_root, wait_for
-
-from scriba.testing.cluster import BookieCluster
+from namenode_procs import NamenodeProc, active_of, namenode_cluster, payload, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,24 +35,8 @@ SIZES = {"empty": 0, "tiny": 1, "small": 1000, "entry": 256 * 1024 + 3, "blocks"
 
 @pytest.fixture(scope="module")
 def namenodes(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NamenodeProc]]:
-    uri = str(etcd_cluster.uri(f"n{uuid.uuid4().hex[:8]}"))
-    base = tmp_path_factory.mktemp("namenode")
-    bookies = BookieCluster(base / "bookies", uri)
-    nodes: list[NamenodeProc] = []
-    try:
-        bookies.start_bookies(3, zones=["z1", "z2", "z3"])
-        nodes = [NamenodeProc(uri, f"nn{i}", base, "nn").start() for i in (1, 2)]
-        open_root(active_of(nodes))
+    with namenode_cluster(etcd_cluster, tmp_path_factory.mktemp("namenode"), 2, "nn") as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        bookies.stop_all()
-
-
-def payload(name: str, size: int) -> bytes:
-    seed = hashlib.sha256(name.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
 
 
 def ordered(nodes: list[NamenodeProc], active_first: bool) -> list[NamenodeProc]:
