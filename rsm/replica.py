@@ -89,6 +89,7 @@ from scriba.stream import Namespace, Position, StreamReader, open_namespace
 log = get_logger(__name__)
 
 RETRY_PAUSE_S = 0.05
+MEMBER_CHECK_S = 0.2  # how often a replica checks that its session (and so its member record) is the same
 LAG_QUERY_TIMEOUT_S = 2.0
 
 
@@ -129,6 +130,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self._changed = asyncio.Event()  # applied position or role moved
         self._leader: tuple[str, str] | None = None  # (replica id, address)
         self._started = False
+        self._member_session = ""  # the metadata session holding this replica's member record
         self._stopped: ScribaError | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._tail_task: asyncio.Task[None] | None = None
@@ -152,6 +154,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         if self.config.command_bytes_max > settings.record_bytes_max:
             raise ConfigError(f"command_bytes_max {self.config.command_bytes_max} exceeds the stream's "
                               f"record_bytes_max {settings.record_bytes_max}")
+        self._member_session = self.client.store.session.session_id  # the session the record lives in
         await mb.register(self.client.store, self.group, self._member())
         try:
             await self._restore_newer()
@@ -164,9 +167,8 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
             await mb.deregister(self.client.store, self.group, self.replica_id)
             raise
         self._tail_task = self._spawn(self._tail_loop())
-        for coro in (self._campaign_loop(), self._watch_leader()):
+        for coro in (self._campaign_loop(), self._watch_leader(), self._keep_member()):
             self._spawn(coro)
-        self.client.store.session.add_listener(self._on_session)
         self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
         return self
 
@@ -176,19 +178,21 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
             self._stopped = ReplicaStoppedError(f"replica {self.replica_id} was stopped")
         await self._shutdown("stopped")
 
-    def _on_session(self, state: SessionState) -> None:
-        """A new metadata session replaced a LOST one: its ephemerals went with the old one,
-        so publish the member record again (else ``members()`` and transfers miss this
-        replica until its role changes)."""
-        if state is SessionState.CONNECTED and self._stopped is None:
-            self._spawn(self._republish_member())
-
-    async def _republish_member(self) -> None:
-        with contextlib.suppress(ScribaError):
-            await mb.update_member(self.client.store, self.group, self._member())
+    async def _keep_member(self) -> None:
+        """A new metadata session replaced a LOST one: the member record went with the old
+        one, so publish it again (else ``members()`` and transfers miss this replica until
+        its role changes). Polls the session id: no listener outlives the replica."""
+        session = self.client.store.session
+        published = self._member_session
+        while self._stopped is None:
+            await asyncio.sleep(MEMBER_CHECK_S)
+            current = session.session_id
+            if current != published and session.state is SessionState.CONNECTED:
+                with contextlib.suppress(ScribaError):
+                    await mb.update_member(self.client.store, self.group, self._member())
+                    published = current
 
     async def _shutdown(self, reason: str) -> None:
-        self.client.store.session.remove_listener(self._on_session)
         term = self._term
         if term is not None:
             self.role.deposed(term.token, reason)
