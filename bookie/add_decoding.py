@@ -5,7 +5,8 @@ too many adds, bookie not serving) -> **decode** (here) -> bound (the connection
 in-flight bytes) -> store (``storage.add_columns``) -> **answer** (here). Both wire forms
 decode to one shape, :class:`DecodedAdds`, so every step after decoding is written once:
 
-- runs (``AddRun``: one ledger's adds packed in one bytes field; the clients' hot path).
+- runs (``AddRun``: one ledger's adds packed in one bytes field; the clients' hot path;
+  the binary path's runs decode to the same attributes, see ``RunLike``).
   A malformed run (counts or lengths that do not add up, bad ids, no key) is answered
   BAD_REQUEST whole; the entries of the others are sliced out of their blobs. A message
   of one good run hands storage the run's blob and sizes as they came (no join). Answers
@@ -23,7 +24,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from itertools import accumulate, chain, repeat
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from scriba.bookie.storage_api import AddColumns
 from scriba.entry import HEADER_SIZE
@@ -39,13 +40,31 @@ _BAD_REQUEST: Final[Any] = int(Status.BAD_REQUEST)
 _INTERNAL: Final[Any] = int(Status.INTERNAL)
 
 
+class RunLike(Protocol):
+    """A run of adds as either wire delivers it: ``pb.AddRun`` or the binary path's
+    ``scriba.proto.binary.Run`` (the same attribute names)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+    @property
+    def master_key(self) -> bytes: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def entry_ids(self) -> Sequence[int]: ...
+    @property
+    def sizes(self) -> Sequence[int]: ...
+    @property
+    def entries(self) -> bytes: ...
+
+
 def wire_status(status: int) -> int:
     """A status the wire enum knows (client/metadata-only codes become INTERNAL)."""
     return status if 0 <= status <= _WIRE_STATUS_MAX else _INTERNAL
 
 
 def answer_message(
-    response: pb.AddResponseBatch, adds: Sequence[pb.AddRequest], runs: Sequence[pb.AddRun],
+    response: pb.AddResponseBatch, adds: Sequence[pb.AddRequest], runs: Sequence[RunLike],
     status: int, message: str,
 ) -> None:
     """Answer every add of a message with one status (a refusal, a failure)."""
@@ -176,7 +195,7 @@ def _with_recovery(recovery: list[bool] | None, flagged: bool, before: int, n: i
     return recovery
 
 
-def decode_runs(runs: Sequence[pb.AddRun]) -> DecodedAdds:
+def decode_runs(runs: Sequence[RunLike]) -> DecodedAdds:
     """Decode a message's runs: malformed ones answered, the others' entries in columns."""
     response = pb.AddResponseBatch()
     lids: list[int] = []

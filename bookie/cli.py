@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+from scriba import eventloop
 from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def register(subparsers: Any) -> None:
@@ -21,6 +22,9 @@ def register(subparsers: Any) -> None:
     run = verbs.add_parser("run", help="run one bookie in the foreground (SIGTERM stops it cleanly)")
     _common(run)
     run.add_argument("--listen", required=True, help="HOST:PORT of the gRPC service")
+    run.add_argument("--binary-port", default="0",
+                     help="port of the binary data path on the --listen host (0: any free port; "
+                          "'off': none, clients use gRPC)")
     run.add_argument("--id", dest="bookie_id", help="bookie id (default: the listen address)")
     run.add_argument("--advertise", help="HOST other machines use to reach this bookie")
     run.add_argument("--region", default=DEFAULT_REGION)
@@ -54,6 +58,7 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="storage tunable (StorageConfig field), e.g. journal_group_wait_ms_max=0.5",
     )
+    add_tls_arguments(run)
     run.set_defaults(func=_run)
 
     fmt = verbs.add_parser("format", help="give a bookie fresh dirs and a new cookie")
@@ -100,6 +105,11 @@ def build_config(args: argparse.Namespace) -> Any:
             extra[name] = getattr(args, name)
     if args.session_timeout_s is not None:
         extra["metadata_session_timeout_s"] = args.session_timeout_s
+    binary = str(getattr(args, "binary_port", "0"))
+    try:
+        extra["binary_port"] = None if binary == "off" else int(binary)
+    except ValueError:
+        raise ConfigError(f"--binary-port {binary!r}: expected a port number or 'off'") from None
     return BookieConfig(
         metadata_uri=args.metadata,
         data_dir=args.data,
@@ -112,6 +122,7 @@ def build_config(args: argparse.Namespace) -> Any:
         zone=args.zone,
         rack=args.rack,
         storage_options=dict(_parse_option(o) for o in args.storage_option),
+        tls=tls_from_args(args),
         **extra,
     ).validate()
 
@@ -132,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
     async def main() -> int:
         return await Bookie(config, storage_factory=factory).run_until_signal()
 
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 def _format(args: argparse.Namespace) -> int:
@@ -158,7 +169,7 @@ def _format(args: argparse.Namespace) -> int:
               f"dirs {', '.join(str(d) for d in config.cookie_dirs)}")
         return 0
 
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from scriba.bookie.compaction import CompactionPolicy
 from scriba.config import require
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls import TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,9 @@ class BookieConfig:
     data_dir: Path
     listen_host: str = "127.0.0.1"
     listen_port: int = 3181
+    # The binary data path (bookie/binary_server.py) on listen_host: 0 any free port,
+    # None none (clients then use gRPC for this bookie).
+    binary_port: int | None = 0
     journal_dir: Path | None = None  # None: the journal lives under data_dir
     bookie_id: str | None = None  # None: the advertised host:port
     advertised_host: str | None = None  # None: listen_host (or 127.0.0.1 for 0.0.0.0)
@@ -56,11 +60,16 @@ class BookieConfig:
     metadata_connect_timeout_s: float = 5.0
     shutdown_grace_s: float = 5.0
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to StorageConfig
+    # TLS on the gRPC port and the HTTP endpoint (None: plaintext). With mutual TLS the
+    # gRPC service admits the client, bookie and admin allow-lists, HTTP the admin one.
+    tls: TlsConfig | None = None
 
     def validate(self) -> BookieConfig:
         require(bool(self.metadata_uri), "metadata_uri", "is required")
         require(bool(str(self.data_dir)), "data_dir", "is required")
         require(0 <= self.listen_port <= 65535, "listen_port", f"{self.listen_port} out of range")
+        require(self.binary_port is None or 0 <= self.binary_port <= 65535, "binary_port",
+                f"{self.binary_port} out of range")
         require(0 <= self.http_port <= 65535, "http_port", f"{self.http_port} out of range")
         require(self.entry_size_max >= 64, "entry_size_max", "must be at least 64 bytes")
         require(
@@ -84,6 +93,9 @@ class BookieConfig:
         for name in ("region", "zone", "rack"):
             value = getattr(self, name)
             require(bool(value) and "/" not in value, name, f"{value!r} must be non-empty without '/'")
+        if self.tls is not None:
+            require(self.tls.cert is not None, "tls.cert", "a bookie serving TLS needs a certificate and key")
+            self.tls.validate()
         if self.bookie_id is not None:
             require(
                 bool(self.bookie_id) and "/" not in self.bookie_id,

@@ -2,9 +2,11 @@
 
 Start order: check the dirs and the listen address (a clear error before any work) ->
 connect to the metadata store -> check (or create) cookies -> open storage (replays the
-journal) -> start gRPC -> start HTTP -> register (ephemeral) -> GC.
+journal) -> start gRPC -> start the binary data path (``binary_server``; its address is
+advertised in the registration beside the gRPC one) -> start HTTP -> register
+(ephemeral) -> GC.
 Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
--> stop gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
+-> stop the binary listener and gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
 
 States the service sees (``ServingState``): not started (GetBookieInfo says UNKNOWN,
 adds READ_ONLY) -> serving (adds accepted while registered and storage writable) ->
@@ -18,10 +20,12 @@ import asyncio
 import errno
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from scriba.bookie.binary_server import BinaryServer
 from scriba.bookie.config import BookieConfig
 from scriba.bookie.cookie import verify_or_create
 from scriba.bookie.gc import GarbageCollector
@@ -31,10 +35,12 @@ from scriba.bookie.registration import Registration
 from scriba.bookie.service import BookieService, ServingState, new_grpc_server
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.errors import ConfigError
+from scriba.grpc_auth import bind
 from scriba.log import get_logger
 from scriba.meta.connect import connect
 from scriba.meta.records import BookieMode, BookieRegistration
 from scriba.meta.store import MetadataStore
+from scriba.tls import LoadedTls
 
 log = get_logger(__name__)
 
@@ -54,8 +60,14 @@ class Bookie:
         *,
         storage_factory: StorageFactory | None = None,
         store: MetadataStore | None = None,
+        binary_ssl: ssl.SSLContext | None = None,
     ) -> None:
+        """``binary_ssl``: the binary listener's ``SSLContext`` (None: the one of
+        ``config.tls``, or plain TCP without TLS)."""
         self.config = config.validate()
+        self._binary_ssl = binary_ssl
+        self._binary: BinaryServer | None = None
+        self.binary_address = ""
         self._storage_factory = storage_factory or _default_storage_factory
         self._store: MetadataStore | None = store
         self._own_store = store is None
@@ -70,6 +82,7 @@ class Bookie:
         self._mode_dirty = asyncio.Event()
         self._mode_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tls: LoadedTls | None = None
         self._stopped = False
         self.address = config.advertised_address
         self.port = config.listen_port
@@ -92,6 +105,7 @@ class Bookie:
         cfg = self.config
         check_dirs(cfg)
         check_listen(cfg.listen_host, cfg.listen_port)
+        self._tls = cfg.tls.load() if cfg.tls is not None else None  # a bad file: ConfigError, no start
         self._loop = asyncio.get_running_loop()
         if self._store is None:
             self._store = await connect(
@@ -132,9 +146,11 @@ class Bookie:
             read_range_bytes_max=cfg.read_range_bytes_max,
         )
         await self._start_grpc(self.service)
+        if cfg.binary_port is not None:
+            await self._start_binary(self.service)
         if cfg.http_host is not None:
             self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
-                                      metrics=self.metrics.exposition, gc=lambda: self.gc)
+                                      metrics=self.metrics.exposition, gc=lambda: self.gc, tls=self._tls)
             await self._http.start()
         free, total = self._disk_usage()
         record = BookieRegistration(
@@ -149,6 +165,7 @@ class Bookie:
             http_address=self.http_address,
             version=_version(),
             entry_size_max=cfg.entry_size_max,  # clients refuse larger payloads up front
+            binary_address=self.binary_address,
         )
         self.metrics.read_only.set(1 if storage.read_only else 0)
         storage.add_state_listener(self._on_storage_state)
@@ -163,23 +180,34 @@ class Bookie:
             policy=cfg.compaction_policy,
         )
         self.gc.start()
-        log.info("bookie_started", bookie_id=self.bookie_id, address=self.address,
+        log.info("bookie_started", bookie_id=self.bookie_id, address=self.address, binary=self.binary_address,
                  http=self.http_address, region=cfg.region, zone=cfg.zone, rack=cfg.rack)
 
     async def _start_grpc(self, service: BookieService) -> None:
         cfg = self.config
-        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max)
+        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max, tls=self._tls)
         address = _host_port(cfg.listen_host, cfg.listen_port)
-        try:
-            port = self._server.add_insecure_port(address)
-        except RuntimeError:  # taken since check_listen: gRPC says only "Failed to bind"
-            port = 0
+        port = bind(self._server, address, self._tls)  # 0: taken since check_listen
         if port == 0:
             raise ConfigError(f"listen {address}: cannot bind (address in use?)")
         self.port = port
         host = cfg.advertised_address.rpartition(":")[0]
         self.address = f"{host}:{port}"
         await self._server.start()
+
+    async def _start_binary(self, service: BookieService) -> None:
+        cfg = self.config
+        port = cfg.binary_port or 0
+        tls = self._tls  # a TLS bookie serves the binary path over TLS too, with the same allow-lists
+        ssl_context = self._binary_ssl or (tls.server_ssl_context() if tls is not None else None)
+        self._binary = BinaryServer(
+            service, self.state, frame_bytes_max=cfg.grpc_message_bytes_max, ssl_context=ssl_context, tls=tls
+        )
+        try:
+            port = await self._binary.start(cfg.listen_host, port)
+        except OSError as exc:
+            raise ConfigError(f"binary listen {_host_port(cfg.listen_host, port)}: {exc.strerror}") from None
+        self.binary_address = f"{self.address.rpartition(':')[0]}:{port}"
 
     def _disk_usage(self) -> tuple[int, int]:
         try:
@@ -267,6 +295,8 @@ class Bookie:
         if self.gc is not None:
             await self.gc.stop()
         await self._cancel_mode_task()
+        if self._binary is not None:
+            await self._binary.stop()
         if self._server is not None:
             await self._server.stop(grace=min(1.0, self.config.shutdown_grace_s))
         if self.storage is not None:
@@ -292,6 +322,8 @@ class Bookie:
     async def _abort_start(self) -> None:
         self._stopped = True
         await self._cancel_mode_task()
+        if self._binary is not None:
+            await self._binary.stop()
         if self._server is not None:
             await self._server.stop(grace=0)
         if self.storage is not None:

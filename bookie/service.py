@@ -33,12 +33,13 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import grpc
 
 from scriba.bookie.add_decoding import (
     DecodedAdds,
+    RunLike,
     answer_message,
     decode_adds,
     decode_runs,
@@ -48,11 +49,13 @@ from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage
 from scriba.entry import HEADER_SIZE
 from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
+from scriba.grpc_auth import guard_handlers, identity_check
 from scriba.ids import LEDGER_ID_MAX
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.proto.packed import encode_packed_chunk
+from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
 
@@ -79,6 +82,12 @@ def error_status(exc: BaseException) -> tuple[int, str]:
             message = f"{type(exc).__name__}: {message}"
         return wire_status(code), message
     return _INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class AddCredit(Protocol):
+    """What bounds one connection's adds: the bytes accepted and not yet answered."""
+
+    inflight_bytes: int
 
 
 class ServingState:
@@ -195,36 +204,56 @@ class BookieService(pb_grpc.BookieServicer):
         conn.responses.put_nowait(None)
 
     async def _add_batch(self, batch: pb.AddBatch, conn: _Connection) -> None:
-        started = time.perf_counter()
-        nbytes = 0
         try:
-            response, nbytes = await self._process_batch(batch, conn)
-        except BaseException as exc:  # never leave a batch unanswered (or its slot taken)
+            item = await self.answer_adds(batch.adds, batch.runs, conn)
+        except asyncio.CancelledError as exc:  # never leave a batch unanswered (or its slot taken)
+            response = pb.AddResponseBatch()
+            answer_message(response, batch.adds, batch.runs, *error_status(exc))
+            conn.responses.put_nowait((response, 0))
+            raise
+        conn.responses.put_nowait(item)
+
+    async def answer_adds(
+        self, adds: Sequence[pb.AddRequest], runs: Sequence[RunLike], conn: AddCredit
+    ) -> tuple[pb.AddResponseBatch, int]:
+        """One message of adds through the five steps, for either wire (the binary path
+        hands its decoded runs here): the answer and the bytes it holds in ``conn``'s
+        in-flight count (the caller subtracts them once the answer is sent). Raises only
+        ``CancelledError``: any other failure answers every add of the message."""
+        started = time.perf_counter()
+        try:
+            item = await self._process_batch(adds, runs, conn)
+        except Exception as exc:
             status, message = error_status(exc)
-            if not isinstance(exc, ScribaError | asyncio.CancelledError):
+            if not isinstance(exc, ScribaError):
                 log.exception("add_batch_failed", bookie_id=self._state.bookie_id)
             response = pb.AddResponseBatch()
-            answer_message(response, batch.adds, batch.runs, status, message)
-            if isinstance(exc, asyncio.CancelledError):
-                conn.responses.put_nowait((response, nbytes))
-                raise
+            answer_message(response, adds, runs, status, message)
+            item = (response, 0)
         self._metrics.add_batch_seconds.observe(time.perf_counter() - started)
-        conn.responses.put_nowait((response, nbytes))
+        return item
 
-    async def _process_batch(self, batch: pb.AddBatch, conn: _Connection) -> tuple[pb.AddResponseBatch, int]:
+    def track_adds(self, task: asyncio.Task[Any]) -> None:
+        """Count ``task`` (an add message of another wire) among the adds ``drain`` awaits."""
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _process_batch(
+        self, adds: Sequence[pb.AddRequest], runs: Sequence[RunLike], conn: AddCredit
+    ) -> tuple[pb.AddResponseBatch, int]:
         """Runs and single adds of one message (clients send one kind; both are served)."""
-        if not batch.adds:
-            return await self._process_runs(batch.runs, conn)
-        if not batch.runs:
-            return await self._process_adds(batch.adds, conn)
+        if not adds:
+            return await self._process_runs(runs, conn)
+        if not runs:
+            return await self._process_adds(adds, conn)
         (r1, n1), (r2, n2) = await asyncio.gather(
-            self._process_runs(batch.runs, conn), self._process_adds(batch.adds, conn)
+            self._process_runs(runs, conn), self._process_adds(adds, conn)
         )
         r1.MergeFrom(r2)
         return r1, n1 + n2
 
     async def _process_runs(
-        self, runs: Sequence[pb.AddRun], conn: _Connection
+        self, runs: Sequence[RunLike], conn: AddCredit
     ) -> tuple[pb.AddResponseBatch, int]:
         """The clients' hot path: runs of one ledger's adds, packed in one bytes field each.
 
@@ -242,7 +271,7 @@ class BookieService(pb_grpc.BookieServicer):
         return await self._admit(decode_runs(runs), conn)
 
     async def _process_adds(
-        self, adds: Sequence[pb.AddRequest], conn: _Connection
+        self, adds: Sequence[pb.AddRequest], conn: AddCredit
     ) -> tuple[pb.AddResponseBatch, int]:
         """Single adds: each checked alone, the good ones to storage in one call, every
         add answered in order."""
@@ -252,7 +281,7 @@ class BookieService(pb_grpc.BookieServicer):
         return await self._admit(decode_adds(adds, self._entry_size_max), conn)
 
     def _refuse(
-        self, adds: Sequence[pb.AddRequest], runs: Sequence[pb.AddRun], count: int
+        self, adds: Sequence[pb.AddRequest], runs: Sequence[RunLike], count: int
     ) -> pb.AddResponseBatch | None:
         """Step 1: the answer refusing a whole message of ``count`` adds (too big, not
         serving), or None when it is not refused."""
@@ -268,7 +297,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._metrics.count_adds(status, count)
         return response
 
-    async def _admit(self, decoded: DecodedAdds, conn: _Connection) -> tuple[pb.AddResponseBatch, int]:
+    async def _admit(self, decoded: DecodedAdds, conn: AddCredit) -> tuple[pb.AddResponseBatch, int]:
         """Steps 3 to 5 for a decoded message: bound, store, answer.
 
         Returns the response and the bytes it holds in the connection's in-flight count
@@ -306,7 +335,7 @@ class BookieService(pb_grpc.BookieServicer):
         return decoded.response, nbytes
 
     async def _store(
-        self, columns: AddColumns, conn: _Connection, nbytes: int
+        self, columns: AddColumns, conn: AddCredit, nbytes: int
     ) -> tuple[Sequence[int], tuple[int, str] | None]:
         """Hand ``columns`` to storage, holding ``nbytes`` in the connection's in-flight
         count until the answer is sent: (statuses, None), or ((), (status, message)) when
@@ -322,7 +351,7 @@ class BookieService(pb_grpc.BookieServicer):
                 log.exception("storage_add_batch_failed", bookie_id=self._state.bookie_id)
             return (), error_status(exc)
 
-    def _over_inflight(self, conn: _Connection, nbytes: int) -> str:
+    def _over_inflight(self, conn: AddCredit, nbytes: int) -> str:
         """Why ``nbytes`` more would break the connection's in-flight bound ('' if they fit;
         one batch alone always fits)."""
         if conn.inflight_bytes and conn.inflight_bytes + nbytes > self._inflight_max:
@@ -368,8 +397,23 @@ class BookieService(pb_grpc.BookieServicer):
         """Chunks of consecutive entries; with ``packed``, each OK chunk is a serialized
         packed ``ReadRangeResponse`` (see ``scriba.proto.packed``; ``new_grpc_server``
         sends bytes as they are), else a message with one ``entries`` element each."""
-        started = time.perf_counter()
         packed = request.packed and self.packed_reads
+        status: Any
+        async for status, first, entries, message in self.range_chunks(request):
+            if status != _OK:
+                yield pb.ReadRangeResponse(status=status, first_entry_id=first, message=message)
+            elif packed:
+                yield encode_packed_chunk(first, entries)
+            else:
+                yield pb.ReadRangeResponse(status=_OK, first_entry_id=first, entries=entries)
+
+    async def range_chunks(
+        self, request: pb.ReadRangeRequest
+    ) -> AsyncIterator[tuple[int, int, Sequence[bytes], str]]:
+        """A range read as ``(status, first_entry_id, entries, message)`` chunks, for
+        either wire: OK chunks of consecutive entries bounded in entries and bytes, then
+        at most one non-OK chunk (no entries) that ends the range early."""
+        started = time.perf_counter()
         lid = request.ledger_id
         first = request.first_entry_id
         last = request.last_entry_id
@@ -386,7 +430,7 @@ class BookieService(pb_grpc.BookieServicer):
             response = pb.ReadRangeResponse(first_entry_id=first)
             self._fail(response, exc, "read_range", lid, first)
             self._metrics.observe_read("range", response.status, time.perf_counter() - started)
-            yield response
+            yield response.status, first, (), response.message
             return
         next_id = first
         while next_id <= last:
@@ -396,18 +440,13 @@ class BookieService(pb_grpc.BookieServicer):
                 response = pb.ReadRangeResponse(first_entry_id=next_id)
                 self._fail(response, exc, "read_range", lid, next_id)
                 status = response.status
-                yield response
+                yield status, next_id, (), response.message
                 break
             if not entries:  # storage promised at least `first` or an error
-                yield pb.ReadRangeResponse(
-                    status=_NO_SUCH_ENTRY, first_entry_id=next_id, message="no entry"
-                )
                 status = _NO_SUCH_ENTRY
+                yield status, next_id, (), "no entry"
                 break
-            if packed:
-                yield encode_packed_chunk(next_id, entries)
-            else:
-                yield pb.ReadRangeResponse(status=_OK, first_entry_id=next_id, entries=entries)
+            yield _OK, next_id, entries, ""
             next_id += len(entries)
         self._metrics.observe_read("range", status, time.perf_counter() - started)
 
@@ -503,6 +542,9 @@ class BookieService(pb_grpc.BookieServicer):
             await asyncio.wait(tasks, timeout=timeout_s)
 
 
+BOOKIE_CALLERS: Final = (Role.CLIENT, Role.BOOKIE, Role.ADMIN)  # who may call a bookie's gRPC service
+
+
 def grpc_server_options(message_bytes_max: int) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", message_bytes_max),
@@ -533,8 +575,13 @@ def _serialize_range_chunk(chunk: pb.ReadRangeResponse | bytes) -> bytes:
     return chunk if type(chunk) is bytes else chunk.SerializeToString()  # type: ignore[union-attr]
 
 
-def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.Server:
-    """The server with the generated handlers, ReadRange's serializer letting bytes through."""
+def new_grpc_server(service: BookieService, message_bytes_max: int, *, tls: LoadedTls | None = None) -> grpc.aio.Server:
+    """The server with the generated handlers, ReadRange's serializer letting bytes through.
+
+    With mutual TLS every call first checks the peer's certificate against the client,
+    bookie and admin allow-lists (``scriba.grpc_auth``); the port itself is added by the
+    caller (``scriba.grpc_auth.bind``).
+    """
     server = grpc.aio.server(options=grpc_server_options(message_bytes_max))
     taken = _Handlers()
     pb_grpc.add_BookieServicer_to_server(service, taken)
@@ -545,6 +592,8 @@ def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.
         request_deserializer=read_range.request_deserializer,
         response_serializer=_serialize_range_chunk,
     )
+    if tls is not None and tls.config.require_client_cert:
+        handlers = guard_handlers(handlers, identity_check(tls, BOOKIE_CALLERS))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
     server.add_registered_method_handlers(taken.service, handlers)
     return server

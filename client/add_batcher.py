@@ -13,7 +13,9 @@ the callbacks, and asks them what to send and whom an answer is for.
   adds differ in ``key`` = callback, ledger, flags, master key and answer style, or it
   is full: ``batch_entries_max`` adds / ``batch_bytes_max`` bytes). No object per add:
   the entry id and the entry's bytes (the same object for every bookie of a write set)
-  go into two lists; one call per entry, however many bookies (the hot path). It
+  go into two lists; one call per entry, however many bookies (the hot path). Each
+  key has its own open run while queued, so adds of interleaved ledgers travel as one
+  run per ledger per message (a run's deadline is its first add's). It
   returns only the bookies that need the transport: WAKE (the sender should look),
   REFUSED (over ``inflight_bytes_hard_max``), STOPPED (the transport has not
   ``start``ed that bookie's stream, or ``stop``ped it: nothing was queued).
@@ -133,7 +135,7 @@ class BookieAdds:
         "dups",
         "inflight_bytes",
         "ledgers",
-        "open_run",
+        "open_runs",
         "queue",
         "queued_entries",
         "runs",
@@ -145,7 +147,9 @@ class BookieAdds:
         self._bytes_max = config.batch_bytes_max
         self._window = config.send_window_entries
         self.queue: list[AddRun] = []  # runs not sent yet, in creation order
-        self.open_run: AddRun | None = None  # the last queued run, still taking adds
+        # queued runs still taking adds, by key: adds of many ledgers interleaved (streams,
+        # RSM groups, topics) still travel as one run per ledger per message, not one each
+        self.open_runs: dict[RunKey, AddRun] = {}
         self.queued_entries = 0  # adds in ``queue``
         self.runs: dict[AddRun, None] = {}  # every unanswered run (queued or sent), creation order
         # sent and unanswered: ledger id -> entry id -> the run that sent it (the oldest);
@@ -160,7 +164,7 @@ class BookieAdds:
         run = AddRun(key, deadline)
         self.queue.append(run)
         self.runs[run] = None
-        self.open_run = run
+        self.open_runs[key] = run
         return run
 
     def ready(self) -> bool:
@@ -172,9 +176,11 @@ class BookieAdds:
         """After an answer: adds are queued and the send window has room."""
         return bool(self.queued_entries) and self.sent_unanswered < self._window
 
-    def take_message(self, parts: list[bytes]) -> int:
+    def take_message(self, parts: list[bytes], encode: Callable[[AddRun, list[bytes]], None] | None = None) -> int:
         """Move whole queued runs (at least one, within the batch limits) into ``parts``
-        as one message; returns the number of adds taken."""
+        as one message (each run by ``encode``: ``encode_run`` for gRPC); returns the
+        number of adds taken."""
+        encode = encode or encode_run
         entries_max, bytes_max = self._entries_max, self._bytes_max
         queue = self.queue
         count = size = taken = 0
@@ -186,11 +192,15 @@ class BookieAdds:
             count += n
             size += run.size
             self._register(run)
-            encode_run(run, parts)
+            encode(run, parts)
         if taken == len(queue):
             self.queue = []
-            self.open_run = None
+            self.open_runs = {}
         else:
+            open_runs = self.open_runs
+            for run in queue[:taken]:
+                if open_runs.get(run.key) is run:
+                    del open_runs[run.key]
             del queue[:taken]
         self.queued_entries -= count
         self.sent_unanswered += count
@@ -280,7 +290,7 @@ class BookieAdds:
         """Forget every queued and unanswered add; returns them by run (each add once)."""
         runs, ledgers, dups = self.runs, self.ledgers, self.dups
         self.runs, self.ledgers, self.dups = {}, {}, {}
-        self.queue, self.open_run, self.queued_entries = [], None, 0
+        self.queue, self.open_runs, self.queued_entries = [], {}, 0
         self.sent_unanswered = 0
         self.inflight_bytes = 0
         left: dict[AddRun, list[int]] = {}  # sent runs: their unanswered ids
@@ -358,8 +368,8 @@ class AddBatcher:
                     code = 2  # REFUSED (one entry larger than the bound still goes alone)
                 else:
                     adds.inflight_bytes = inflight + size
-                    run = adds.open_run
-                    if run is None or run.key != key:
+                    run = adds.open_runs.get(key)
+                    if run is None:
                         run = adds.new_run(key, self._clock() + self._timeout_s)
                     ids = run.entry_ids
                     ids.append(entry_id)
@@ -367,7 +377,7 @@ class AddBatcher:
                     run_size = run.size + size
                     run.size = run_size
                     if len(ids) >= entries_max or run_size >= bytes_max:
-                        adds.open_run = None
+                        del adds.open_runs[key]
                     queued = adds.queued_entries + 1
                     adds.queued_entries = queued
                     if queued != 1 and queued != entries_max:

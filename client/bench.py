@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 from typing import Any
 
+from scriba import eventloop
 from scriba.errors import ConfigError, ScribaError
+from scriba.tls import TlsConfig
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 PROGRESS_INTERVAL_S = 1.0
 INFLIGHT_MAX = 100_000
@@ -43,6 +46,8 @@ class BenchConfig:
     ledgers: int = 1
     batch_entries_max: int = 512  # adds per gRPC message per bookie (the transport default)
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
+    transport: str = "binary"  # the client's wire: "binary" (gRPC for bookies without it) or "grpc"
+    tls: TlsConfig | None = None  # dial the bookies over TLS (its cost: benchmarks/bench_tls.py)
 
     def validate(self) -> BenchConfig:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -63,6 +68,8 @@ class BenchConfig:
             raise ConfigError("--batch-entries: must be in 1..4096")
         if not 1 <= self.batches_inflight_max <= 1024:
             raise ConfigError("--batches-inflight: must be in 1..1024")
+        if self.transport not in ("binary", "grpc"):
+            raise ConfigError("--transport: 'binary' or 'grpc'")
         return self
 
 
@@ -85,6 +92,8 @@ class BenchResult:
     ack_quorum_size: int
     first_error: str = ""
     adds_per_message: float = 0.0
+    transport: str = "binary"
+    client_cpu_us_per_entry: float = 0.0  # this process's CPU time (user + system) per confirmed entry
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +106,7 @@ class BenchResult:
             f"(E{self.ensemble_size}/W{self.write_quorum_size}/A{self.ack_quorum_size}, "
             f"{self.size_bytes} B, {self.inflight} in flight, {self.ledgers} ledger(s))"
             + (f"; {self.adds_per_message} adds/message" if self.adds_per_message else "")
+            + f"; {self.transport}, client CPU {self.client_cpu_us_per_entry:.1f} us/entry"
             + (f"; {self.failed} failed, first: {self.first_error}" if self.failed else "")
         )
 
@@ -179,15 +189,25 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
     transport: Any = None
     if client is None:
         from scriba.client import Client
-        from scriba.client.grpc_transport import GrpcBookieTransport
+        from scriba.client.binary_transport import new_transport
         from scriba.client.transport import TransportConfig
 
         holder: list[Any] = []
-        transport = GrpcBookieTransport(
-            lambda bookie_id: holder[0].registry.address(bookie_id),
+
+        class _Registry:  # the client's registry, once the client exists
+            def address(self, bookie_id: Any) -> str:
+                return str(holder[0].registry.address(bookie_id))
+
+            def binary_address(self, bookie_id: Any) -> str:
+                return str(holder[0].registry.binary_address(bookie_id))
+
+        transport = new_transport(
+            _Registry(),
             TransportConfig(
                 batch_entries_max=cfg.batch_entries_max,
                 batches_inflight_max=cfg.batches_inflight_max,
+                protocol=cfg.transport,
+                tls=cfg.tls,
             ),
         )
         client = await Client.connect(cfg.metadata_uri, transport=transport)
@@ -205,12 +225,14 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
             )
         run = _Run(cfg, [_submitter(w) for w in writers])
         reporter = asyncio.get_running_loop().create_task(_progress(run)) if progress else None
+        cpu0 = time.process_time()
         t0 = time.monotonic()
         run.start(cfg.seconds)
         deadline_s = (cfg.seconds or SECONDS_MAX) + 60.0
         async with asyncio.timeout(deadline_s):
             await run.finished
         elapsed = time.monotonic() - t0
+        cpu_s = time.process_time() - cpu0
         if reporter is not None:
             reporter.cancel()
         for w in writers:
@@ -247,6 +269,8 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
             if transport is not None and transport.batches_sent
             else 0.0
         ),
+        transport=cfg.transport,
+        client_cpu_us_per_entry=round(cpu_s / run.done * 1e6, 1) if run.done else 0.0,
     )
 
 
@@ -274,8 +298,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledgers", type=int, default=1)
     p.add_argument("--batch-entries", type=int, default=512, help="adds per message per bookie (default 512)")
     p.add_argument("--batches-inflight", type=int, default=8, help="unanswered messages per bookie (default 8)")
+    p.add_argument("--transport", choices=["binary", "grpc"], default="binary",
+                   help="binary data path (gRPC for bookies without one; default) or gRPC only")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_tls_arguments(p, server=False)
     p.set_defaults(func=run)
 
 
@@ -294,8 +321,10 @@ def run(args: argparse.Namespace) -> int:
         ledgers=args.ledgers,
         batch_entries_max=args.batch_entries,
         batches_inflight_max=args.batches_inflight,
+        transport=args.transport,
+        tls=tls_from_args(args),
     ).validate()
-    result = asyncio.run(run_bench(cfg, progress=not args.quiet))
+    result = eventloop.run(run_bench(cfg, progress=not args.quiet))
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from itertools import accumulate
 from typing import Any, Final
 
@@ -71,9 +71,11 @@ from scriba.errors import (
     NoSuchEntryError,
     ScribaError,
     Status,
+    UnauthorizedError,
     UnavailableError,
     error_for_status,
 )
+from scriba.grpc_auth import open_channel
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
@@ -93,6 +95,9 @@ _OK: Final = Status.OK
 _TIMEOUT: Final = Status.TIMEOUT
 _UNAVAILABLE: Final = Status.UNAVAILABLE
 _TOO_MANY: Final = Status.TOO_MANY_REQUESTS
+_UNAUTHORIZED: Final = Status.UNAUTHORIZED
+_PLAINTEXT_HINT: Final = " (this client dials without TLS: does the bookie require it?)"
+_REFUSED_CODES: Final = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 _RECOVERY_FLAG: Final = pb.RECOVERY_ADD
 _FENCE_FLAG: Final = pb.FENCE
 
@@ -157,6 +162,7 @@ class GrpcBookieTransport:
 
     def __init__(self, resolve: Callable[[BookieId], str], config: TransportConfig | None = None) -> None:
         self._config = config = (config or TransportConfig()).validate()
+        self._tls = config.tls.load() if config.tls is not None else None  # bad files: ConfigError now
         self._resolve = resolve
         self.add_timeout_s = config.add_timeout_s
         self.read_timeout_s = config.read_timeout_s
@@ -327,21 +333,30 @@ class GrpcBookieTransport:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         try:
-            if conn.stub is None:  # the channel was dropped while waiting
-                self._ensure_channel(conn)
-            add_stream = conn.add_stream
-            if add_stream is None:
-                raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
-            call = add_stream()
+            call = await self._open_add_call(conn)
         except Exception as exc:
             if conn.sender is asyncio.current_task():
-                self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"open: {self._describe(exc)}", drop_channel=False)
             return
         conn.call = call
         conn.reader = asyncio.get_running_loop().create_task(
             self._read_loop(conn, call), name=f"scriba-add-recv-{conn.bookie_id}"
         )
         await self._send_loop(conn, call)
+
+    async def _open_add_call(self, conn: _Connection) -> Any:
+        """The call adds to ``conn``'s bookie are written to (``write(bytes)``,
+        ``read()``, ``cancel()``): here an ``AddStream``; a subclass may offer another."""
+        if conn.stub is None:  # the channel was dropped while waiting
+            self._ensure_channel(conn)
+        add_stream = conn.add_stream
+        if add_stream is None:
+            raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
+        return add_stream()
+
+    def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
+        """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
+        return None
 
     def _ensure_channel(self, conn: _Connection) -> None:
         try:
@@ -355,7 +370,7 @@ class GrpcBookieTransport:
         if conn.channel is not None:
             self._close_channel_later(conn.channel)
         conn.address = address
-        conn.channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
+        conn.channel = open_channel(address, self._tls, _CHANNEL_OPTIONS)
         conn.stub = pb_grpc.BookieStub(conn.channel)
         conn.add_stream = conn.channel.stream_stream(
             _ADD_STREAM_METHOD,
@@ -423,6 +438,7 @@ class GrpcBookieTransport:
         adds = conn.adds
         wake = conn.wake
         join = b"".join
+        encode = self._run_encoder(call)
         try:
             while True:
                 if not adds.ready():
@@ -430,7 +446,7 @@ class GrpcBookieTransport:
                     await wake.wait()
                     continue
                 parts: list[bytes] = []
-                count = adds.take_message(parts)
+                count = adds.take_message(parts, encode)
                 self.batches_sent += 1
                 self.entries_sent += count
                 await call.write(join(parts))
@@ -438,7 +454,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _UNAVAILABLE, f"write: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"write: {self._describe(exc)}", drop_channel=False)
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         try:
@@ -456,7 +472,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _UNAVAILABLE, f"read: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"read: {self._describe(exc)}", drop_channel=False)
 
     def _on_answer(self, conn: _Connection, ledger_id: int, ids: list[int], code: int) -> None:
         """One bookie answer: ``ids`` of ``ledger_id`` all got ``code``."""
@@ -520,7 +536,18 @@ class GrpcBookieTransport:
                 self._close_channel_later(conn.channel)
                 conn.channel = conn.stub = conn.add_stream = None
             return DeadlineExceededError(text)
+        if code in _REFUSED_CODES:
+            return UnauthorizedError(text)
+        if self._tls is None and code is grpc.StatusCode.UNAVAILABLE:
+            text += _PLAINTEXT_HINT
         return UnavailableError(text)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``exc`` for a log line; a plaintext transport's UNAVAILABLE says it dialed without TLS."""
+        text = _describe(exc)
+        if self._tls is None and isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
+            text += _PLAINTEXT_HINT
+        return text
 
     def _timeout(self, timeout_s: float | None) -> float:
         return self.read_timeout_s if timeout_s is None else timeout_s
@@ -590,28 +617,20 @@ class GrpcBookieTransport:
             max_bytes=max_bytes,
             packed=self.packed_reads,
         )
-        got = 0
         call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
+        runs = follow_runs(
+            call, lambda chunk, next_id, count_max: (
+                chunk.status, chunk.message, _chunk_run(chunk, bookie_id, ledger_id, next_id, count_max)),
+            bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries,
+        )
         try:
-            async for chunk in call:
-                run = _chunk_run(chunk, bookie_id, ledger_id, first_entry_id + got, max_entries - got)
-                if run is not None:
-                    got += len(run)
+            async with contextlib.aclosing(runs):
+                async for run in runs:
                     yield run
-                if chunk.status != 0:
-                    if got:  # a short answer: the caller goes on from the next entry
-                        break
-                    raise error_for_status(
-                        chunk.status, _message(chunk.message, bookie_id, ledger_id, first_entry_id)
-                    )
-                if got >= max_entries:
-                    break
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(conn, exc, "read_range") from None
         finally:
             call.cancel()
-        if not got and first_entry_id <= last_entry_id:
-            raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
 
     async def read_lac(
         self,
@@ -714,6 +733,35 @@ class GrpcBookieTransport:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
 
 
+async def follow_runs(
+    chunks: AsyncIterator[Any],
+    to_run: Callable[[Any, int, int], tuple[int, str, EntryRun | None]],
+    bookie_id: BookieId,
+    ledger_id: LedgerId,
+    first_entry_id: EntryId,
+    last_entry_id: EntryId,
+    max_entries: int,
+) -> AsyncGenerator[EntryRun, None]:
+    """A range read's answer chunks (either wire) as runs: ``to_run(chunk, next_id,
+    count_max)`` gives a chunk's status, message and run (at most ``count_max``
+    entries from ``next_id``). Stops after ``max_entries``, or at a non-OK chunk (its
+    error raised when no entry came before it); ``NoSuchEntryError`` when none came."""
+    got = 0
+    async for chunk in chunks:
+        status, message, run = to_run(chunk, first_entry_id + got, max_entries - got)
+        if run is not None:
+            got += len(run)
+            yield run
+        if status != 0:
+            if got:  # a short answer: the caller goes on from the next entry
+                break
+            raise error_for_status(status, _message(message, bookie_id, ledger_id, first_entry_id))
+        if got >= max_entries:
+            break
+    if not got and first_entry_id <= last_entry_id:
+        raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
+
+
 def _chunk_run(
     chunk: pb.ReadRangeResponse, bookie_id: BookieId, ledger_id: int, next_id: int, count_max: int
 ) -> EntryRun | None:
@@ -736,6 +784,17 @@ def _chunk_run(
     if ends is None or problem:
         raise InternalError(_message(f"malformed range answer: {problem}", bookie_id, ledger_id, next_id))
     return EntryRun(EntryId(next_id), ends[:count_max] if len(ends) > count_max else ends, blob)
+
+
+def _failure_status(exc: BaseException) -> Status:
+    """What a failed add stream answers its pending adds: UNAUTHORIZED when the bookie
+    refused this client's certificate (a request error: no other bookie would take it
+    either), UNAVAILABLE otherwise."""
+    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED_CODES:
+        return _UNAUTHORIZED
+    if isinstance(exc, UnauthorizedError):  # the binary path's refusal, at its handshake
+        return _UNAUTHORIZED
+    return _UNAVAILABLE
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,6 +1,6 @@
 """The client's view of the bookies: a watch on ``bookies/available/``.
 
-``BookieRegistry`` keeps the current registrations (address, region/zone/rack,
+``BookieRegistry`` keeps the current registrations (address, binary data path address, region/zone/rack,
 mode, entry size limit), every address ever seen (so a transport can still dial a
 bookie whose ephemeral record lapsed and report it UNAVAILABLE itself), and, rebuilt
 when the set changes, a placement ``Topology`` and ``entry_size_max``: the smallest
@@ -40,6 +40,7 @@ class BookieRegistry:
         self._store = store
         self._registrations: dict[BookieId, BookieRegistration] = {}
         self._addresses: dict[BookieId, str] = {}
+        self._binary_addresses: dict[BookieId, str] = {}
         self._topology: Any = None
         # The largest packed entry every registered bookie accepts (the default while
         # none is registered). A plain attribute, refreshed on every change: writers
@@ -84,6 +85,11 @@ class BookieRegistry:
         if address is None:
             raise UnavailableError(f"bookie {bookie_id} is not registered")
         return address
+
+    def binary_address(self, bookie_id: BookieId) -> str:
+        """``host:port`` of a bookie's binary data path; "" when it offers none (or is
+        unknown): the transport then uses gRPC for it."""
+        return self._binary_addresses.get(bookie_id, "")
 
     def writable_bookies(self) -> list[BookieId]:
         return sorted(b for b, r in self._registrations.items() if r.writable)
@@ -182,6 +188,7 @@ class BookieRegistry:
         bookie_id = registration.bookie_id
         self._registrations[bookie_id] = registration
         self._addresses[bookie_id] = registration.address
+        self._binary_addresses[bookie_id] = registration.binary_address
         self._changed_set()
         return bookie_id
 

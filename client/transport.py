@@ -1,7 +1,8 @@
 """How the client talks to bookies: the ``BookieTransport`` seam.
 
 The ledger cores decide *what* to send; a transport sends it. The gRPC transport
-(``grpc_transport.py``) batches adds per bookie onto one bidirectional stream while
+(``grpc_transport.py``; ``binary_transport.py`` extends it with the binary data path
+for the bookies that offer one) batches adds per bookie onto one bidirectional stream while
 earlier ones are in flight; the simulation's transport delivers them through a
 seeded simulated network.
 
@@ -34,10 +35,14 @@ from typing import Protocol
 from scriba.config import require
 from scriba.errors import Status
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.tls import TlsConfig
 
 AddCallback = Callable[[BookieId, LedgerId, EntryId, Status], None]
 AddRunCallback = Callable[[BookieId, int, list[int], Status], None]
 """``(bookie_id, ledger_id, entry_ids, status)``: adds answered alike (any order of ids)."""
+
+
+PROTOCOLS = ("binary", "grpc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,10 @@ class TransportConfig:
     inflight_bytes_max: int = 64 * 1024 * 1024
     inflight_bytes_hard_max: int | None = None
     sweep_interval_s: float | None = None  # add deadline checks (None: add_timeout_s / 10, 5..100 ms)
+    # "binary": adds and reads over the binary data path to each bookie that advertises
+    # one (binary_transport.py), gRPC to the others; "grpc": everything over gRPC.
+    protocol: str = "binary"
+    tls: TlsConfig | None = None  # dial bookies over TLS (server name verified); None: plaintext
 
     def validate(self) -> TransportConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
@@ -74,6 +83,9 @@ class TransportConfig:
         require(
             self.sweep_interval_s is None or self.sweep_interval_s > 0, "sweep_interval_s", "must be > 0"
         )
+        require(self.protocol in PROTOCOLS, "protocol", f"{self.protocol!r}: one of {', '.join(PROTOCOLS)}")
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
     @property

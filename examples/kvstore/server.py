@@ -44,8 +44,10 @@ from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.watch import Watch
+from scriba.grpc_auth import IdentityInterceptor, bind, identity_check
 from scriba.log import get_logger
 from scriba.rsm import ClientSession, ReplicatedStateMachine, while_leaderless
+from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
 
@@ -250,10 +252,15 @@ for _name in ("AuthEnable", "AuthDisable", "Authenticate", "UserAdd", "UserGet",
 class KvServer:
     """The gRPC server and the lease-expiry task of one replica."""
 
-    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str) -> None:
-        self.node = Node(rsm, machine, f"http://{listen}")
+    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str,
+                 tls: LoadedTls | None = None) -> None:
+        """``tls``: serve TLS only (mutual TLS: every call checked against the allow-lists)."""
+        self.node = Node(rsm, machine, f"{'https' if tls is not None else 'http'}://{listen}")
         self.listen = listen
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._tls = tls
+        interceptors = ([IdentityInterceptor(identity_check(tls, tuple(Role)))]
+                        if tls is not None and tls.config.require_client_cert else [])
+        self._server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -264,7 +271,7 @@ class KvServer:
         stubs.add_ClusterServicer_to_server(Cluster(node), self._server)
         stubs.add_AuthServicer_to_server(Auth(node), self._server)
         stubs.add_WatchServicer_to_server(Watch(node), self._server)
-        if self._server.add_insecure_port(self.listen) == 0:
+        if bind(self._server, self.listen, self._tls) == 0:
             raise OSError(f"cannot listen on {self.listen}")
         await self._server.start()
         rsm = node.rsm

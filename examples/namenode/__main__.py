@@ -22,6 +22,8 @@ from scriba.examples.namenode import ha
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
 from scriba.rsm import RsmConfig
+from scriba.tls import as_client
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -37,6 +39,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="metadata session timeout: how long a dead active holds its election")
     s.add_argument("--zone", default="", help="this replica's zone (shown by haadmin; reads prefer it)")
     s.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
+    add_tls_arguments(s)  # one certificate for WebHDFS, the replica service and the bookies
     ha.add_parser(sub)
     return parser.parse_args(argv)
 
@@ -52,7 +55,7 @@ async def run(args: argparse.Namespace) -> int:
     configure(stream=sys.stderr)
     host, port = split_hostport(args.listen)
     rsm_address = args.rsm_listen or f"{host}:{port + 1}"
-    fields = json.loads(args.rsm_config)
+    fields = {"tls": tls_from_args(args), **json.loads(args.rsm_config)}
     if args.zone:
         fields.setdefault("zone", args.zone)
     config = RsmConfig(**fields).validate()
@@ -61,15 +64,16 @@ async def run(args: argparse.Namespace) -> int:
 
 async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                               rsm_address: str, config: RsmConfig) -> int:
-    client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s)
+    client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s, tls=as_client(config.tls))
     async with Client.connect(args.metadata, config=client_config) as client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
         # registered before it serves: whoever sees it answer can also find it (haadmin)
-        registration = ha.Registration(args.id, f"http://{host}:{port}", args.zone, os.getpid())
+        scheme = "https" if config.tls is not None else "http"
+        registration = ha.Registration(args.id, f"{scheme}://{host}:{port}", args.zone, os.getpid())
         await ha.register(client, args.namespace, registration)
         keeper = asyncio.create_task(ha.keep_registered(client, args.namespace, registration))
-        runner = await serve(nn, host, port)
+        runner = await serve(nn, host, port, config.tls.load() if config.tls is not None else None)
         print(f"READY {nn.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

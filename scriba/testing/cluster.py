@@ -21,6 +21,7 @@ from typing import Any
 from scriba.embedded.bookie import BookieProcess
 from scriba.errors import ConfigError
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls import TlsConfig
 
 BOOKIES_MAX = 64
 
@@ -39,11 +40,13 @@ class BookieCluster:
         *,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        tls: TlsConfig | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
         self.metadata_uri = metadata_uri
         self.env = dict(env or {})
         self.extra_args = list(extra_args)
+        self.tls = tls  # every bookie serves it (None: plaintext)
         self.bookies: list[BookieProcess] = []
 
     def __len__(self) -> int:
@@ -63,7 +66,9 @@ class BookieCluster:
         extra_args: Sequence[str] = (),
         start: bool = True,
         timeout_s: float = 30.0,
+        binary: bool = True,
     ) -> BookieProcess:
+        """``binary``: serve the binary data path too (False: gRPC only, an older bookie)."""
         if len(self.bookies) >= BOOKIES_MAX:
             raise ConfigError(f"bookie cluster: at most {BOOKIES_MAX} bookies")
         index = len(self.bookies)
@@ -76,6 +81,8 @@ class BookieCluster:
             rack=rack,
             env={**self.env, **(env or {})},
             extra_args=[*self.extra_args, *extra_args],
+            binary=binary,
+            tls=self.tls,
         )
         self.bookies.append(bookie)
         if start:
@@ -131,6 +138,10 @@ class BookieCluster:
 
     def addresses(self) -> dict[str, str]:
         return {b.bookie_id: b.address for b in self.bookies}
+
+    def binary_addresses(self) -> dict[str, str]:
+        """Each bookie's binary data path address ("" for a gRPC-only bookie)."""
+        return {b.bookie_id: b.binary_address for b in self.bookies}
 
     def stop_all(self) -> None:
         """SIGTERM every running bookie this cluster started (SIGKILL on timeout), and wait."""

@@ -104,12 +104,26 @@ def test_adds_with_one_key_share_a_run_until_it_is_full() -> None:
     assert adds.push(key(), 0, b"a") == WAKE  # the first queued add wakes the sender
     assert adds.push(key(), 1, b"b") == QUEUED
     assert adds.push(key(callback=cb_b), 2, b"c") == QUEUED  # another callback: a new run
-    assert adds.push(key(), 3, b"d") == WAKE  # a full batch's worth is queued
+    assert adds.push(key(), 3, b"d") == WAKE  # a full batch's worth is queued; joins its key's open run
     assert adds.push(key(flags=pb.RECOVERY_ADD), 4, b"e") == QUEUED
     assert [(r.entry_ids, r.callback, r.flags) for r in adds.queue] == [
-        ([0, 1], cb_a, 0), ([2], cb_b, 0), ([3], cb_a, 0), ([4], cb_a, pb.RECOVERY_ADD)
+        ([0, 1, 3], cb_a, 0), ([2], cb_b, 0), ([4], cb_a, pb.RECOVERY_ADD)
     ]
     assert adds.queued_entries == 5 and adds.inflight_bytes == 5 and adds.pending() == 5
+
+
+def test_interleaved_ledgers_share_one_run_each_per_message() -> None:
+    """Adds of many ledgers arriving interleaved (streams, RSM groups) travel as one run
+    per ledger, not one run per add; a sent run takes no more adds."""
+    adds = batcher(batch_entries_max=16)
+    for entry_id in range(3):
+        for ledger in (1, 2, 3):
+            adds.push(key(ledger_id=ledger), entry_id, b"x")
+    assert [(r.ledger_id, r.entry_ids) for r in adds.queue] == [(1, [0, 1, 2]), (2, [0, 1, 2]), (3, [0, 1, 2])]
+    parts: list[bytes] = []
+    assert adds.take_message(parts) == 9 and not adds.queue and not adds.open_runs
+    adds.push(key(ledger_id=1), 3, b"y")
+    assert [(r.ledger_id, r.entry_ids) for r in adds.queue] == [(1, [3])]  # a new run: the old one was sent
 
 
 def test_a_run_closes_at_batch_limits() -> None:
@@ -156,21 +170,23 @@ def test_send_rule_holds_partial_messages_while_the_window_is_full() -> None:
 
 
 def test_a_message_takes_whole_runs_and_parses_as_addbatch() -> None:
-    adds = batcher(batch_entries_max=5, batch_bytes_max=10_000)
+    adds = batcher(batch_entries_max=6, batch_bytes_max=10_000)
     for entry_id in range(3):
         adds.push(key(7), entry_id, bytes([entry_id]) * 100)
     adds.push(key(8, flags=pb.RECOVERY_ADD), 0, b"")
-    adds.push(key(7), 3, b"late" * 10)
+    adds.push(key(7), 3, b"late" * 10)  # joins ledger 7's open run
     adds.push(key(7), 4, b"x")
+    adds.push(key(9), 0, b"y")
+    adds.push(key(9), 1, b"z")
     batch = message(adds)
     assert [(r.ledger_id, list(r.entry_ids), list(r.sizes), r.flags) for r in batch.runs] == [
-        (7, [0, 1, 2], [100, 100, 100], 0), (8, [0], [0], pb.RECOVERY_ADD),
+        (7, [0, 1, 2, 3, 4], [100, 100, 100, 40, 1], 0), (8, [0], [0], pb.RECOVERY_ADD),
     ]  # the third run would pass batch_entries_max: it waits for the next message
-    assert batch.runs[0].entries == b"".join(bytes([i]) * 100 for i in range(3))
+    assert batch.runs[0].entries == b"".join(bytes([i]) * 100 for i in range(3)) + b"late" * 10 + b"x"
     assert all(r.master_key == KEY for r in batch.runs)
-    assert adds.queued_entries == 2 and adds.sent_unanswered == 4
+    assert adds.queued_entries == 2 and adds.sent_unanswered == 6
     (run,) = adds.queue
-    assert run.entry_ids == [3, 4]
+    assert (run.ledger_id, run.entry_ids) == (9, [0, 1])
 
 
 def test_encoded_runs_equal_the_protobuf_encoding() -> None:
@@ -257,7 +273,7 @@ def test_drain_returns_each_unanswered_add_once_and_resets() -> None:
     drained = {(r.callback, tuple(sorted(ids))) for r, ids in adds.drain()}
     assert drained == {(cb_a, (0, 2)), (cb_b, (0,)), (cb_b, (3,))}
     assert adds.pending() == 0 and adds.inflight_bytes == 0 and adds.sent_unanswered == 0
-    assert not adds.runs and not adds.queue and adds.open_run is None
+    assert not adds.runs and not adds.queue and not adds.open_runs
     assert adds.drain() == []
 
 

@@ -1,9 +1,10 @@
 """R6 and R14: client <-> bookie traffic through the Toxiproxy-compatible fault proxy.
 
-Every bookie gets a proxy; the client's transport resolves each bookie id to its
-proxy's address (``GrpcBookieTransport(resolve=...)``), so toxics added with the
-unmodified ``toxiproxy-python`` client act on the client's connections only (the
-metadata store is reached directly).
+Every bookie gets a proxy per listener (gRPC and binary data path); the client's
+transport resolves each bookie id to its proxies' addresses
+(``GrpcBookieTransport(resolve=...)``, ``BinaryTransport(resolve_binary=...)``), so toxics
+added with the unmodified ``toxiproxy-python`` client act on the client's connections
+only (the metadata store is reached directly). Each test runs over both wires.
 
 R6: latency, a timeout-0 blackhole and reset_peer on one bookie during appends: no
 append or read waits past its deadline, every confirmed entry is read back, and after
@@ -23,9 +24,10 @@ from typing import Any
 import pytest
 
 from scriba.client import Client, ClientConfig
+from scriba.client.binary_transport import BinaryTransport
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
-from scriba.errors import DeadlineExceededError, ScribaError
+from scriba.errors import DeadlineExceededError, NoSuchLedgerError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.testing.checkers.acked_set import check_acked_set
 from scriba.testing.faults import ToxiproxyProcess, toxiproxy_client
@@ -36,24 +38,44 @@ READ_TIMEOUT_S = 1.0
 
 
 class Proxies:
-    """One fault proxy per bookie; ``resolve(bookie_id)`` gives the proxy's address."""
+    """Fault proxies per bookie, one per listener; ``resolve(bookie_id)`` gives the gRPC
+    proxy's address, ``resolve_binary(bookie_id)`` the binary one's; toxics act on both."""
 
     def __init__(self, url: str, bookies: list[Any]) -> None:
         self.api = toxiproxy_client(url)
         self.by_id: dict[str, Any] = {}
+        self.binary_by_id: dict[str, Any] = {}
         for b in bookies:
             self.by_id[b.bookie_id] = self.api.create(upstream=b.address, name=b.bookie_id)
+            if b.binary_address:
+                self.binary_by_id[b.bookie_id] = self.api.create(upstream=b.binary_address, name=f"{b.bookie_id}-bin")
 
     def resolve(self, bookie_id: BookieId) -> str:
         return str(self.by_id[bookie_id].listen)
 
+    def resolve_binary(self, bookie_id: BookieId) -> str:
+        proxy = self.binary_by_id.get(bookie_id)
+        return str(proxy.listen) if proxy is not None else ""
+
     def add(self, bookie_id: str, kind: str, attributes: dict[str, int], stream: str = "downstream") -> None:
-        self.by_id[bookie_id].add_toxic(type=kind, stream=stream, attributes=attributes, name=f"{kind}_{stream}")
+        for proxies in (self.by_id, self.binary_by_id):
+            if bookie_id in proxies:
+                proxies[bookie_id].add_toxic(type=kind, stream=stream, attributes=attributes, name=f"{kind}_{stream}")
 
     def heal(self) -> None:
-        for proxy in self.by_id.values():
+        for proxy in [*self.by_id.values(), *self.binary_by_id.values()]:
             for name in list(proxy.toxics()):
                 proxy.destroy_toxic(name)
+
+    def transport(self, wire: str, config: TransportConfig | None = None) -> GrpcBookieTransport:
+        if wire == "grpc":
+            return GrpcBookieTransport(self.resolve, config)
+        return BinaryTransport(self.resolve, config, resolve_binary=self.resolve_binary)
+
+
+@pytest.fixture(params=["grpc", "binary"])
+def wire(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
@@ -78,13 +100,11 @@ async def _read_back(client: Any, ledger_id: int) -> list[tuple[int, bytes]]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_r6_latency_blackhole_reset_no_hang_no_loss_and_resume(
-    bookie_cluster: Any, metadata_uri: str, proxy_url: str
+    bookie_cluster: Any, metadata_uri: str, proxy_url: str, wire: str
 ) -> None:
     bookies = bookie_cluster.start_bookies(4)
     proxies = Proxies(proxy_url, bookies)
-    transport = GrpcBookieTransport(
-        proxies.resolve, TransportConfig(add_timeout_s=ADD_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S)
-    )
+    transport = proxies.transport(wire, TransportConfig(add_timeout_s=ADD_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S))
     config = ClientConfig(add_timeout_s=ADD_TIMEOUT_S)
     window_s: list[float] = []
     acked: list[tuple[int, bytes]] = []
@@ -180,11 +200,11 @@ def _p99(values: list[float]) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_r14_one_slow_bookie_keeps_order_and_p99(
-    bookie_cluster: Any, metadata_uri: str, proxy_url: str
+    bookie_cluster: Any, metadata_uri: str, proxy_url: str, wire: str
 ) -> None:
     bookies = bookie_cluster.start_bookies(3)
     proxies = Proxies(proxy_url, bookies)
-    transport = GrpcBookieTransport(proxies.resolve)
+    transport = proxies.transport(wire)
     try:
         async with Client.connect(metadata_uri, transport=transport) as client:
             writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
@@ -219,25 +239,35 @@ async def test_r14_one_slow_bookie_keeps_order_and_p99(
     assert median_s < 100.0, f"appends wait for the slow bookie: median {median_s:.1f} ms"
 
 
-async def test_r6_read_deadline_through_blackholed_proxy(bookie_cluster: Any, proxy_url: str) -> None:
+async def test_r6_read_deadline_through_blackholed_proxy(bookie_cluster: Any, proxy_url: str, wire: str) -> None:
     (bookie,) = bookie_cluster.start_bookies(1)
     proxies = Proxies(proxy_url, [bookie])
-    transport = GrpcBookieTransport(proxies.resolve, TransportConfig(read_timeout_s=0.5))
+    transport = proxies.transport(wire, TransportConfig(read_timeout_s=0.5))
     b = BookieId(bookie.bookie_id)
+
+    async def probe() -> None:
+        """One read answered by the bookie (gRPC: bookie info; binary: a LAC read, which
+        takes the binary link, of a ledger the bookie has never seen)."""
+        if wire == "grpc":
+            info = await transport.bookie_info(b)
+            assert info.bookie_id == b
+            return
+        with pytest.raises(NoSuchLedgerError):
+            await transport.read_lac(b, LedgerId(777))
+
     try:
-        info = await transport.bookie_info(b)
-        assert info.bookie_id == b
+        await probe()
         await asyncio.to_thread(proxies.add, bookie.bookie_id, "timeout", {"timeout": 0}, "upstream")
         for _ in range(3):
             t0 = time.monotonic()
             with pytest.raises(DeadlineExceededError):
-                await transport.bookie_info(b)
+                await probe()
             assert time.monotonic() - t0 < 1.5
         await asyncio.to_thread(proxies.heal)
         async with asyncio.timeout(5):
             while True:
                 try:
-                    await transport.bookie_info(b)
+                    await probe()
                     break
                 except ScribaError:
                     await asyncio.sleep(0.1)

@@ -1,4 +1,5 @@
-"""GrpcBookieTransport against real ``scriba bookie run`` processes."""
+"""GrpcBookieTransport and BinaryTransport against real ``scriba bookie run`` processes
+(each test runs over both wires)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scriba.client.binary_transport import BinaryTransport
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
 from scriba.entry import Crc32cDigest, master_key, pack_entry, unpack_entry
@@ -37,14 +39,27 @@ class Answers:
                 await self.event.wait()
 
 
+@pytest.fixture(params=["grpc", "binary"])
+def wire(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def transport(wire: str, cluster: Any, config: TransportConfig | None = None) -> GrpcBookieTransport:
+    """The transport of ``wire`` to the bookies of ``cluster`` (addresses read at each dial)."""
+    by_id = {b.bookie_id: b for b in cluster.bookies}
+    if wire == "grpc":
+        return GrpcBookieTransport(lambda b: by_id[b].address, config)
+    return BinaryTransport(lambda b: by_id[b].address, config, resolve_binary=lambda b: by_id[b].binary_address)
+
+
 def entry(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
     return pack_entry(DIGEST, ledger_id, entry_id, entry_id - 1, 0, payload)
 
 
-async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any) -> None:
+async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any, wire: str) -> None:
     bookie_cluster.start_bookies(3)
     addresses = bookie_cluster.addresses()
-    t = GrpcBookieTransport(lambda b: addresses[b])
+    t = transport(wire, bookie_cluster)
     answers = Answers()
     n = 3000
     for e in range(n):
@@ -55,6 +70,8 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any) -> None:
     assert all(v == [Status.OK] for v in answers.by_key.values())
     assert len(answers.by_key) == 3 * n
     assert t.entries_sent == 3 * n and t.batches_sent < 3 * n / 8  # batched
+    if wire == "binary":  # the adds went over the binary links, one per bookie
+        assert isinstance(t, BinaryTransport) and t.links_opened == 3
     b0 = BookieId(next(iter(addresses)))
     got = unpack_entry(DIGEST, await t.read_entry(b0, LedgerId(11), EntryId(42)))
     assert got.payload == b"payload-42"
@@ -83,10 +100,10 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any) -> None:
     await t.close()
 
 
-async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster: Any) -> None:
+async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster: Any, wire: str) -> None:
     (bookie,) = bookie_cluster.start_bookies(1)
     b = BookieId(bookie.bookie_id)
-    t = GrpcBookieTransport(lambda _: bookie.address, TransportConfig(add_timeout_s=10))
+    t = transport(wire, bookie_cluster, TransportConfig(add_timeout_s=10))
     first = Answers()
     for e in range(100):
         t.add(b, LedgerId(3), EntryId(e), KEY, entry(3, e, b"a"), first)

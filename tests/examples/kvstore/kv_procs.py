@@ -46,9 +46,10 @@ class KvReplica:
 
 class KvCluster:
     def __init__(self, metadata_uri: str, workdir: Path, *, replicas: int = 3, namespace: str = "kv",
-                 name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None
-                 ) -> None:
+                 name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None,
+                 extra_args: list[str] | None = None) -> None:
         self.metadata_uri = metadata_uri
+        self.extra_args = list(extra_args or [])  # e.g. the --tls-* flags
         self.workdir = Path(workdir)
         self.namespace, self.name = namespace, name
         self.rsm_config = rsm_config or {}
@@ -72,7 +73,8 @@ class KvCluster:
             r.proc = subprocess.Popen(
                 [sys.executable, "-m", "scriba.examples.kvstore", "serve", "--metadata", self.metadata_uri,
                  "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
-                 self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config)],
+                 self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config),
+                 *self.extra_args],
                 stdout=subprocess.PIPE, stderr=log_file,
             )
         self._wait_ready(r)

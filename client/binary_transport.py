@@ -1,0 +1,553 @@
+"""The binary ``BookieTransport``: adds and reads over ``scriba.proto.binary`` frames.
+
+Theory of operation. :class:`BinaryTransport` is the gRPC transport with another wire
+under its hot path, bookie by bookie: a bookie whose registration advertises a binary
+address gets one TCP connection (a :class:`BinaryLink`, Nagle off, optional TLS) that
+carries its adds, their answers, entry and range reads, LAC reads and long polls; a
+bookie that advertises none (or refuses every version this client speaks) is served
+over gRPC exactly as ``GrpcBookieTransport`` does (mixed clusters keep working).
+Explicit LAC writes and bookie info always go over gRPC.
+
+Everything above the wire is the gRPC transport's: the same ``AddBatcher`` (runs,
+batching without delay when one add waits, bounded in-flight bytes, the Nagle-like send
+window), the same deadlines (an add sweep answers TIMEOUT; reads carry
+``read_timeout_s``), the same failure handling (a broken link answers every pending add
+UNAVAILABLE, which the write core turns into an ensemble change; the next add redials
+after a bounded backoff). Only three hooks differ: the add "call" is the link (its
+``write`` frames an ADD; answers arrive in ``data_received`` and are dispatched
+directly, with no reader task in between), runs are encoded as binary runs, and reads
+are request/answer frames matched by request id.
+
+A link's states: DIALING (TCP connect + HELLO/HELLO_OK, bounded by ``read_timeout_s``)
+-> OPEN -> CLOSED (socket lost, ERROR frame, protocol error, or closed by the
+transport): every read waiting on it fails ``UnavailableError``, its add stream breaks.
+The next use dials a new link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Final, cast
+
+from scriba.client.add_batcher import AddRun
+from scriba.client.grpc_transport import (
+    LONG_POLL_MARGIN_S,
+    GrpcBookieTransport,
+    _Connection,
+    _message,
+    follow_runs,
+)
+from scriba.client.transport import BookieTransport, EntryRun, LacResult, TransportConfig
+from scriba.errors import (
+    DeadlineExceededError,
+    InternalError,
+    ScribaError,
+    Status,
+    UnauthorizedError,
+    UnavailableError,
+    error_for_status,
+)
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.log import get_logger
+from scriba.proto import binary as wire
+from scriba.proto.binary import FrameError, FrameType
+
+log = get_logger(__name__)
+
+_UNAVAILABLE: Final = Status.UNAVAILABLE
+LINK_CLOSE_TIMEOUT_S: Final = 1.0
+
+
+class _VersionRefused(Exception):
+    """The bookie speaks no version this client speaks (use gRPC for it)."""
+
+
+def _encode_run(run: AddRun, parts: list[bytes]) -> None:
+    wire.encode_run(run.ledger_id, run.flags, run.master_key, run.entry_ids, run.entries, parts)  # type: ignore[arg-type]
+
+
+class BinaryLink(asyncio.Protocol):
+    """One TCP connection to one bookie (module docstring). Also the add stream's call:
+    ``write(body)`` sends an ADD frame, ``cancel()`` closes."""
+
+    def __init__(self, bookie_id: BookieId, frame_bytes_max: int) -> None:
+        self.bookie_id = bookie_id
+        self._reader = wire.FrameReader(frame_bytes_max)
+        self._transport: asyncio.Transport | None = None
+        loop = asyncio.get_running_loop()
+        self._hello: asyncio.Future[tuple[int, int, str]] = loop.create_future()
+        self._closed: asyncio.Future[str] = loop.create_future()
+        self._lost: asyncio.Future[None] = loop.create_future()  # the socket is closed
+        self._pending: dict[int, asyncio.Future[memoryview]] = {}
+        self._chunks: dict[int, asyncio.Queue[tuple[int, memoryview] | BaseException]] = {}
+        self._next_id = 1
+        self._writable: asyncio.Event | None = None
+        self._paused = False
+        self.version = 0
+        self.on_answers: Callable[[list[wire.AddAnswer]], None] | None = None
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(f"connection lost ({exc!r})" if exc is not None else "connection closed")
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for header, body in self._reader.feed(data):
+                self._dispatch(header, body)
+        except FrameError as exc:
+            log.warning("binary_frame_rejected", bookie_id=self.bookie_id, reason=str(exc))
+            self._fail(f"protocol error: {exc}")
+
+    def _dispatch(self, header: wire.Header, body: memoryview) -> None:
+        ftype, rid = header.type, header.request_id
+        if ftype == FrameType.ADD_ACK:
+            answers = wire.decode_add_ack(body)
+            if self.on_answers is not None:
+                self.on_answers(answers)
+        elif ftype in (FrameType.ENTRY, FrameType.LAC):
+            future = self._pending.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_result(body)
+        elif ftype == FrameType.RANGE_CHUNK:
+            queue = self._chunks.get(rid)
+            if queue is not None:
+                queue.put_nowait((header.flags, body))
+        elif ftype == FrameType.HELLO_OK:
+            if not self._hello.done():
+                self._hello.set_result(wire.decode_hello_ok(body))
+        elif ftype == FrameType.ERROR:
+            status, message = wire.decode_error(body)
+            log.warning("binary_error_frame", bookie_id=self.bookie_id, status=status, reason=message)
+            self._fail(f"bookie error: {Status(status).name if status <= 11 else status} {message}")
+        else:
+            raise FrameError(f"frame type {FrameType(ftype).name} is not an answer")
+
+    # --- lifecycle ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed.done()
+
+    async def handshake(self) -> None:
+        """HELLO / HELLO_OK: the version both speak (``_VersionRefused`` when none)."""
+        self._send(wire.encode_hello())
+        await asyncio.wait((self._hello, self._closed), return_when=asyncio.FIRST_COMPLETED)
+        if self._hello.done():
+            status, version, message = self._hello.result()
+            if status == 0 and wire.VERSION_MIN <= version <= wire.VERSION:
+                self.version = version
+                return
+            self.cancel()
+            if status == Status.UNAUTHORIZED:  # mutual TLS: our certificate is on no allow-list
+                raise UnauthorizedError(f"bookie {self.bookie_id}: {message}")
+            raise _VersionRefused(message or f"version {version}")
+        reason = self._closed.result()
+        if "no common version" in reason:
+            raise _VersionRefused(reason)
+        raise UnavailableError(f"bookie {self.bookie_id}: handshake: {reason}")
+
+    async def wait_lost(self, timeout_s: float) -> None:
+        """Wait (bounded) until the socket is closed after ``cancel()``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout_s)
+
+    async def wait_closed(self) -> str:
+        """Wait until the link is closed; returns why."""
+        return await asyncio.shield(self._closed)
+
+    def cancel(self) -> None:
+        """Close the link (pending reads fail UNAVAILABLE)."""
+        self._fail("closed by the client")
+
+    def _fail(self, reason: str) -> None:
+        if self._closed.done():
+            return
+        self._closed.set_result(reason)
+        if self._transport is not None:
+            # abort, not close: nothing pending needs flushing (every add on the link is
+            # answered by the transport), and a TLS close would wait for the peer's close_notify
+            self._transport.abort()
+        elif not self._lost.done():
+            self._lost.set_result(None)
+        error = UnavailableError(f"bookie {self.bookie_id}: {reason}")
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for queue in self._chunks.values():
+            queue.put_nowait(error)
+        if self._writable is not None:
+            self._writable.set()
+
+    # --- sending --------------------------------------------------------------------------
+    def _send(self, parts: list[wire.Buffer]) -> None:
+        if self._closed.done() or self._transport is None:
+            raise UnavailableError(f"bookie {self.bookie_id}: {self._closed.result() if self.closed else 'not connected'}")
+        self._transport.writelines(parts)
+
+    async def write(self, body: bytes) -> None:
+        """Send one ADD frame (the add stream's write); waits while the socket is full."""
+        rid = self._next_id
+        self._next_id = rid + 1
+        self._send(wire.encode_frame(FrameType.ADD, rid, (body,)))
+        while self._paused and not self.closed:
+            if self._writable is None:
+                self._writable = asyncio.Event()
+            await self._writable.wait()
+
+    def _request_id(self) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1
+        return rid
+
+    async def request(self, make: Callable[[int], list[wire.Buffer]]) -> memoryview:
+        """Send the frame ``make(request_id)``; the body of its answer."""
+        rid = self._request_id()
+        future: asyncio.Future[memoryview] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            self._send(make(rid))
+            return await future
+        finally:
+            self._pending.pop(rid, None)
+
+    async def chunks(self, make: Callable[[int], list[wire.Buffer]]) -> AsyncGenerator[wire.RangeChunk, None]:
+        """Send ``make(request_id)``; yield the RANGE_CHUNK answers until the last."""
+        rid = self._request_id()
+        queue: asyncio.Queue[tuple[int, memoryview] | BaseException] = asyncio.Queue()
+        self._chunks[rid] = queue
+        try:
+            self._send(make(rid))
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                flags, body = item
+                yield wire.decode_range_chunk(body)
+                if not flags & wire.FLAG_MORE:
+                    return
+        finally:
+            self._chunks.pop(rid, None)
+
+
+class BinaryTransport(GrpcBookieTransport):
+    """``BookieTransport`` over the binary data path where offered, gRPC elsewhere
+    (module docstring). ``resolve_binary(bookie_id)``: the bookie's binary address or
+    "" (gRPC); ``ssl_context``: the TLS hook for the links (None: plain TCP)."""
+
+    def __init__(
+        self,
+        resolve: Callable[[BookieId], str],
+        config: TransportConfig | None = None,
+        *,
+        resolve_binary: Callable[[BookieId], str],
+        ssl_context: ssl.SSLContext | None = None,
+        frame_bytes_max: int = wire.FRAME_BYTES_MAX,
+    ) -> None:
+        super().__init__(resolve, config)
+        self._resolve_binary = resolve_binary
+        tls = self._tls  # TransportConfig.tls: the links use TLS too, with the same certificates
+        self._ssl = ssl_context or (tls.client_ssl_context() if tls is not None else None)
+        self._server_name = tls.config.server_name if tls is not None else None
+        self._frame_bytes_max = frame_bytes_max
+        self._links: dict[BookieId, BinaryLink] = {}
+        self._dialing: dict[BookieId, asyncio.Task[BinaryLink | None]] = {}
+        self._grpc_only: set[BookieId] = set()  # refused every version we speak
+        self.links_opened = 0
+
+    def wire_of(self, bookie_id: BookieId) -> str:
+        """"binary" while a link to ``bookie_id`` is open, else "grpc" (what it uses now)."""
+        link = self._links.get(bookie_id)
+        return "binary" if link is not None and not link.closed else "grpc"
+
+    # --- links ------------------------------------------------------------------------------
+    def _binary_address(self, bookie_id: BookieId) -> str:
+        if bookie_id in self._grpc_only:
+            return ""
+        try:
+            return self._resolve_binary(bookie_id)
+        except ScribaError:
+            return ""
+
+    async def _link(self, bookie_id: BookieId) -> BinaryLink | None:
+        """The open link to ``bookie_id`` (dialled if needed), None for a gRPC bookie."""
+        if self._closed:
+            raise UnavailableError("transport is closed")
+        link = self._links.get(bookie_id)
+        if link is not None and not link.closed:
+            return link
+        dialing = self._dialing.get(bookie_id)
+        if dialing is None:
+            dialing = asyncio.get_running_loop().create_task(self._dial(bookie_id))
+            self._dialing[bookie_id] = dialing
+            dialing.add_done_callback(lambda t: self._dial_done(bookie_id, t))
+        return await asyncio.shield(dialing)
+
+    def _dial_done(self, bookie_id: BookieId, task: asyncio.Task[BinaryLink | None]) -> None:
+        if self._dialing.get(bookie_id) is task:
+            del self._dialing[bookie_id]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have gone (their own deadlines)
+
+    async def _dial(self, bookie_id: BookieId) -> BinaryLink | None:
+        address = self._binary_address(bookie_id)
+        if not address:
+            return None
+        try:
+            link = await self._connect(bookie_id, address)
+        except _VersionRefused as exc:
+            log.warning("binary_version_refused", bookie_id=bookie_id, address=address, reason=str(exc))
+            self._grpc_only.add(bookie_id)
+            return None
+        except TimeoutError:  # as a read's deadline would (a blackhole accepts, then is silent)
+            raise DeadlineExceededError(f"bookie {bookie_id} ({address}): binary connect timed out") from None
+        except OSError as exc:
+            raise UnavailableError(f"bookie {bookie_id} ({address}): binary connect: {exc}") from None
+        if self._closed:
+            link.cancel()
+            raise UnavailableError("transport is closed")
+        self._links[bookie_id] = link
+        self.links_opened += 1
+        return link
+
+    async def _connect(self, bookie_id: BookieId, address: str) -> BinaryLink:
+        """TCP connect + HELLO within ``read_timeout_s`` (a link that fails is closed)."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        loop = asyncio.get_running_loop()
+        link: BinaryLink | None = None
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                _, link = await loop.create_connection(
+                    lambda: BinaryLink(bookie_id, self._frame_bytes_max), host, int(port),
+                    ssl=self._ssl, server_hostname=(self._server_name or host) if self._ssl is not None else None,
+                )
+                await link.handshake()
+        except BaseException:
+            if link is not None:
+                link.cancel()
+            raise
+        return link
+
+    # --- the add stream hooks ---------------------------------------------------------------------
+    async def _open_add_call(self, conn: _Connection) -> Any:
+        link = await self._link(conn.bookie_id)
+        if link is None:
+            return await super()._open_add_call(conn)
+
+        def on_answers(answers: list[wire.AddAnswer], conn: _Connection = conn, link: BinaryLink = link) -> None:
+            if conn.call is not link:
+                return
+            on_answer = self._on_answer
+            for a in answers:
+                on_answer(conn, a.ledger_id, a.entry_ids, a.status)  # type: ignore[arg-type]
+
+        link.on_answers = on_answers
+        return link
+
+    def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
+        return _encode_run if isinstance(call, BinaryLink) else None
+
+    async def _read_loop(self, conn: _Connection, call: Any) -> None:
+        if not isinstance(call, BinaryLink):
+            return await super()._read_loop(conn, call)
+        reason = await call.wait_closed()  # answers come through on_answers
+        if conn.call is call:
+            self._break(conn, _UNAVAILABLE, f"link: {reason}", drop_channel=False)
+
+    # --- reads ----------------------------------------------------------------------------------
+    async def _ask(self, bookie_id: BookieId, link: BinaryLink, timeout_s: float,
+                   make: Callable[[int], list[wire.Buffer]], what: str) -> memoryview:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await link.request(make)
+        except TimeoutError:
+            self._deadline_passed(bookie_id, link)
+            raise DeadlineExceededError(f"bookie {bookie_id} {what}: no answer within {timeout_s} s") from None
+
+    def _deadline_passed(self, bookie_id: BookieId, link: BinaryLink) -> None:
+        """A read deadline passed: a link that carries no adds may sit behind a silent
+        drop; close it so the next use dials afresh (the add sweep handles the others)."""
+        conn = self._conns.get(bookie_id)
+        if conn is None or conn.call is not link:
+            link.cancel()
+
+    async def read_entry(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        entry_id: EntryId,
+        *,
+        fence: bool = False,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> bytes:
+        link = await self._link(bookie_id)
+        if link is None:
+            return await super().read_entry(bookie_id, ledger_id, entry_id, fence=fence, master_key=master_key,
+                                            timeout_s=timeout_s)
+        flags = wire.READ_FENCE if fence else 0
+        body = await self._ask(
+            bookie_id, link, self._timeout(timeout_s),
+            lambda rid: wire.encode_read_entry(rid, ledger_id, entry_id, flags, master_key), "read_entry",
+        )
+        status, _eid, message, entry = wire.decode_entry_answer(body)
+        if status != 0:
+            raise error_for_status(status, _message(message, bookie_id, ledger_id, entry_id))
+        return bytes(entry)
+
+    async def read_runs(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        first_entry_id: EntryId,
+        last_entry_id: EntryId,
+        *,
+        max_entries: int = 1024,
+        max_bytes: int = 4 * 1024 * 1024,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[EntryRun, None]:
+        link = await self._link(bookie_id)
+        if link is None:
+            runs = super().read_runs(bookie_id, ledger_id, first_entry_id, last_entry_id,
+                                     max_entries=max_entries, max_bytes=max_bytes, timeout_s=timeout_s)
+            async with contextlib.aclosing(runs):
+                async for run in runs:
+                    yield run
+            return
+        timeout = self._timeout(timeout_s)
+
+        async def timed() -> AsyncGenerator[wire.RangeChunk, None]:
+            """The link's chunks, each within the read's deadline."""
+            chunks = link.chunks(lambda rid: wire.encode_read_range(
+                rid, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes))
+            async with contextlib.aclosing(chunks):
+                while True:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        self._deadline_passed(bookie_id, link)
+                        raise DeadlineExceededError(
+                            f"bookie {bookie_id} read_range: no answer within {timeout} s") from None
+                    yield chunk
+
+        runs = follow_runs(
+            timed(), lambda chunk, next_id, count_max: (
+                chunk.status, chunk.message, _chunk_run(chunk, bookie_id, ledger_id, next_id, count_max)),
+            bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries,
+        )
+        async with contextlib.aclosing(runs):
+            async for run in runs:
+                yield run
+
+    async def read_lac(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        *,
+        fence: bool = False,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> LacResult:
+        link = await self._link(bookie_id)
+        if link is None:
+            return await super().read_lac(bookie_id, ledger_id, fence=fence, master_key=master_key,
+                                          timeout_s=timeout_s)
+        flags = wire.READ_FENCE if fence else 0
+        return await self._binary_lac(bookie_id, link, ledger_id, self._timeout(timeout_s),
+                                      lambda rid: wire.encode_read_lac(rid, ledger_id, flags, -1, 0, master_key))
+
+    async def long_poll_lac(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        previous_lac: EntryId,
+        *,
+        wait_s: float,
+        piggyback_entry: bool = True,
+    ) -> LacResult:
+        link = await self._link(bookie_id)
+        if link is None:
+            return await super().long_poll_lac(bookie_id, ledger_id, previous_lac, wait_s=wait_s,
+                                               piggyback_entry=piggyback_entry)
+        flags = wire.LAC_LONG_POLL | (wire.LAC_PIGGYBACK if piggyback_entry else 0)
+        timeout_ms = max(0, int(wait_s * 1000))
+        return await self._binary_lac(
+            bookie_id, link, ledger_id, wait_s + LONG_POLL_MARGIN_S,
+            lambda rid: wire.encode_read_lac(rid, ledger_id, flags, previous_lac, timeout_ms, b""),
+        )
+
+    async def _binary_lac(self, bookie_id: BookieId, link: BinaryLink, ledger_id: LedgerId, timeout_s: float,
+                          make: Callable[[int], list[wire.Buffer]]) -> LacResult:
+        body = await self._ask(bookie_id, link, timeout_s, make, "read_lac")
+        r = wire.decode_lac_answer(body)
+        if r.status != 0:
+            raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
+        return LacResult(
+            lac=EntryId(r.lac),
+            last_entry_id=EntryId(r.last_entry_id),
+            last_entry=bytes(r.last_entry),
+            piggybacked_entry=bytes(r.piggybacked_entry),
+            fenced=r.fenced,
+        )
+
+    async def close(self) -> None:
+        await super().close()
+        for task in list(self._dialing.values()):
+            task.cancel()
+        links = list(self._links.values())
+        self._links.clear()
+        for link in links:
+            link.cancel()
+        await asyncio.gather(*(link.wait_lost(LINK_CLOSE_TIMEOUT_S) for link in links))
+
+
+def _chunk_run(chunk: wire.RangeChunk, bookie_id: BookieId, ledger_id: int, next_id: int,
+               count_max: int) -> EntryRun | None:
+    """A RANGE_CHUNK's entries as a run of at most ``count_max`` (None: it has none)."""
+    sizes = chunk.sizes
+    if not sizes:
+        return None
+    if chunk.first_entry_id != next_id:
+        raise InternalError(_message(f"malformed range answer: chunk starts at entry {chunk.first_entry_id}, "
+                                     f"expected {next_id}", bookie_id, ledger_id, next_id))
+    ends: list[int] = []
+    total = 0
+    for size in sizes[:count_max]:
+        total += size
+        ends.append(total)
+    return EntryRun(EntryId(next_id), ends, bytes(chunk.blob))
+
+
+def new_transport(registry: Any, config: TransportConfig | None = None, *,
+                  ssl_context: ssl.SSLContext | None = None) -> BookieTransport:
+    """The transport ``config.protocol`` names, resolving bookies through ``registry``
+    (a ``BookieRegistry``: ``address`` and ``binary_address``)."""
+    config = (config or TransportConfig()).validate()
+    if config.protocol == "grpc":
+        return GrpcBookieTransport(registry.address, config)
+    return BinaryTransport(registry.address, config, resolve_binary=registry.binary_address,
+                           ssl_context=ssl_context)
