@@ -11,9 +11,11 @@ starts the web console (``scriba console``, as a process; ``--no-console`` skips
 and an autorecovery process (``scriba autorecovery run``: the elected auditor and one
 replication worker, as BookKeeper's standalone runs autorecovery beside its bookies;
 ``--autorecovery-delay-s`` sets how long a bookie may be gone before its ledgers are
-re-replicated, ``--no-autorecovery`` skips it), writes ``DIR/sandbox.json`` (metadata
-URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID; the
-autorecovery process's id and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
+re-replicated, ``--no-autorecovery`` skips it), with ``--with namenode`` the namenode
+example's three replicas (:mod:`scriba.embedded.namenode`), writes ``DIR/sandbox.json``
+(metadata URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID;
+the autorecovery process's id and PID; the namenodes), prints the URI, the console's URL
+and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -81,6 +83,7 @@ BOOKIES_MAX = 32
 ZONES_MAX = 26
 REGIONS_MAX = 9
 DETACH_TIMEOUT_S = 90.0
+SERVICES = ("namenode",)
 
 
 class SandboxBusyError(ScribaError):
@@ -103,6 +106,7 @@ class SandboxOptions:
     autorecovery_delay_s: float | None = AUTORECOVERY_DELAY_S  # lost-bookie delay; None: no autorecovery
     tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
     inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
+    services: tuple[str, ...] = ()  # --with: extra services ("namenode")
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -117,6 +121,11 @@ class SandboxOptions:
             raise ConfigError(f"--inter-region-latency-ms: {self.inter_region_latency_ms} must be >= 0")
         if self.inter_region_latency_ms > 0 and self.regions < 2:
             raise ConfigError("--inter-region-latency-ms needs --regions 2 or more (latency is between regions)")
+        unknown = sorted(set(self.services) - set(SERVICES))
+        if unknown:
+            raise ConfigError(f"--with {', '.join(unknown)}: known services are {', '.join(SERVICES)}")
+        if self.services and self.tls:
+            raise ConfigError("--with namenode and --tls: the sandbox starts the namenodes without TLS (not yet)")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -231,6 +240,7 @@ class Sandbox:
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.autorecovery: tuple[subprocess.Popen[bytes], str] | None = None  # (process, its id)
+        self.namenodes: list[Any] = []  # scriba.embedded.namenode.NamenodeChild
         self.metadata_uri = options.metadata or ""
         self.pki: Any = None  # SandboxPki with --tls
         self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
@@ -246,6 +256,7 @@ class Sandbox:
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
         pids.append((doc.get("autorecovery") or {}).get("pid"))  # likewise
         pids.append((doc.get("region_latency") or {}).get("pid"))
+        pids += [n.get("pid") for n in doc.get("namenodes", [])]  # run in DIR/namenode-* (their cwd)
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -349,6 +360,12 @@ class Sandbox:
             tls_args = tls_argv(self.pki.client_tls(self.pki.admin)) if self.pki is not None else []
             self.autorecovery = start_autorecovery(self.metadata_uri, self.options.autorecovery_delay_s,
                                                    self.data_dir, tls_args)
+        if "namenode" in self.options.services:
+            from scriba.embedded.namenode import start_namenodes
+
+            print("starting the namenode example (active + 2 standbys) ...", file=out, flush=True)
+            zones = sorted({self.options.location(i)[1] for i in range(max(n, places))})
+            self.namenodes = start_namenodes(self.metadata_uri, self.data_dir, zones, START_TIMEOUT_S)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -379,6 +396,7 @@ class Sandbox:
             },
             **(self.pki.describe() if self.pki is not None else {}),
             "region_latency": None if self.latency is None else self.latency.describe(),
+            **({"namenodes": _describe_namenodes(self.namenodes)} if self.namenodes else {}),
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -407,6 +425,10 @@ class Sandbox:
         for child in (self.autorecovery, self.console):  # before the bookies: none of them is "lost"
             if child is not None:
                 stop_child(child[0])
+        if self.namenodes:
+            from scriba.embedded.namenode import stop_namenodes
+
+            stop_namenodes(self.namenodes, STOP_TIMEOUT_S)
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -426,6 +448,12 @@ def _running(process: Any) -> bool:
         return running
     pid = getattr(process, "pid", None)
     return pid is not None and _pid_alive(pid)
+
+
+def _describe_namenodes(children: list[Any]) -> list[dict[str, Any]]:
+    from scriba.embedded.namenode import describe
+
+    return describe(children)
 
 
 def _stop_quietly(process: Any) -> None:
@@ -467,6 +495,9 @@ def register(subparsers: Any) -> None:
                         f"this long (default {AUTORECOVERY_DELAY_S:g}; 0: at once)")
     p.add_argument("--no-autorecovery", action="store_true",
                    help="do not start the autorecovery process (auditor + replication worker)")
+    p.add_argument("--with", dest="services", action="append", default=[], choices=SERVICES, metavar="SERVICE",
+                   help="also start SERVICE: namenode (the WebHDFS namenode example, an active and two "
+                        "standbys over the zones, listed in sandbox.json)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     p.add_argument("--tls", action="store_true",
                    help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
@@ -486,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
                              metadata=args.metadata, fresh=args.fresh,
                              console=None if args.no_console else args.console, tls=args.tls,
                              inter_region_latency_ms=args.inter_region_latency_ms,
-                             autorecovery_delay_s=None if args.no_autorecovery else args.autorecovery_delay_s)
+                             autorecovery_delay_s=None if args.no_autorecovery else args.autorecovery_delay_s,
+                             services=tuple(args.services))
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -544,6 +576,8 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     if sandbox.autorecovery is not None:
         print(f"autorecovery: auditor + worker ({sandbox.autorecovery[1]}), a lost bookie re-replicated "
               f"after {sandbox.options.autorecovery_delay_s:g}s", file=out)
+    for nn in _describe_namenodes(sandbox.namenodes):
+        print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     tls = ""
     if sandbox.pki is not None:
@@ -583,6 +617,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
     argv += (["--no-autorecovery"] if args.no_autorecovery
              else ["--autorecovery-delay-s", f"{args.autorecovery_delay_s:g}"])
+    for service in args.services:
+        argv += ["--with", service]
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
@@ -603,6 +639,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
             print(f"metadata: {doc['metadata_uri']}")
             if doc.get("console"):
                 print(f"console:  {doc['console']['url']}")
+            for nn in doc.get("namenodes", []):
+                print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})")
             print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
                   f"stop with: scriba sandbox --stop --data {data_dir}")
             return 0

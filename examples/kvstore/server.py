@@ -22,8 +22,8 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from aetcd.rpc import rpc_pb2 as pb
@@ -46,16 +46,14 @@ from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.watch import Watch
 from scriba.grpc_auth import IdentityInterceptor, bind, identity_check
 from scriba.log import get_logger
-from scriba.rsm import ClientSession, ReplicatedStateMachine
+from scriba.rsm import ClientSession, ReplicatedStateMachine, while_leaderless
 from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
-T = TypeVar("T")
 
 ETCD_VERSION = "3.5.0"  # what Status reports: the API level the clients expect
 EXPIRY_POLL_S = 0.5
 REGISTRATION_CHECK_S = 1.0
-RETRY_PAUSE_S = 0.05
 GRPC_OPTIONS = [  # keep idle watch / keep-alive streams of etcdctl open (ENVIRONMENT.md)
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -100,7 +98,7 @@ class Node:
     async def session(self) -> ClientSession:
         async with self._session_lock:
             if self._session is None:
-                self._session = await retrying(self.rsm.open_session, self.rsm.config.propose_timeout_s)
+                self._session = await while_leaderless(self.rsm.open_session, self.rsm.config.propose_timeout_s)
             return self._session
 
     async def propose(self, data: bytes, response_type: Any, context: Any) -> Any:
@@ -117,7 +115,7 @@ class Node:
     async def read(self, data: bytes, response_type: Any, context: Any, serializable: bool) -> Any:
         try:
             consistency = "sequential" if serializable else "linearizable"
-            result = await retrying(lambda: self.rsm.read(data, consistency), self.rsm.config.read_timeout_s)
+            result = await while_leaderless(lambda: self.rsm.read(data, consistency), self.rsm.config.read_timeout_s)
             return self.fill(cmd.parse_result(result, response_type))
         except EtcdError as exc:
             await abort(context, exc)
@@ -136,21 +134,6 @@ class Node:
                     await self.rsm.propose(cmd.encode_expire(lease_id, deadline_ms), session=await self.session())
             except ScribaError as exc:
                 log.info("kv_lease_expiry_failed", error=str(exc))
-
-
-async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-    """``call()`` again while no leader is known (an election under way), up to ``timeout_s``.
-
-    (``rsm.propose`` with a session retries so itself; ``open_session`` and reads do not.)
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await call()
-        except (RsmNotLeaderError, UnavailableError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(RETRY_PAUSE_S)
 
 
 def rsm_error(exc: ScribaError) -> EtcdError:
