@@ -35,6 +35,7 @@ class KvReplica:
     endpoint: str
     peer: str
     zone: str = ""
+    metadata_uri: str = ""  # this replica's own route to the metadata store (a fault proxy), if any
     incarnation: int = 0
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
@@ -46,15 +47,15 @@ class KvReplica:
 
 class KvCluster:
     def __init__(self, metadata_uri: str, workdir: Path, *, replicas: int = 3, namespace: str = "kv",
-                 name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None
-                 ) -> None:
+                 name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None,
+                 metadata_uris: list[str] | None = None) -> None:
         self.metadata_uri = metadata_uri
         self.workdir = Path(workdir)
         self.namespace, self.name = namespace, name
         self.rsm_config = rsm_config or {}
         self.replicas = [
             KvReplica(f"r{i + 1}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
-                      zones[i % len(zones)] if zones else "")
+                      zones[i % len(zones)] if zones else "", metadata_uris[i] if metadata_uris else "")
             for i in range(replicas)
         ]
 
@@ -70,7 +71,7 @@ class KvCluster:
         r.logs.append(log_path)
         with log_path.open("wb") as log_file:
             r.proc = subprocess.Popen(
-                [sys.executable, "-m", "scriba.examples.kvstore", "serve", "--metadata", self.metadata_uri,
+                [sys.executable, "-m", "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
                  "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
                  self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config)],
                 stdout=subprocess.PIPE, stderr=log_file,
@@ -101,6 +102,13 @@ class KvCluster:
     def kill(self, index: int) -> None:
         self.kill_replica(self.replicas[index])
 
+    def signal(self, index: int, sig: signal.Signals) -> None:
+        """SIGSTOP / SIGCONT (or any signal) to one running replica, by its PID."""
+        r = self.replicas[index]
+        if r.running:
+            assert r.proc is not None
+            os.kill(r.proc.pid, sig)
+
     @staticmethod
     def kill_replica(r: KvReplica) -> None:
         if r.running:
@@ -114,6 +122,7 @@ class KvCluster:
         for r in self.replicas:
             if r.running:
                 assert r.proc is not None
+                os.kill(r.proc.pid, signal.SIGCONT)  # a paused replica could not act on SIGTERM
                 os.kill(r.proc.pid, signal.SIGTERM)
         for r in self.replicas:
             if r.proc is not None:
