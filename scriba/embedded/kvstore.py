@@ -1,4 +1,5 @@
-"""``KvCluster``: replicas of the store as real processes (the tests).
+"""``KvCluster``: replicas of the KV store example as real processes (tests, benchmarks,
+the sandbox).
 
     with KvCluster(metadata_uri, workdir, replicas=3) as kv:
         kv.endpoints          # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3" for etcdctl
@@ -17,14 +18,13 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from scriba.embedded.process import free_port
+from scriba.embedded.process import free_port, python_module_argv
 
 READY_TIMEOUT_S = 60.0
 
@@ -71,10 +71,11 @@ class KvCluster:
         r.logs.append(log_path)
         with log_path.open("wb") as log_file:
             r.proc = subprocess.Popen(
-                [sys.executable, "-m", "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
-                 "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
-                 self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config)],
-                stdout=subprocess.PIPE, stderr=log_file,
+                python_module_argv(
+                    "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
+                    "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
+                    self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config)),
+                stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, cwd=self.workdir,
             )
         self._wait_ready(r)
         return r
@@ -131,6 +132,8 @@ class KvCluster:
                 except subprocess.TimeoutExpired:
                     pass
                 self.kill_replica(r)  # kills a straggler; closes the pipe either way
+
+    stop = stop_all  # the launchers' common name
 
     def __enter__(self) -> KvCluster:
         return self.start_all()

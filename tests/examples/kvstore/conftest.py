@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kv_procs import KvCluster
 
+from scriba.embedded.kvstore import KvCluster
 from scriba.testing.cluster import BookieCluster
 from scriba.testing.faults import FaultProxyConfig, ToxiproxyServer, toxiproxy_client
 

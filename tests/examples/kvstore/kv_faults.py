@@ -22,7 +22,8 @@ from typing import Any
 import grpc
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
-from kv_procs import KvCluster
+
+from scriba.embedded.kvstore import KvCluster
 
 LEADER_DEADLINE_S = 60.0
 STATUS_TIMEOUT_S = 2.0

@@ -12,7 +12,8 @@ import grpc
 import pytest
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
-from kv_procs import KvCluster
+
+from scriba.embedded.kvstore import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

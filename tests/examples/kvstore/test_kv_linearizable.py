@@ -28,8 +28,8 @@ import aetcd
 import grpc
 import pytest
 from kv_faults import FAULTS, FaultCluster, Nemesis, leader_index
-from kv_procs import KvCluster
 
+from scriba.embedded.kvstore import KvCluster
 from scriba.testing.checkers import check_kv
 from scriba.testing.history import History
 

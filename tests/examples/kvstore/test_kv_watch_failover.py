@@ -31,7 +31,8 @@ import aetcd
 import grpc
 import pytest
 from kv_faults import FaultCluster, Nemesis, leader_index
-from kv_procs import KvCluster
+
+from scriba.embedded.kvstore import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
