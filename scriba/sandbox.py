@@ -5,8 +5,10 @@ N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
 (``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
 round-robin over the regions first; the default bookie count is then one per zone),
 starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
+with ``--with kv`` three replicas of the KV store example (etcd's v3 API, one per zone,
+``scriba.embedded.kvstore``; their ``--endpoints`` line for etcdctl is printed),
 writes ``DIR/sandbox.json`` (metadata URI; per bookie: id, address, zone, data dir,
-PID; the console's URL and PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
+PID; the console's URL and PID; under ``kv`` each replica's id, endpoint, zone, PID), prints the URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -69,6 +71,8 @@ REGIONS_MAX = 9
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
+SERVICES = ("kv",)
+KV_REPLICAS = 3
 
 
 class SandboxBusyError(ScribaError):
@@ -88,6 +92,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    services: tuple[str, ...] = ()  # examples to start on top (``--with``): "kv"
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -96,6 +101,9 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        unknown = sorted(set(self.services) - set(SERVICES))
+        if unknown:
+            raise ConfigError(f"--with: unknown {', '.join(unknown)} (known: {', '.join(SERVICES)})")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -206,6 +214,7 @@ class Sandbox:
         self.etcd: Any = None
         self.bookies: list[Any] = []
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
+        self.kv: Any = None  # a scriba.embedded.kvstore.KvCluster with --with kv
         self.metadata_uri = options.metadata or ""
 
     def _reap_orphans(self) -> None:
@@ -217,6 +226,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids += [r.get("pid") for r in doc.get("kv") or []]  # run in DIR/kv
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -289,6 +299,13 @@ class Sandbox:
                 f.result()
         if self.options.console:
             self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
+        if "kv" in self.options.services:
+            from scriba.embedded.kvstore import KvCluster
+
+            print(f"starting {KV_REPLICAS} KV store replicas (etcd v3 API) ...", file=out, flush=True)
+            zones = sorted({self.options.location(i)[1] for i in range(len(self.bookies))})
+            self.kv = KvCluster(self.metadata_uri, self.data_dir / "kv", replicas=KV_REPLICAS, zones=zones)
+            self.kv.start_all()
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -313,6 +330,11 @@ class Sandbox:
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
             "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            "kv": None if self.kv is None else [
+                {"replica_id": r.replica_id, "endpoint": r.endpoint, "zone": r.zone,
+                 "pid": r.proc.pid if r.proc is not None else None}
+                for r in self.kv.replicas
+            ],
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -340,6 +362,8 @@ class Sandbox:
             (self.data_dir / SANDBOX_FILE).unlink()
         if self.console is not None:
             _stop_process(self.console[0])
+        if self.kv is not None:
+            _stop_quietly(self.kv)
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -418,6 +442,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
+    p.add_argument("--with", dest="services", action="append", choices=SERVICES, default=[],
+                   help="also start an example on the cluster: kv = 3 replicas of the KV store (etcd's v3 API)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
@@ -433,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console)
+                             console=None if args.no_console else args.console, services=tuple(args.services))
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -487,6 +513,8 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     print(f"metadata: {sandbox.metadata_uri}", file=out)
     if sandbox.console is not None:
         print(f"console:  {sandbox.console[1]}", file=out)
+    if sandbox.kv is not None:
+        print(f"kv:       etcdctl --endpoints {sandbox.kv.endpoints} put hello world", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     print(
         f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
@@ -516,6 +544,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if args.fresh:
         argv.append("--fresh")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
+    for service in args.services:
+        argv += ["--with", service]
     log_path = data_dir / LOG_FILE
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
@@ -536,6 +566,9 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
             print(f"metadata: {doc['metadata_uri']}")
             if doc.get("console"):
                 print(f"console:  {doc['console']['url']}")
+            if doc.get("kv"):
+                endpoints = ",".join(r["endpoint"] for r in doc["kv"])
+                print(f"kv:       etcdctl --endpoints {endpoints} put hello world")
             print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
                   f"stop with: scriba sandbox --stop --data {data_dir}")
             return 0
