@@ -73,6 +73,7 @@ STOP_TIMEOUT_S = 30.0
 DETACH_TIMEOUT_S = 90.0
 SERVICES = ("kv",)
 KV_REPLICAS = 3
+KV_SESSION_TIMEOUT_S = 10.0  # a busy laptop must not lose the replicas' metadata sessions
 
 
 class SandboxBusyError(ScribaError):
@@ -304,8 +305,9 @@ class Sandbox:
 
             print(f"starting {KV_REPLICAS} KV store replicas (etcd v3 API) ...", file=out, flush=True)
             zones = sorted({self.options.location(i)[1] for i in range(len(self.bookies))})
-            self.kv = KvCluster(self.metadata_uri, self.data_dir / "kv", replicas=KV_REPLICAS, zones=zones)
-            self.kv.start_all()
+            self.kv = KvCluster(self.metadata_uri, self.data_dir / "kv", replicas=KV_REPLICAS, zones=zones,
+                                session_timeout_s=KV_SESSION_TIMEOUT_S)
+            self.kv.start_all(attempts=3)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from scriba.embedded.process import free_port, python_module_argv
 
 READY_TIMEOUT_S = 60.0
+RESTART_BACKOFF_S = 2.0
 
 
 @dataclass
@@ -48,11 +49,12 @@ class KvReplica:
 class KvCluster:
     def __init__(self, metadata_uri: str, workdir: Path, *, replicas: int = 3, namespace: str = "kv",
                  name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None,
-                 metadata_uris: list[str] | None = None) -> None:
+                 metadata_uris: list[str] | None = None, session_timeout_s: float = 2.0) -> None:
         self.metadata_uri = metadata_uri
         self.workdir = Path(workdir)
         self.namespace, self.name = namespace, name
         self.rsm_config = rsm_config or {}
+        self.session_timeout_s = session_timeout_s  # each replica's metadata session (its fail-over time)
         self.replicas = [
             KvReplica(f"r{i + 1}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                       zones[i % len(zones)] if zones else "", metadata_uris[i] if metadata_uris else "")
@@ -74,7 +76,8 @@ class KvCluster:
                 python_module_argv(
                     "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
                     "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
-                    self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config)),
+                    self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config),
+                    "--session-timeout-s", str(self.session_timeout_s)),
                 stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, cwd=self.workdir,
             )
         self._wait_ready(r)
@@ -95,9 +98,18 @@ class KvCluster:
         tail = r.logs[-1].read_text(errors="replace")[-3000:] if r.logs else ""
         raise RuntimeError(f"kv replica {r.replica_id} did not start within {READY_TIMEOUT_S} s:\n{tail}")
 
-    def start_all(self) -> KvCluster:
+    def start_all(self, attempts: int = 1) -> KvCluster:
+        """Start every replica; one whose process exits before it serves (say, its metadata
+        session lost on a machine too busy to renew it) is tried up to ``attempts`` times."""
         for i in range(len(self.replicas)):
-            self.start(i)
+            for attempt in range(attempts):
+                try:
+                    self.start(i)
+                    break
+                except RuntimeError:
+                    if attempt == attempts - 1:
+                        raise
+                    time.sleep(RESTART_BACKOFF_S)  # a backoff: the dead attempt's registration may linger
         return self
 
     def kill(self, index: int) -> None:

@@ -63,6 +63,8 @@ def test_sandbox_with_kv_serves_etcdctl_and_keeps_its_data(tmp_path: Path) -> No
             assert ctl.ok("get", "sandbox/hello", "--print-value-only", endpoints=r["endpoint"]).strip() == "world"
         status = ctl.json("endpoint", "status")
         assert sum(1 for s in status if s["Status"]["leader"] == s["Status"]["header"]["member_id"]) == 1
+        terms = {s["Status"]["raftTerm"] for s in status}  # followers report the leader's term too
+        assert len(terms) == 1 and terms.pop() > 0, status
     finally:
         stopped = _sandbox(data, "--stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -1,4 +1,6 @@
-"""Watch continuity across 10 leader fail-overs: every watcher sees every revision
+"""The store's watches and leases under leader faults (real processes, one cluster).
+
+Watch continuity across 10 leader fail-overs: every watcher sees every revision
 exactly once, in order, with no gap.
 
 A writer (aetcd, failing over to the next replica on an error) puts ``wc/<n> = n``
@@ -13,6 +15,9 @@ from the revision before the first put:
 Only this writer writes in this cluster, so the revisions from the first put to the
 last are exactly the writes: each watcher's revisions must be that range, strictly
 increasing, each event the put that made it, and every acknowledged put among them.
+
+Lease expiry with a paused leader: the next leader decides it; the keys go once, in
+one revision, on every replica.
 """
 
 from __future__ import annotations
@@ -172,3 +177,58 @@ async def test_watchers_see_every_revision_once_across_10_leader_failovers(fault
             if rev in acked:
                 assert acked[rev] == (key, value)
         assert set(acked) <= set(revisions)
+
+
+LEASE_TTL_S = 3
+LEASE_KEYS = [b"lease/%d" % i for i in range(3)]
+LEASE_PAUSE_S = 6.0  # past the lease's TTL and the leader's metadata session
+
+
+async def test_lease_expires_once_by_the_replicated_decision_while_the_leader_is_paused(
+        fault_cluster: FaultCluster) -> None:
+    """The leader is SIGSTOPped holding a lease: the next leader decides the expiry; the keys
+    go once (one revision, one DELETE each, seen by a watcher), on every replica; the old
+    leader, resumed, expires nothing again."""
+    kv = fault_cluster.kv
+    leader = await leader_index(kv)
+    follower = (leader + 1) % len(kv.replicas)
+    async with client(kv, leader) as c:
+        lease = await c.lease(LEASE_TTL_S)
+        for key in LEASE_KEYS:
+            start = (await c.put(key, b"v", lease=lease)).header.revision + 1
+    seen: list[tuple[str, bytes, int]] = []
+    async with client(kv, follower) as w:
+        watch = await w.watch_prefix(b"lease/", start_revision=start)
+        kv.signal(leader, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(CATCH_UP_DEADLINE_S):
+                async for event in watch:
+                    seen.append((event.kind, event.kv.key, event.kv.mod_revision))
+                    if len(seen) == len(LEASE_KEYS):
+                        break
+            await asyncio.sleep(max(0.0, LEASE_PAUSE_S - 1.0))
+        finally:
+            kv.signal(leader, signal.SIGCONT)
+        async with client(kv, leader) as back:  # the old leader, resumed: catches up, expires nothing
+            async with asyncio.timeout(CATCH_UP_DEADLINE_S):
+                while await back.get(LEASE_KEYS[0], serializable=True) is not None:
+                    await asyncio.sleep(0.2)
+            marker = (await back.put(b"lease-marker", b"x")).header.revision
+        async with asyncio.timeout(CATCH_UP_DEADLINE_S):  # anything after the expiry would come before the marker
+            await w.put(b"lease/after", b"y")
+            async for event in watch:
+                seen.append((event.kind, event.kv.key, event.kv.mod_revision))
+                if event.kv.key == b"lease/after":
+                    break
+        await watch.cancel()
+    deletes = [s for s in seen if s[0] == "DELETE"]
+    assert sorted(key for _, key, _ in deletes) == LEASE_KEYS  # each key expired exactly once
+    assert len({rev for _, _, rev in deletes}) == 1  # by one replicated decision: one revision
+    assert seen[-1][1] == b"lease/after" and len(seen) == len(LEASE_KEYS) + 1
+    assert marker == deletes[0][2] + 1  # no other revision in between: nothing expired twice
+    for r in kv.replicas:  # every replica: the keys and the lease are gone
+        async with client(kv, kv.replicas.index(r)) as c:
+            for key in LEASE_KEYS:
+                assert await c.get(key, serializable=True) is None
+            ttl = await c.get_lease_info(lease.id)
+            assert ttl.TTL == -1
