@@ -6,7 +6,9 @@ state), it sends the events of its range from that revision up to the applied on
 read from the MVCC history, so nothing is missed or repeated on this replica. A
 start revision at or below the compaction point cancels the watch with etcd's
 ``compact_revision``. Events inside one revision come in key order (etcd uses the
-order of the writes in the transaction). Watches do not move across replicas: a
+order of the writes in the transaction). A watch created with ``fragment`` gets large
+batches cut into pieces of at most ``FRAGMENT_BYTES_MAX``, flagged ``fragment`` but
+the last, as etcd does. Watches do not move across replicas: a
 client reconnecting elsewhere resumes from its last revision (``start_revision``).
 """
 
@@ -24,7 +26,30 @@ from scriba.examples.kvstore.machine import KvMachine
 
 QUEUE_MAX = 1024
 EVENTS_PER_RESPONSE_MAX = 1000
+FRAGMENT_BYTES_MAX = 1536 * 1024  # etcd's default --max-request-bytes
 NOPUT, NODELETE = 0, 1
+
+
+def split(events: list[Any], fragment: bool) -> list[tuple[list[Any], bool]]:
+    """The responses for ``events``: (events, more fragments follow). With ``fragment``,
+    etcd's rule: cut where a response would pass ``FRAGMENT_BYTES_MAX``, every piece but
+    the last flagged so the client joins them; without, at most ``EVENTS_PER_RESPONSE_MAX``
+    events per response, none flagged."""
+    if not fragment:
+        return [(events[i:i + EVENTS_PER_RESPONSE_MAX], False) for i in range(0, len(events), EVENTS_PER_RESPONSE_MAX)]
+    out: list[tuple[list[Any], bool]] = []
+    chunk: list[Any] = []
+    size = 0
+    for event in events:
+        event_bytes = event.ByteSize()
+        if chunk and size + event_bytes > FRAGMENT_BYTES_MAX:
+            out.append((chunk, True))
+            chunk, size = [], 0
+        chunk.append(event)
+        size += event_bytes
+    if chunk:
+        out.append((chunk, False))
+    return out
 
 
 class Watcher:
@@ -57,9 +82,9 @@ class Watcher:
                               if not (e.type == e.PUT and NOPUT in self.filters)
                               and not (e.type == e.DELETE and NODELETE in self.filters)]
                     self.next_rev = last + 1
-                    for i in range(0, len(events), EVENTS_PER_RESPONSE_MAX):
+                    for chunk, more in split(events, self.req.fragment):
                         await self.out.put(pb.WatchResponse(header=self.node.header(last), watch_id=self.watch_id,
-                                                            events=events[i:i + EVENTS_PER_RESPONSE_MAX]))
+                                                            events=chunk, fragment=more))
                 await self.woken.wait()
         finally:
             machine.listeners.remove(self.woken.set)
