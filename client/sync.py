@@ -44,11 +44,14 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         if threading.current_thread() is self._thread:
             coro.close()
             raise ConfigError("SyncClient called from its own event loop thread")
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        future = self.submit(coro)
         try:
             return future.result(timeout_s)
         except TimeoutError:
@@ -194,6 +197,18 @@ class SyncClient:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._runner.loop
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` (built on :attr:`client`) on the client's loop and wait for its result.
+
+        Waits at most ``timeout_s`` (default: the client's ``call_timeout_s``), then cancels it
+        and raises ``DeadlineExceededError``. Calling from the loop's own thread is a ``ConfigError``.
+        """
+        return self._runner.call(coro, self._timeout_s if timeout_s is None else timeout_s)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start ``coro`` on the client's loop; the caller waits on the returned future."""
+        return self._runner.submit(coro)
 
     def create_ledger(self, *args: Any, **kwargs: Any) -> SyncLedgerWriter:
         writer = self._runner.call(self._client.create_ledger(*args, **kwargs), self._timeout_s)

@@ -42,6 +42,8 @@ log = get_logger(__name__)
 
 SUSPENDED_GRACE_S: Final = 1.0
 SESSION_WAIT_S: Final = 1.0
+WITHDRAW_S: Final = 5.0
+"""Bound on removing an abandoned claim after a cancelled campaign."""
 CAMPAIGN_RETRY: Final = RetryPolicy(attempts_max=120, delay_s_min=0.1, delay_s_max=1.0).validate()
 """A campaign rides out about a minute and a half of store trouble, then raises."""
 
@@ -118,15 +120,33 @@ class Election:
         if self._leadership is not None and not self._leadership.lost.is_set():
             raise BadRequestError(f"election {self.name}: {self._leadership.candidate} already leads here")
         claim = _Claim(candidate, uuid.uuid4().hex, value)
-        # Hand-written outer loop: waiting for a vacancy is not an error to back off from.
-        while True:
-            record = await retry_async(
-                lambda: self._claim(claim), policy=CAMPAIGN_RETRY, what=f"campaign {self.name}",
-                retry_if=_transient, on_retry=self._log_retry,
-            )
-            if record is not None:
-                return self._lead(claim, record)
-            await self._wait_vacant()
+        try:
+            # Hand-written outer loop: waiting for a vacancy is not an error to back off from.
+            while True:
+                record = await retry_async(
+                    lambda: self._claim(claim), policy=CAMPAIGN_RETRY, what=f"campaign {self.name}",
+                    retry_if=_transient, on_retry=self._log_retry,
+                )
+                if record is not None:
+                    return self._lead(claim, record)
+                await self._wait_vacant()
+        except BaseException:
+            # Cancelled or failed after our create may have landed: a claim left behind would
+            # hold the election for our whole session with nobody leading. Withdraw it (shielded,
+            # so a second cancellation cannot stop the clean-up half-way).
+            await asyncio.shield(self._withdraw(claim))
+            raise
+
+    async def _withdraw(self, claim: _Claim) -> None:
+        """Delete the leader record if it holds this (abandoned) claim; best effort, bounded."""
+        try:
+            async with asyncio.timeout(WITHDRAW_S):
+                record = await self.store.get(self.key)
+                if _Claim.from_bytes(record.value).nonce == claim.nonce:
+                    await self.store.delete(self.key, expected_version=record.version)
+                    log.info("campaign_withdrawn", election=self.name, candidate=claim.candidate)
+        except Exception as exc:  # the record dies with our session anyway
+            log.info("campaign_withdraw_failed", election=self.name, error=str(exc))
 
     async def _claim(self, claim: _Claim) -> Versioned[bytes] | None:
         """One try: the leader record if it is ours now, else None (someone else leads)."""

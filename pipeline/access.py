@@ -9,16 +9,14 @@ connection is ever pickled.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from scriba.client import LedgerReader
 from scriba.client.sync import SyncClient
 from scriba.entry import Entry
-from scriba.errors import DeadlineExceededError, PositionOutOfRangeError, PositionTruncatedError
+from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
 from scriba.meta.records import LEDGERS_PREFIX
 from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
@@ -81,12 +79,7 @@ class Access:
         self._ledgers: dict[int, LedgerReader] = {}  # async readers for header reads (driver)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self._sync.loop)
-        try:
-            return future.result(self._timeout_s)
-        except FutureTimeout:
-            future.cancel()
-            raise DeadlineExceededError(f"call did not finish within {self._timeout_s} s") from None
+        return self._sync.call(coro, self._timeout_s)
 
     def close(self) -> None:
         self._sync.close()

@@ -24,7 +24,6 @@ Not for use inside the client's own event loop (use :class:`~scriba.stream.Names
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
@@ -32,7 +31,6 @@ from typing import Any, Final, TypeVar
 
 from scriba.client import SyncClient
 from scriba.client.sync import CALL_TIMEOUT_S_DEFAULT
-from scriba.errors import ConfigError, DeadlineExceededError
 from scriba.stream.ledgers import Record
 from scriba.stream.namespace import (
     Namespace,
@@ -58,26 +56,14 @@ class _Loop:
     """Runs coroutines on a SyncClient's loop from the caller's thread, each with a deadline."""
 
     def __init__(self, client: SyncClient, timeout_s: float) -> None:
-        self.loop = client.loop
+        self._client = client
         self.timeout_s = timeout_s
 
     def __call__(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = self.submit(coro)
-        try:
-            return future.result(self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise DeadlineExceededError(f"call did not finish within {self.timeout_s} s") from None
+        return self._client.call(coro, self.timeout_s)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            coro.close()
-            raise ConfigError("the stream sync facade was called from its client's own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self._client.submit(coro)
 
 
 class SyncStreamWriter:

@@ -11,6 +11,8 @@
   (lost unfsynced bytes, torn writes, EIO, ENOSPC, bit flips at rest).
 - ``scriba.testing.history``: invoke / ok / fail / info histories as JSON lines.
 - ``scriba.testing.checkers``: acked set, log, linearizability, RSM convergence.
+- ``scriba.testing.waiting``: ``eventually(condition, timeout_s)`` -- waiting on a condition
+  with a deadline, never a guessed sleep.
 - ``scriba.testing.sim``: a seeded simulation of bookies, network, metadata store and
   clock for I/O-free cores (seeds, replay commands), and the in-memory bookie
   transport for the asyncio client.

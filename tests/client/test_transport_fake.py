@@ -21,6 +21,7 @@ from scriba.errors import (
     UnavailableError,
 )
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.testing.waiting import eventually
 
 KEY = b"k" * 32
 B = BookieId("b1")
@@ -134,7 +135,7 @@ async def test_server_down_answers_unavailable_and_reconnects() -> None:
     server.servicer.add_delay_s = 0.5
     for e in range(20):
         t.add(B, LedgerId(1), EntryId(e), KEY, b"a", rec)
-    await asyncio.sleep(0.1)
+    await eventually(lambda: server.servicer.batches_received >= 1, what="the adds reached the (slow) bookie")
     await server.stop()
     await rec.wait(20, timeout_s=3)
     assert set(rec.statuses.values()) == {Status.UNAVAILABLE}
@@ -200,7 +201,7 @@ async def test_close_answers_pending_adds_unavailable() -> None:
         rec = Recorder()
         for e in range(5):
             t.add(B, LedgerId(1), EntryId(e), KEY, b"a", rec)
-        await asyncio.sleep(0.05)
+        await eventually(lambda: sum(server.servicer.batch_sizes) == 5, what="the 5 adds reached the bookie")
         await t.close()
         assert len(rec.answers) == 5
         assert set(rec.statuses.values()) == {Status.UNAVAILABLE}

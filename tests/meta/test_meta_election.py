@@ -122,3 +122,29 @@ async def test_a_campaign_retries_an_unreachable_store_then_gives_up(
     with pytest.raises(MetadataUnavailableError):
         await asyncio.wait_for(Election(stores[1], "h").campaign("b"), WAIT_S)
     assert calls[0] == 4
+
+
+async def test_a_campaign_cancelled_after_its_claim_landed_withdraws_it(stores: list[MetadataStore]) -> None:
+    store = stores[0]
+    real_get = store.get
+    landed = asyncio.Event()
+    hold = asyncio.Event()
+    calls = [0]
+
+    async def get(key: str) -> object:
+        calls[0] += 1
+        if calls[0] == 1:  # the campaign's read-back after its create landed
+            landed.set()
+            await hold.wait()
+        return await real_get(key)
+
+    store.get = get  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(Election(store, "g").campaign("a"))
+    await asyncio.wait_for(landed.wait(), WAIT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The claim is gone at once (not at the end of the session): another candidate leads.
+    lead_b = await asyncio.wait_for(Election(stores[1], "g").campaign("b"), WAIT_S)
+    assert await Election(stores[2], "g").leader() == ("b", lead_b.token)
+    assert store.session.state is not SessionState.LOST

@@ -24,6 +24,8 @@ from scriba.client.registry import BookieRegistry
 from scriba.client.transport import AddCallback, LacResult
 from scriba.client.write_core import WriteConfig
 from scriba.errors import (
+    ConfigError,
+    DeadlineExceededError,
     DigestMismatchError,
     LedgerClosedError,
     LedgerFencedError,
@@ -277,9 +279,7 @@ def test_sim_sync_client_roundtrip() -> None:
     transport = StorageTransport(BOOKIES)
     uri = f"memory://sync-{uuid.uuid4().hex[:8]}"
     with SyncClient.connect(uri, transport=transport, config=CONFIG) as client:
-        asyncio.run_coroutine_threadsafe(
-            register_bookies(client.client.store, BOOKIES), client.loop
-        ).result(10)
+        client.call(register_bookies(client.client.store, BOOKIES))
         w = client.create_ledger(3, 3, 2, password=b"s")
         assert w.append(b"one") == 0
         assert w.append_many([b"two", b"three"]) == [1, 2]
@@ -287,6 +287,14 @@ def test_sim_sync_client_roundtrip() -> None:
         r = client.open_ledger(w.ledger_id, password=b"s")
         assert [e.payload for e in r.read()] == [b"one", b"two", b"three"]
         assert w.ledger_id in client.list_ledgers()
+        with pytest.raises(DeadlineExceededError):
+            client.call(asyncio.sleep(30), timeout_s=0.05)  # cancelled on the loop, not left running
+
+        async def from_the_loop() -> None:
+            client.call(asyncio.sleep(0))
+
+        with pytest.raises(ConfigError, match="own event loop"):
+            client.call(from_the_loop())
 
 
 async def test_sim_client_replacement_falls_back_to_a_recently_failed_bookie(env: Env) -> None:
