@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,12 @@ def fault_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
         finally:
             kv.stop_all()
             bookies.stop_all()
+
+
+@pytest.fixture
+async def collect_on_the_loop() -> AsyncIterator[None]:
+    """Finalise the clients' gRPC objects while their event loop still runs (else they are
+    reported as unraisable exceptions during a later test). Async tests use it by mark."""
+    yield
+    gc.collect()
+    await asyncio.sleep(0)

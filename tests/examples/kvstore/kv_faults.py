@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import aetcd
 import grpc
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
@@ -31,6 +32,7 @@ KILLED_DOWN_S = 1.0
 PAUSE_S = 3.5  # past the metadata session (2 s) and its grace: another replica takes over
 PARTITION_S = 4.0
 RESTART_DEADLINE_S = 60.0
+CLIENT_ERRORS = (aetcd.ClientError, grpc.aio.AioRpcError, TimeoutError, OSError)  # a failed client call
 FAULTS = ("kill", "pause", "partition")
 
 

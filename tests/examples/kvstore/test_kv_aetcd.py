@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,16 +15,8 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from scriba.embedded.kvstore import KvCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_on_the_loop"), pytest.mark.timeout(300)]
 
-
-@pytest.fixture(autouse=True)
-async def collect_on_the_loop() -> AsyncIterator[None]:
-    """Finalise the clients' gRPC objects while their event loop still runs (else they are
-    reported as unraisable exceptions during a later test)."""
-    yield
-    gc.collect()
-    await asyncio.sleep(0)
 
 
 def client_for(kv: KvCluster, index: int) -> aetcd.Client:

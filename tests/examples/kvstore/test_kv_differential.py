@@ -47,12 +47,8 @@ CMP = pb.Compare
 
 @pytest.fixture(scope="module")
 def reference_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-ref"), members=1)
-    cluster.start()
-    try:
+    with EtcdCluster(tmp_path_factory.mktemp("etcd-ref"), members=1) as cluster:  # its own revisions
         yield cluster
-    finally:
-        cluster.stop()
 
 
 class Gen:

@@ -25,35 +25,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import gc
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aetcd
-import grpc
 import pytest
-from kv_faults import FaultCluster, Nemesis, leader_index
+from kv_faults import CLIENT_ERRORS, FaultCluster, Nemesis, leader_index
 
 from scriba.embedded.kvstore import KvCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_on_the_loop"), pytest.mark.timeout(900)]
 
 FAILOVERS = 10
 PREFIX = b"wc/"
 OP_TIMEOUT_S = 5
 CATCH_UP_DEADLINE_S = 90.0
 RUN_DEADLINE_S = 600.0
-CLIENT_ERRORS = (aetcd.ClientError, grpc.aio.AioRpcError, TimeoutError, OSError)
 
-
-@pytest.fixture(autouse=True)
-async def collect_on_the_loop() -> AsyncIterator[None]:
-    yield
-    gc.collect()
-    await asyncio.sleep(0)
 
 
 def client(kv: KvCluster, index: int) -> aetcd.Client:

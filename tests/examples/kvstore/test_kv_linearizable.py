@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aetcd
-import grpc
 import pytest
-from kv_faults import FAULTS, FaultCluster, Nemesis, leader_index
+from kv_faults import CLIENT_ERRORS, FAULTS, FaultCluster, Nemesis, leader_index
 
 from scriba.embedded.kvstore import KvCluster
 from scriba.testing.checkers import check_kv
 from scriba.testing.history import History
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_on_the_loop"), pytest.mark.timeout(900)]
 
 SOAK = os.environ.get("SCRIBA_SOAK") == "1"
 OPS_MIN = 20_000 if SOAK else 5_000
@@ -46,15 +43,7 @@ OP_TIMEOUT_S = 5
 OP_DEADLINE_S = 15.0  # an operation's hard bound (aetcd's own timeout is per RPC)
 RUN_DEADLINE_S = 600.0
 SEED = int(os.environ.get("SCRIBA_SEED", "16"))
-CLIENT_ERRORS = (aetcd.ClientError, grpc.aio.AioRpcError, TimeoutError, OSError)
 
-
-@pytest.fixture(autouse=True)
-async def collect_on_the_loop() -> AsyncIterator[None]:
-    """Finalise the clients' gRPC objects while their event loop still runs."""
-    yield
-    gc.collect()
-    await asyncio.sleep(0)
 
 
 class Budget:
