@@ -47,8 +47,10 @@ def ctl(kv_cluster: KvCluster) -> Ctl:
 
 
 @pytest.fixture(scope="module")
-def fault_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
-    """Three replicas, each reaching the metadata store through its own fault proxy."""
+def fault_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[FaultCluster]:
+    """Three replicas, each reaching the metadata store through its own fault proxy (the test
+    module's ``RSM_CONFIG_EXTRA`` added to their RSM config)."""
     prefix = f"kvf{uuid.uuid4().hex[:8]}"
     base = tmp_path_factory.mktemp("kvf")
     host, port = etcd_cluster.endpoints[0]
@@ -58,7 +60,8 @@ def fault_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
         bookies = BookieCluster(base / "bookies", str(etcd_cluster.uri(prefix)))
         bookies.start_bookies(3, zones=["z1", "z2", "z3"])
         kv = KvCluster(str(etcd_cluster.uri(prefix)), base / "replicas", replicas=3, zones=["z1", "z2", "z3"],
-                       rsm_config=RSM_CONFIG, metadata_uris=[f"etcd://{p.listen}/{prefix}" for p in proxies])
+                       rsm_config={**RSM_CONFIG, **getattr(request.module, "RSM_CONFIG_EXTRA", {})},
+                       metadata_uris=[f"etcd://{p.listen}/{prefix}" for p in proxies])
         try:
             yield FaultCluster(kv.start_all(), proxies)
         finally:

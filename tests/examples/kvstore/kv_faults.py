@@ -25,6 +25,8 @@ from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from scriba.embedded.kvstore import KvCluster
+from scriba.testing.checkers import check_kv
+from scriba.testing.history import History
 
 LEADER_DEADLINE_S = 60.0
 STATUS_TIMEOUT_S = 2.0
@@ -118,3 +120,30 @@ class Nemesis:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.5)
+
+
+async def follower_read_history(kv: KvCluster, *, serializable: bool, writes_max: int = 600) -> Any:
+    """Puts on the leader, each followed at once by a get on each follower recorded as a
+    linearizable read (``serializable``: etcd's local read; else the store's default);
+    checked every 100 puts, stopping at the first violation: the checker's result."""
+    leader = await leader_index(kv)
+    followers = [i for i in range(len(kv.replicas)) if i != leader]
+    history = History()
+
+    def client(i: int) -> aetcd.Client:
+        host, port = kv.replicas[i].endpoint.rsplit(":", 1)
+        return aetcd.Client(host, int(port), timeout=20)
+
+    async with client(leader) as w, client(followers[0]) as f0, client(followers[1]) as f1:
+        for i in range(writes_max):
+            key = f"neg/{i % 4}"
+            op_id = history.invoke("writer", "put", [key, f"v{i}"])
+            await w.put(key.encode(), f"v{i}".encode())
+            history.ok(op_id)
+            for name, reader in (("f0", f0), ("f1", f1)):
+                op_id = history.invoke(name, "get", key)
+                got = await reader.get(key.encode(), serializable=serializable)
+                history.ok(op_id, None if got is None else got.value.decode())
+            if i % 100 == 99 and not check_kv(history).ok:
+                break
+    return check_kv(history)
