@@ -44,7 +44,7 @@ from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.sessions import ConnectionSessions
-from scriba.examples.kvstore.watch import Watch
+from scriba.examples.kvstore.watch import PROGRESS_NOTIFY_S, Watch
 from scriba.log import get_logger
 from scriba.rsm import ReplicatedStateMachine
 
@@ -282,8 +282,10 @@ for _name in ("AuthEnable", "AuthDisable", "Authenticate", "UserAdd", "UserGet",
 class KvServer:
     """The gRPC server and the lease-expiry task of one replica."""
 
-    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str) -> None:
+    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str, *,
+                 watch_progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         self.node = Node(rsm, machine, f"http://{listen}")
+        self.watch_progress_notify_s = watch_progress_notify_s
         self.listen = listen
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         self._tasks: list[asyncio.Task[None]] = []
@@ -295,7 +297,7 @@ class KvServer:
         stubs.add_MaintenanceServicer_to_server(Maintenance(node), self._server)
         stubs.add_ClusterServicer_to_server(Cluster(node), self._server)
         stubs.add_AuthServicer_to_server(Auth(node), self._server)
-        stubs.add_WatchServicer_to_server(Watch(node), self._server)
+        stubs.add_WatchServicer_to_server(Watch(node, self.watch_progress_notify_s), self._server)
         if self._server.add_insecure_port(self.listen) == 0:
             raise OSError(f"cannot listen on {self.listen}")
         await self._server.start()

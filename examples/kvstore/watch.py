@@ -8,7 +8,9 @@ start revision at or below the compaction point cancels the watch with etcd's
 ``compact_revision``. Events inside one revision come in key order (etcd uses the
 order of the writes in the transaction). A watch created with ``fragment`` gets large
 batches cut into pieces of at most ``FRAGMENT_BYTES_MAX``, flagged ``fragment`` but
-the last, as etcd does. Watches do not move across replicas: a
+the last, as etcd does. A watch created with ``progress_notify`` that sent nothing for
+``progress_notify_s`` (etcd's 10 minutes by default) gets an empty response whose
+header says the revision it has seen up to. Watches do not move across replicas: a
 client reconnecting elsewhere resumes from its last revision (``start_revision``).
 """
 
@@ -27,6 +29,7 @@ from scriba.examples.kvstore.machine import KvMachine
 QUEUE_MAX = 1024
 EVENTS_PER_RESPONSE_MAX = 1000
 FRAGMENT_BYTES_MAX = 1536 * 1024  # etcd's default --max-request-bytes
+PROGRESS_NOTIFY_S = 600.0  # etcd's default progress-notify interval (10 minutes)
 NOPUT, NODELETE = 0, 1
 
 
@@ -53,7 +56,8 @@ def split(events: list[Any], fragment: bool) -> list[tuple[list[Any], bool]]:
 
 
 class Watcher:
-    def __init__(self, watch_id: int, req: Any, machine: KvMachine, out: asyncio.Queue[Any], node: Any) -> None:
+    def __init__(self, watch_id: int, req: Any, machine: KvMachine, out: asyncio.Queue[Any], node: Any,
+                 progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         self.watch_id = watch_id
         self.req = req
         self.machine = machine
@@ -62,6 +66,7 @@ class Watcher:
         self.next_rev = req.start_revision or machine.revision + 1
         self.woken = asyncio.Event()
         self.filters = set(req.filters)
+        self.progress_notify_s = progress_notify_s if req.progress_notify else None
 
     async def run(self) -> None:
         machine = self.machine
@@ -85,14 +90,19 @@ class Watcher:
                     for chunk, more in split(events, self.req.fragment):
                         await self.out.put(pb.WatchResponse(header=self.node.header(last), watch_id=self.watch_id,
                                                             events=chunk, fragment=more))
-                await self.woken.wait()
+                try:
+                    await asyncio.wait_for(self.woken.wait(), self.progress_notify_s)
+                except TimeoutError:  # idle for the interval: tell the client how far it is (no events)
+                    seen = min(self.next_rev - 1, machine.revision)
+                    await self.out.put(pb.WatchResponse(header=self.node.header(seen), watch_id=self.watch_id))
         finally:
             machine.listeners.remove(self.woken.set)
 
 
 class Watch(stubs.WatchServicer):  # type: ignore[misc]
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         self.node = node
+        self.progress_notify_s = progress_notify_s
 
     async def Watch(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         out: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_MAX)
@@ -123,7 +133,7 @@ class Watch(stubs.WatchServicer):  # type: ignore[misc]
                 watch_id = req.watch_id or next_id
                 next_id = max(next_id, watch_id) + 1
                 await out.put(pb.WatchResponse(header=self.node.header(), watch_id=watch_id, created=True))
-                watcher = Watcher(watch_id, req, self.node.machine, out, self.node)
+                watcher = Watcher(watch_id, req, self.node.machine, out, self.node, self.progress_notify_s)
                 watchers[watch_id] = asyncio.get_running_loop().create_task(watcher.run())
             elif kind == "cancel_request":
                 watch_id = request.cancel_request.watch_id

@@ -303,3 +303,40 @@ def test_count_only_has_no_more_and_limit_comes_before_an_unordered_target_sort(
     assert [kv.key for kv in r.kvs] == [b"b"] and r.more
     r = get(m, b"a", b"\x00", limit=1, sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.VALUE)
     assert [kv.key for kv in r.kvs] == [b"c"]  # an order asked: all keys sorted, then the limit
+
+
+class _Node:
+    """What a watcher needs of the server: headers at a revision."""
+
+    def __init__(self, machine: KvMachine) -> None:
+        self.machine = machine
+
+    def header(self, revision: int | None = None) -> Any:
+        return pb.ResponseHeader(revision=self.machine.revision if revision is None else revision)
+
+
+async def test_watch_progress_notify_only_when_asked_and_idle() -> None:
+    import asyncio
+
+    from scriba.examples.kvstore.watch import Watcher
+
+    m = KvMachine()
+    put(m, b"w/a")
+    out: asyncio.Queue[Any] = asyncio.Queue()
+    asked = Watcher(1, pb.WatchCreateRequest(key=b"w/", range_end=b"w0", progress_notify=True), m, out, _Node(m),
+                    progress_notify_s=0.05)
+    silent = Watcher(2, pb.WatchCreateRequest(key=b"w/", range_end=b"w0"), m, out, _Node(m), progress_notify_s=0.05)
+    tasks = [asyncio.create_task(asked.run()), asyncio.create_task(silent.run())]
+    try:
+        async with asyncio.timeout(30):
+            progress = await out.get()
+            assert (progress.watch_id, list(progress.events), progress.header.revision) == (1, [], m.revision)
+            put(m, b"w/b")  # applied: the state machine wakes both watchers
+            got: list[Any] = []
+            while {r.watch_id for r in got if r.events} != {1, 2}:
+                got.append(await out.get())
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r.watch_id == 1 for r in got if not r.events)  # no progress for a watch that did not ask
