@@ -43,7 +43,7 @@ from scriba.examples.kvstore import errors
 from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
-from scriba.examples.kvstore.sessions import ConnectionSessions
+from scriba.examples.kvstore.sessions import IDLE_S, ConnectionSessions
 from scriba.examples.kvstore.watch import PROGRESS_NOTIFY_S, Watch
 from scriba.log import get_logger
 from scriba.rsm import ReplicatedStateMachine
@@ -86,7 +86,9 @@ class Node:
         self.cluster_id = id64(f"{rsm.namespace}/{rsm.name}")
         self.member_id = id64(rsm.replica_id)
         self.leader_term = 0  # the leader's election token as a follower last learned it (Status)
-        self.sessions = ConnectionSessions(lambda: retrying(rsm.open_session, rsm.config.propose_timeout_s))
+        # dropped here well before the RSM expires it (no command for session_ttl_ms on its clock)
+        self.sessions = ConnectionSessions(lambda: retrying(rsm.open_session, rsm.config.propose_timeout_s),
+                                           idle_s=min(IDLE_S, rsm.config.session_ttl_ms / 2000))
 
     def header(self, revision: int | None = None) -> Any:
         return pb.ResponseHeader(cluster_id=self.cluster_id, member_id=self.member_id,
