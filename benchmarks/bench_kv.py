@@ -38,6 +38,7 @@ from scriba.embedded.etcd import EtcdCluster
 from scriba.embedded.kvstore import KvCluster
 from scriba.testing.cluster import BookieCluster
 
+SESSION_TIMEOUT_S = 10.0  # steady state is measured: a CPU-starved leader must not lose its session (2 s did)
 VALUE = b"v" * 100
 KEYS = 1000
 RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
@@ -132,7 +133,8 @@ def main() -> int:
             uri = meta.uri(f"bench{uuid.uuid4().hex[:6]}")
             bookies = BookieCluster(base / "bookies", uri)
             bookies.start_bookies(3, zones=["z1", "z2", "z3"])
-            kv = KvCluster(uri, base / "kv", replicas=3, zones=["z1", "z2", "z3"], rsm_config=RSM_CONFIG).start_all()
+            kv = KvCluster(uri, base / "kv", replicas=3, zones=["z1", "z2", "z3"], rsm_config=RSM_CONFIG,
+                           session_timeout_s=SESSION_TIMEOUT_S).start_all()
             ours = asyncio.run(measure(kv.endpoints.split(","), levels, args.seconds))
             kv.stop_all()
             bookies.stop_all()
