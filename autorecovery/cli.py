@@ -25,6 +25,7 @@ from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.ids import BookieId
 from scriba.log import get_logger
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 log = get_logger(__name__)
 ENV_PASSWORDS = "SCRIBA_AUTORECOVERY_PASSWORDS"  # comma-separated, for processes a script starts
@@ -63,7 +64,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--open-ledger-grace-s", type=float, default=30.0)
     run.add_argument("--claim-ttl-s", type=float, default=10.0)
     run.add_argument("--tick-s", type=float, default=1.0)
-    run.add_argument("--http", default=None, help="HOST:PORT for /metrics")
+    run.add_argument("--http", default=None, help="HOST:PORT for /metrics (plaintext only for now)")
+    add_tls_arguments(run, server=False)  # the certificate the workers read and copy entries with
     run.set_defaults(func=cmd_run)
 
 
@@ -86,7 +88,7 @@ async def _run(uri: str, config: AutorecoveryConfig, args: argparse.Namespace) -
     from scriba.autorecovery.auditor import Auditor
     from scriba.autorecovery.metrics import AutorecoveryMetrics
     from scriba.autorecovery.worker import ReplicationWorker
-    from scriba.client import Client
+    from scriba.client import Client, ClientConfig
     from scriba.meta import connect
 
     name = args.id or f"autorecovery-{uuid.uuid4().hex[:8]}"
@@ -102,7 +104,7 @@ async def _run(uri: str, config: AutorecoveryConfig, args: argparse.Namespace) -
         loop.add_signal_handler(sig, stop.set)
     store = await connect(uri, session_timeout_s=config.claim_ttl_s)
     try:
-        async with Client.connect(uri, store=store) as client:
+        async with Client.connect(uri, store=store, config=ClientConfig(tls=tls_from_args(args))) as client:
             tasks = []
             if not args.no_auditor:
                 auditor = Auditor(client, config, candidate=name, metrics=metrics)

@@ -9,6 +9,9 @@ flight. The baseline, measured in the same run, is the packing alone
 are the batched path (``on_add_responses``, one call per bookie per run of entries)
 that production uses, per entry confirmed. Figures are CPU time (``process_time``), the
 best of ``--rounds`` rounds, so a busy machine disturbs them less than wall time.
+The ``R2`` shape is the synchronous geo mode (``min_regions_for_durability=2`` over
+bookies in two regions): its acks also pass the region check, against the same shape
+without it.
 """
 
 from __future__ import annotations
@@ -24,15 +27,17 @@ from scriba.entry import make_digest, pack_entry
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata
 
-SHAPES = [(3, 3, 2), (5, 3, 2)]
+SHAPES = [(3, 3, 2, 1), (5, 3, 2, 1), (3, 3, 2, 2)]
 PAYLOAD = b"v" * 100
 
 
-def _metadata(e: int, w: int, a: int) -> LedgerMetadata:
+def _metadata(e: int, w: int, a: int, regions_min: int = 1) -> LedgerMetadata:
     ensemble = tuple(BookieId(f"bk{i}") for i in range(e))
+    regions = {b: f"region{i % regions_min}" for i, b in enumerate(ensemble)} if regions_min > 1 else {}
     return LedgerMetadata(
         ledger_id=LedgerId(1), ensemble_size=e, write_quorum_size=w, ack_quorum_size=a,
-        ensembles=((EntryId(0), ensemble),),
+        ensembles=((EntryId(0), ensemble),), min_regions_for_durability=regions_min,
+        bookie_regions=regions,
     )
 
 
@@ -63,12 +68,12 @@ def run(entries: int, rounds: int) -> list[dict[str, Any]]:
     out = []
     gc.disable()
     try:
-        for e, w, a in SHAPES:
-            md = _metadata(e, w, a)
+        for e, w, a, r in SHAPES:
+            md = _metadata(e, w, a, r)
             results = [_round(md, entries) for _ in range(rounds)]
             pack, append, acks = (min(r[i] for r in results) for i in range(3))
             out.append({
-                "shape": f"E{e}/W{w}/A{a}", "pack_ns": round(pack), "append_ns": round(append),
+                "shape": f"E{e}/W{w}/A{a}" + (f" R{r}" if r > 1 else ""), "pack_ns": round(pack), "append_ns": round(append),
                 "append_over_pack": round(append / pack, 3), "acks_ns_per_entry": round(acks),
             })
     finally:

@@ -12,6 +12,7 @@ from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.grpc_runtime import apply_defaults as apply_grpc_defaults
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +55,7 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="storage tunable (StorageConfig field), e.g. journal_group_wait_ms_max=0.5",
     )
+    add_tls_arguments(run)
     run.set_defaults(func=_run)
 
     fmt = verbs.add_parser("format", help="give a bookie fresh dirs and a new cookie")
@@ -112,6 +114,7 @@ def build_config(args: argparse.Namespace) -> Any:
         zone=args.zone,
         rack=args.rack,
         storage_options=dict(_parse_option(o) for o in args.storage_option),
+        tls=tls_from_args(args),
         **extra,
     ).validate()
 

@@ -21,6 +21,7 @@ from scriba.bookie.compaction import CompactionPolicy
 from scriba.config import require
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls import TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,9 @@ class BookieConfig:
     metadata_connect_timeout_s: float = 5.0
     shutdown_grace_s: float = 5.0
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to StorageConfig
+    # TLS on the gRPC port and the HTTP endpoint (None: plaintext). With mutual TLS the
+    # gRPC service admits the client, bookie and admin allow-lists, HTTP the admin one.
+    tls: TlsConfig | None = None
 
     def validate(self) -> BookieConfig:
         require(bool(self.metadata_uri), "metadata_uri", "is required")
@@ -84,6 +88,9 @@ class BookieConfig:
         for name in ("region", "zone", "rack"):
             value = getattr(self, name)
             require(bool(value) and "/" not in value, name, f"{value!r} must be non-empty without '/'")
+        if self.tls is not None:
+            require(self.tls.cert is not None, "tls.cert", "a bookie serving TLS needs a certificate and key")
+            self.tls.validate()
         if self.bookie_id is not None:
             require(
                 bool(self.bookie_id) and "/" not in self.bookie_id,

@@ -3,6 +3,9 @@ and ``/api/gc`` (admin: ``GET`` the garbage collector's status; ``POST`` or ``PU
 for a GC cycle now, ``?major=1`` / ``?minor=1`` to compact as that pass even if its
 interval has not passed — 202 with the number of the cycle to wait for).
 
+With TLS (``tls``) the port speaks only TLS; with mutual TLS every request must come
+from a certificate on the admin allow-list (403 otherwise, before any route runs).
+
 Plain asyncio streams, one request per connection, every read bounded by a deadline and
 a size (a request body is read and ignored). Nothing here can stop the bookie: a bad
 request gets a 4xx.
@@ -19,6 +22,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from scriba.log import get_logger
+from scriba.tls import LoadedTls, Role, refusal
 
 log = get_logger(__name__)
 
@@ -26,7 +30,7 @@ REQUEST_BYTES_MAX: Final = 8192
 REQUEST_TIMEOUT_S: Final = 5.0
 _TRUE: Final = frozenset({"", "1", "true", "yes"})
 _FALSE: Final = frozenset({"0", "false", "no"})
-_REASONS: Final = {200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found",
+_REASONS: Final = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
                    405: "Method Not Allowed", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -48,12 +52,14 @@ class HttpEndpoint:
         health: Callable[[], tuple[bool, dict[str, object]]],
         metrics: Callable[[], bytes],
         gc: Callable[[], GcControl | None] = lambda: None,
+        tls: LoadedTls | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._health = health
         self._metrics = metrics
         self._gc = gc
+        self._tls = tls
         self._server: asyncio.Server | None = None
 
     @property
@@ -64,8 +70,10 @@ class HttpEndpoint:
         return f"{host}:{port}"
 
     async def start(self) -> None:
+        ssl = self._tls.server_ssl_context() if self._tls is not None else None
         self._server = await asyncio.start_server(
-            self._handle, self._host, self._port, limit=REQUEST_BYTES_MAX
+            self._handle, self._host, self._port, limit=REQUEST_BYTES_MAX,
+            ssl=ssl, ssl_handshake_timeout=REQUEST_TIMEOUT_S if ssl is not None else None,
         )
 
     async def stop(self) -> None:
@@ -85,7 +93,11 @@ class HttpEndpoint:
                 raise ValueError("body too large")
             if length:
                 await asyncio.wait_for(reader.readexactly(length), REQUEST_TIMEOUT_S)
-            code, ctype, body = self._route(method, path, query)
+            refusal = self._refusal(writer)
+            if refusal is not None:
+                code, ctype, body = 403, "text/plain", f"{refusal}\n".encode()
+            else:
+                code, ctype, body = self._route(method, path, query)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             code, ctype, body = 400, "text/plain", b"bad request\n"
         except Exception:
@@ -101,6 +113,14 @@ class HttpEndpoint:
             pass
         finally:
             writer.close()
+
+    def _refusal(self, writer: asyncio.StreamWriter) -> str | None:
+        """Why this connection's peer may not use the endpoint (None: it may)."""
+        refused = refusal(self._tls, writer.get_extra_info("peercert"), (Role.ADMIN,))
+        if refused is None:
+            return None
+        log.warning("http_request_refused", reason=str(refused))
+        return f"forbidden: {refused}"
 
     def _route(self, method: str, path: str, query: str) -> Reply:
         if path == "/api/gc":

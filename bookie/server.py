@@ -31,10 +31,12 @@ from scriba.bookie.registration import Registration
 from scriba.bookie.service import BookieService, ServingState, new_grpc_server
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.errors import ConfigError
+from scriba.grpc_auth import bind
 from scriba.log import get_logger
 from scriba.meta.connect import connect
 from scriba.meta.records import BookieMode, BookieRegistration
 from scriba.meta.store import MetadataStore
+from scriba.tls import LoadedTls
 
 log = get_logger(__name__)
 
@@ -70,6 +72,7 @@ class Bookie:
         self._mode_dirty = asyncio.Event()
         self._mode_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tls: LoadedTls | None = None
         self._stopped = False
         self.address = config.advertised_address
         self.port = config.listen_port
@@ -92,6 +95,7 @@ class Bookie:
         cfg = self.config
         check_dirs(cfg)
         check_listen(cfg.listen_host, cfg.listen_port)
+        self._tls = cfg.tls.load() if cfg.tls is not None else None  # a bad file: ConfigError, no start
         self._loop = asyncio.get_running_loop()
         if self._store is None:
             self._store = await connect(
@@ -134,7 +138,7 @@ class Bookie:
         await self._start_grpc(self.service)
         if cfg.http_host is not None:
             self._http = HttpEndpoint(cfg.http_host, cfg.http_port, health=self._health,
-                                      metrics=self.metrics.exposition, gc=lambda: self.gc)
+                                      metrics=self.metrics.exposition, gc=lambda: self.gc, tls=self._tls)
             await self._http.start()
         free, total = self._disk_usage()
         record = BookieRegistration(
@@ -168,12 +172,9 @@ class Bookie:
 
     async def _start_grpc(self, service: BookieService) -> None:
         cfg = self.config
-        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max)
+        self._server = new_grpc_server(service, cfg.grpc_message_bytes_max, tls=self._tls)
         address = _host_port(cfg.listen_host, cfg.listen_port)
-        try:
-            port = self._server.add_insecure_port(address)
-        except RuntimeError:  # taken since check_listen: gRPC says only "Failed to bind"
-            port = 0
+        port = bind(self._server, address, self._tls)  # 0: taken since check_listen
         if port == 0:
             raise ConfigError(f"listen {address}: cannot bind (address in use?)")
         self.port = port

@@ -48,11 +48,13 @@ from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage
 from scriba.entry import HEADER_SIZE
 from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
+from scriba.grpc_auth import guard_handlers, identity_check
 from scriba.ids import LEDGER_ID_MAX
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.proto.packed import encode_packed_chunk
+from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
 
@@ -503,6 +505,9 @@ class BookieService(pb_grpc.BookieServicer):
             await asyncio.wait(tasks, timeout=timeout_s)
 
 
+BOOKIE_CALLERS: Final = (Role.CLIENT, Role.BOOKIE, Role.ADMIN)  # who may call a bookie's gRPC service
+
+
 def grpc_server_options(message_bytes_max: int) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", message_bytes_max),
@@ -533,8 +538,13 @@ def _serialize_range_chunk(chunk: pb.ReadRangeResponse | bytes) -> bytes:
     return chunk if type(chunk) is bytes else chunk.SerializeToString()  # type: ignore[union-attr]
 
 
-def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.Server:
-    """The server with the generated handlers, ReadRange's serializer letting bytes through."""
+def new_grpc_server(service: BookieService, message_bytes_max: int, *, tls: LoadedTls | None = None) -> grpc.aio.Server:
+    """The server with the generated handlers, ReadRange's serializer letting bytes through.
+
+    With mutual TLS every call first checks the peer's certificate against the client,
+    bookie and admin allow-lists (``scriba.grpc_auth``); the port itself is added by the
+    caller (``scriba.grpc_auth.bind``).
+    """
     server = grpc.aio.server(options=grpc_server_options(message_bytes_max))
     taken = _Handlers()
     pb_grpc.add_BookieServicer_to_server(service, taken)
@@ -545,6 +555,8 @@ def new_grpc_server(service: BookieService, message_bytes_max: int) -> grpc.aio.
         request_deserializer=read_range.request_deserializer,
         response_serializer=_serialize_range_chunk,
     )
+    if tls is not None and tls.config.require_client_cert:
+        handlers = guard_handlers(handlers, identity_check(tls, BOOKIE_CALLERS))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
     server.add_registered_method_handlers(taken.service, handlers)
     return server

@@ -24,6 +24,8 @@ from time import perf_counter_ns
 from typing import Any
 
 from scriba.errors import ConfigError, ScribaError
+from scriba.tls import TlsConfig
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 PROGRESS_INTERVAL_S = 1.0
 INFLIGHT_MAX = 100_000
@@ -43,6 +45,7 @@ class BenchConfig:
     ledgers: int = 1
     batch_entries_max: int = 512  # adds per gRPC message per bookie (the transport default)
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
+    tls: TlsConfig | None = None  # dial the bookies over TLS (its cost: benchmarks/bench_tls.py)
 
     def validate(self) -> BenchConfig:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -188,6 +191,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
             TransportConfig(
                 batch_entries_max=cfg.batch_entries_max,
                 batches_inflight_max=cfg.batches_inflight_max,
+                tls=cfg.tls,
             ),
         )
         client = await Client.connect(cfg.metadata_uri, transport=transport)
@@ -276,6 +280,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batches-inflight", type=int, default=8, help="unanswered messages per bookie (default 8)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_tls_arguments(p, server=False)
     p.set_defaults(func=run)
 
 
@@ -294,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         ledgers=args.ledgers,
         batch_entries_max=args.batch_entries,
         batches_inflight_max=args.batches_inflight,
+        tls=tls_from_args(args),
     ).validate()
     result = asyncio.run(run_bench(cfg, progress=not args.quiet))
     if args.json:

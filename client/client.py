@@ -55,6 +55,7 @@ from scriba.meta.records import (
 )
 from scriba.meta.store import MetadataStore
 from scriba.retry import RetryPolicy, retry_async
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -76,6 +77,7 @@ class ClientConfig:
     write: WriteConfig = field(default_factory=WriteConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    tls: TlsConfig | None = None  # TLS to the bookies (mutual when it carries a cert and key)
 
     def validate(self) -> ClientConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
@@ -90,6 +92,8 @@ class ClientConfig:
         self.write.validate()
         self.read.validate()
         self.recovery.validate()
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
 
@@ -190,7 +194,8 @@ class Client:
                     the_transport: BookieTransport = GrpcBookieTransport(
                         registry.address,
                         TransportConfig(
-                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s
+                            add_timeout_s=cfg.add_timeout_s, read_timeout_s=cfg.driver.read_timeout_s,
+                            tls=cfg.tls,
                         ),
                     )
                 else:
@@ -285,6 +290,7 @@ class Client:
             custom_metadata=dict(custom_metadata or {}),
             placement_policy=policy.name,
             placement_options=dict(policy.options),
+            **self._durability_regions(policy, ensemble, ack_quorum_size),
         )
         try:
             version = await self._meta(self._store.create(ledger_key(ledger_id), metadata.to_bytes()))
@@ -295,6 +301,7 @@ class Client:
             digest=digest_impl,
             choose_replacement=self._chooser(policy, write_quorum_size, ack_quorum_size),
             config=self._config.write,
+            region_of=self._region_of,
         )
         writer = LedgerWriter(
             core, store=self._store, transport=self._transport,
@@ -335,9 +342,18 @@ class Client:
             )
             if current.is_closed:  # another recovery finished meanwhile
                 return current
+            chooser = None
+            if current.min_regions_for_durability > 1:
+                # A lost region can leave the tail's write sets short: move it (keeping
+                # the regions) instead of failing for ever.
+                chooser = self._chooser(
+                    self._make_policy(current.placement_policy, current.placement_options),
+                    current.write_quorum_size, current.ack_quorum_size,
+                )
             return await recover_ledger(
                 current, digest=digest, store=self._store, transport=self._transport,
                 master_key=key, config=self._config.driver, recovery_config=self._config.recovery,
+                choose_replacement=chooser, region_of=self._region_of,
             )
 
         def on_retry(attempt: int, error: BaseException, delay_s: float) -> None:
@@ -387,6 +403,23 @@ class Client:
         from scriba.placement import make_policy
 
         return make_policy(name, options, rng=self._rng)
+
+    def _region_of(self, bookie_id: BookieId) -> str | None:
+        node = self._registry.topology().nodes.get(bookie_id)
+        return None if node is None else str(node.location.region)
+
+    def _durability_regions(self, policy: Any, ensemble: Ensemble, ack_quorum_size: int) -> dict[str, Any]:
+        """The record's fields for the synchronous geo mode: ``min_regions_for_durability``
+        (from the policy) and the ensemble's regions, when the ack rule counts regions."""
+        regions_min = int(policy.regions_for_durability)
+        if regions_min == 1:
+            return {}
+        require(
+            regions_min <= ack_quorum_size, "min_regions_for_durability",
+            f"{regions_min} regions need an ack quorum of at least {regions_min}, got {ack_quorum_size}",
+        )
+        regions = {b: r for b in ensemble if (r := self._region_of(b))}
+        return {"min_regions_for_durability": regions_min, "bookie_regions": regions}
 
     def _chooser(self, policy: Any, write_quorum_size: int, ack_quorum_size: int) -> ChooseReplacement:
         """Replacement choice: avoid bookies that failed recently, if that leaves any."""

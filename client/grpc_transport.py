@@ -71,9 +71,11 @@ from scriba.errors import (
     NoSuchEntryError,
     ScribaError,
     Status,
+    UnauthorizedError,
     UnavailableError,
     error_for_status,
 )
+from scriba.grpc_auth import open_channel
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
@@ -93,6 +95,9 @@ _OK: Final = Status.OK
 _TIMEOUT: Final = Status.TIMEOUT
 _UNAVAILABLE: Final = Status.UNAVAILABLE
 _TOO_MANY: Final = Status.TOO_MANY_REQUESTS
+_UNAUTHORIZED: Final = Status.UNAUTHORIZED
+_PLAINTEXT_HINT: Final = " (this client dials without TLS: does the bookie require it?)"
+_REFUSED_CODES: Final = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 _RECOVERY_FLAG: Final = pb.RECOVERY_ADD
 _FENCE_FLAG: Final = pb.FENCE
 
@@ -157,6 +162,7 @@ class GrpcBookieTransport:
 
     def __init__(self, resolve: Callable[[BookieId], str], config: TransportConfig | None = None) -> None:
         self._config = config = (config or TransportConfig()).validate()
+        self._tls = config.tls.load() if config.tls is not None else None  # bad files: ConfigError now
         self._resolve = resolve
         self.add_timeout_s = config.add_timeout_s
         self.read_timeout_s = config.read_timeout_s
@@ -335,7 +341,7 @@ class GrpcBookieTransport:
             call = add_stream()
         except Exception as exc:
             if conn.sender is asyncio.current_task():
-                self._break(conn, _UNAVAILABLE, f"open: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _UNAVAILABLE, f"open: {self._describe(exc)}", drop_channel=False)
             return
         conn.call = call
         conn.reader = asyncio.get_running_loop().create_task(
@@ -355,7 +361,7 @@ class GrpcBookieTransport:
         if conn.channel is not None:
             self._close_channel_later(conn.channel)
         conn.address = address
-        conn.channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
+        conn.channel = open_channel(address, self._tls, _CHANNEL_OPTIONS)
         conn.stub = pb_grpc.BookieStub(conn.channel)
         conn.add_stream = conn.channel.stream_stream(
             _ADD_STREAM_METHOD,
@@ -438,7 +444,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _UNAVAILABLE, f"write: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"write: {self._describe(exc)}", drop_channel=False)
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         try:
@@ -456,7 +462,7 @@ class GrpcBookieTransport:
             raise
         except Exception as exc:
             if conn.call is call:
-                self._break(conn, _UNAVAILABLE, f"read: {_describe(exc)}", drop_channel=False)
+                self._break(conn, _failure_status(exc), f"read: {self._describe(exc)}", drop_channel=False)
 
     def _on_answer(self, conn: _Connection, ledger_id: int, ids: list[int], code: int) -> None:
         """One bookie answer: ``ids`` of ``ledger_id`` all got ``code``."""
@@ -520,7 +526,18 @@ class GrpcBookieTransport:
                 self._close_channel_later(conn.channel)
                 conn.channel = conn.stub = conn.add_stream = None
             return DeadlineExceededError(text)
+        if code in _REFUSED_CODES:
+            return UnauthorizedError(text)
+        if self._tls is None and code is grpc.StatusCode.UNAVAILABLE:
+            text += _PLAINTEXT_HINT
         return UnavailableError(text)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``exc`` for a log line; a plaintext transport's UNAVAILABLE says it dialed without TLS."""
+        text = _describe(exc)
+        if self._tls is None and isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
+            text += _PLAINTEXT_HINT
+        return text
 
     def _timeout(self, timeout_s: float | None) -> float:
         return self.read_timeout_s if timeout_s is None else timeout_s
@@ -736,6 +753,15 @@ def _chunk_run(
     if ends is None or problem:
         raise InternalError(_message(f"malformed range answer: {problem}", bookie_id, ledger_id, next_id))
     return EntryRun(EntryId(next_id), ends[:count_max] if len(ends) > count_max else ends, blob)
+
+
+def _failure_status(exc: BaseException) -> Status:
+    """What a failed add stream answers its pending adds: UNAUTHORIZED when the bookie
+    refused this client's certificate (a request error: no other bookie would take it
+    either), UNAVAILABLE otherwise."""
+    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED_CODES:
+        return _UNAUTHORIZED
+    return _UNAVAILABLE
 
 
 def _describe(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ from scriba.client.effects import (
 )
 from scriba.client.recovery_core import RecoveryConfig, RecoveryCore
 from scriba.client.transport import BookieTransport, EntryRun, LacResult
+from scriba.client.write_core import ChooseReplacement, RegionOf
 from scriba.entry import Digest
 from scriba.errors import (
     CorruptEntryError,
@@ -270,9 +271,14 @@ async def recover_ledger(
     master_key: bytes,
     config: DriverConfig | None = None,
     recovery_config: RecoveryConfig | None = None,
+    choose_replacement: ChooseReplacement | None = None,
+    region_of: RegionOf | None = None,
 ) -> LedgerMetadata:
-    """Fence, recover and close the ledger; returns the CLOSED record."""
-    core = RecoveryCore(metadata, digest=digest, config=recovery_config)
+    """Fence, recover and close the ledger; returns the CLOSED record. With
+    ``choose_replacement`` a tail that cannot be re-replicated on its write set moves to
+    replacements (``RecoveryCore``)."""
+    core = RecoveryCore(metadata, digest=digest, config=recovery_config,
+                        choose_replacement=choose_replacement, region_of=region_of)
     op = Operation(
         core, ledger_id=metadata.ledger_id, store=store, transport=transport,
         master_key=master_key, config=(config or DriverConfig()).validate(),

@@ -28,6 +28,7 @@ from scriba.meta.records import (
 )
 from scriba.meta.store import MetadataStore
 from scriba.shell import ShellVerb, bounded, emit, table
+from scriba.tls import TlsConfig
 
 SIMPLE_TEST_PASSWORD = b"scriba-simple-test"
 SIMPLE_TEST_WINDOW = 256  # appends in flight
@@ -40,10 +41,12 @@ async def _open_store(uri: str) -> MetadataStore:
     return await connect(uri)
 
 
-async def _connect_client(uri: str, **kw: Any) -> Any:
-    from scriba.client import Client
+async def _connect_client(uri: str, tls: TlsConfig | None = None) -> Any:
+    """A client of ``uri``; ``tls``: dial the bookies over TLS (``scriba shell --tls-*``,
+    or the client certificate a ``scriba sandbox --tls`` wrote into sandbox.json)."""
+    from scriba.client import Client, ClientConfig
 
-    return await Client.connect(uri, **kw)
+    return await Client.connect(uri, config=ClientConfig(tls=tls))
 
 
 def _password(text: str | None) -> bytes:
@@ -117,7 +120,7 @@ def check_simple_test_options(*, ensemble: int, write: int, ack: int, entries: i
 
 async def simple_test(
     uri: str, *, ensemble: int = 3, write: int = 3, ack: int = 2, entries: int = 1000, size: int = 100,
-    keep: bool = False,
+    keep: bool = False, tls: TlsConfig | None = None,
 ) -> dict[str, Any]:
     """Write ``entries`` entries, read them back, compare, delete the ledger; a report dict.
 
@@ -125,7 +128,7 @@ async def simple_test(
     payload size at least 0: a test of nothing must not pass.
     """
     check_simple_test_options(ensemble=ensemble, write=write, ack=ack, entries=entries, size=size)
-    client = await _connect_client(uri)
+    client = await _connect_client(uri, tls)
     report: dict[str, Any] = {
         "metadata_uri": uri, "ensemble_size": ensemble, "write_quorum_size": write,
         "ack_quorum_size": ack, "entries": entries, "ok": False,
@@ -252,7 +255,7 @@ async def cmd_ledger_metadata(args: argparse.Namespace, uri: str) -> int:
 
 
 async def cmd_read_ledger(args: argparse.Namespace, uri: str) -> int:
-    client = await _connect_client(uri)
+    client = await _connect_client(uri, getattr(args, "client_tls", None))
     rows: list[dict[str, Any]] = []
     try:
         reader = await client.open_ledger(LedgerId(args.ledger_id), password=_password(args.password), recovery=False)
@@ -282,7 +285,7 @@ async def _last_readable(reader: Any) -> int:
 
 async def cmd_delete_ledger(args: argparse.Namespace, uri: str) -> int:
     await _with_store(uri, lambda s: ledger_metadata(s, args.ledger_id))  # NoSuchLedgerError first
-    client = await _connect_client(uri)
+    client = await _connect_client(uri, getattr(args, "client_tls", None))
     try:
         await client.delete_ledger(LedgerId(args.ledger_id))
     finally:
@@ -292,7 +295,7 @@ async def cmd_delete_ledger(args: argparse.Namespace, uri: str) -> int:
 
 
 async def cmd_recover_ledger(args: argparse.Namespace, uri: str) -> int:
-    client = await _connect_client(uri)
+    client = await _connect_client(uri, getattr(args, "client_tls", None))
     try:
         reader = await client.open_ledger(LedgerId(args.ledger_id), password=_password(args.password), recovery=True)
         await reader.close()
@@ -307,7 +310,7 @@ async def cmd_recover_ledger(args: argparse.Namespace, uri: str) -> int:
 async def cmd_simple_test(args: argparse.Namespace, uri: str) -> int:
     report = await simple_test(
         uri, ensemble=args.ensemble, write=args.write, ack=args.ack, entries=args.entries, size=args.size,
-        keep=args.keep,
+        keep=args.keep, tls=getattr(args, "client_tls", None),
     )
     emit(args, report, format_simple_test(report))
     return 0 if report["ok"] else 1

@@ -34,6 +34,7 @@ from typing import Protocol
 from scriba.config import require
 from scriba.errors import Status
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.tls import TlsConfig
 
 AddCallback = Callable[[BookieId, LedgerId, EntryId, Status], None]
 AddRunCallback = Callable[[BookieId, int, list[int], Status], None]
@@ -58,6 +59,7 @@ class TransportConfig:
     inflight_bytes_max: int = 64 * 1024 * 1024
     inflight_bytes_hard_max: int | None = None
     sweep_interval_s: float | None = None  # add deadline checks (None: add_timeout_s / 10, 5..100 ms)
+    tls: TlsConfig | None = None  # dial bookies over TLS (server name verified); None: plaintext
 
     def validate(self) -> TransportConfig:
         require(self.add_timeout_s > 0, "add_timeout_s", "must be > 0")
@@ -74,6 +76,8 @@ class TransportConfig:
         require(
             self.sweep_interval_s is None or self.sweep_interval_s > 0, "sweep_interval_s", "must be > 0"
         )
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
     @property

@@ -31,6 +31,16 @@ Invariants (the quorum arithmetic is ``scriba.quorum.Quorum``'s, tabled per segm
   hold the entry: when a bookie is replaced, its acks for unconfirmed entries are
   dropped and those entries are re-sent to the replacement after the new segment
   (starting at the first unconfirmed entry) is in the metadata;
+- with ``min_regions_for_durability = R > 1`` (the synchronous geo mode) the ack rule
+  also counts regions: ``e`` is durable once its acks span ``R`` regions as well
+  (``Quorum.is_acked(acks, regions)``). The regions of the current segment's slots are
+  a table of region bits (``scriba.quorum.SlotRegions``, from the record's
+  ``bookie_regions``), so the region count of an ack mask is a cached lookup done only
+  when the count rule already holds; with ``R == 1`` the table is None and the hot
+  path pays one ``is None`` test per confirmation. Every segment the writer uses keeps
+  the constraint: a write set whose slots cannot span ``R`` regions is refused with
+  ``NotEnoughBookiesError`` naming ``min_regions_for_durability`` (at open, and for a
+  replacement, where it counts like a missing spare: wait, retry, then fail);
 - every entry carries the ``lac`` known when it was packed (piggybacked LAC);
 - an add refused as a request error (``scriba.errors.ADD_ANSWERS``: fenced, wrong key,
   malformed, ...) fails the writer with that status's error; any other failure
@@ -52,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -85,6 +95,7 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
 from scriba.meta.records import Ensemble, LedgerMetadata, LedgerState
+from scriba.quorum import SlotRegions
 
 _pack_header: Final = HEADER.pack
 _crc_value: Final = google_crc32c.value
@@ -96,6 +107,9 @@ Append = tuple[int, bytes, tuple[BookieId, ...]]
 
 ChooseReplacement = Callable[[Ensemble, int, frozenset[BookieId]], BookieId]
 """``(ensemble, failed_index, exclude) -> replacement``; raises NotEnoughBookiesError."""
+
+RegionOf = Callable[[BookieId], "str | None"]
+"""``bookie -> its region`` (None when unknown); recorded for replacements when regions count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +125,28 @@ class WriteConfig:
         require(self.ensemble_changes_max >= 0, "ensemble_changes_max", "must be >= 0")
         require(self.replacement_retry_s > 0, "replacement_retry_s", "must be > 0")
         return self
+
+
+def region_shortfall(
+    md: LedgerMetadata, ensemble: Ensemble, regions: Mapping[str, str] | None = None
+) -> str:
+    """Why ``ensemble`` cannot keep the record's ``min_regions_for_durability`` ("" when
+    it can): some write set's slots do not span that many known regions (``regions``:
+    the replacements' regions, beside the record's ``bookie_regions``)."""
+    regions_min = md.min_regions_for_durability
+    if regions_min == 1:
+        return ""
+    known = {**md.bookie_regions, **(regions or {})}
+    slot_regions = SlotRegions.of([known.get(b) for b in ensemble])
+    for slots in md.quorum.write_sets():
+        spanned = slot_regions.count_slots(slots)
+        if spanned < regions_min:
+            where = ", ".join(f"{ensemble[i]}@{known.get(ensemble[i], '?')}" for i in slots)
+            return (
+                f"ledger {md.ledger_id}: constraint min_regions_for_durability={regions_min} "
+                f"cannot be met: write set {where} spans {spanned} region(s)"
+            )
+    return ""
 
 
 class WriterState(enum.Enum):
@@ -130,12 +166,13 @@ def _not_open_error(md: LedgerMetadata) -> ScribaError:
 
 
 def ensemble_change_transform(
-    first_entry_id: int, ensemble: Ensemble
+    first_entry_id: int, ensemble: Ensemble, regions: Mapping[str, str] | None = None
 ) -> MetadataUpdate:
     """needs_update/transform that make ``ensemble`` the segment from ``first_entry_id``.
 
     If the last segment already starts at ``first_entry_id`` (no entry confirmed since
     the previous change) it is replaced rather than followed by an empty one.
+    ``regions`` (the replacements' regions) are added to the record's ``bookie_regions``.
     """
 
     def needs_update(md: LedgerMetadata) -> bool:
@@ -151,7 +188,10 @@ def ensemble_change_transform(
             not segments or segments[-1][0] < first_entry_id,
             f"ledger {md.ledger_id}: new segment at {first_entry_id} is not after the last one",
         )
-        return dataclasses.replace(md, ensembles=(*segments, (EntryId(first_entry_id), ensemble)))
+        known = {**md.bookie_regions, **regions} if regions else md.bookie_regions
+        return dataclasses.replace(
+            md, ensembles=(*segments, (EntryId(first_entry_id), ensemble)), bookie_regions=known
+        )
 
     return needs_update, transform
 
@@ -201,6 +241,7 @@ class WriteCore:
         digest: Digest,
         choose_replacement: ChooseReplacement,
         config: WriteConfig | None = None,
+        region_of: RegionOf | None = None,
     ) -> None:
         invariant(metadata.state is LedgerState.OPEN, f"ledger {metadata.ledger_id} is not OPEN")
         self._config = (config or WriteConfig()).validate()
@@ -208,11 +249,14 @@ class WriteCore:
         self._ledger_id = int(metadata.ledger_id)
         self._digest = digest
         self._choose = choose_replacement
+        self._region_of = region_of
         quorum = self._quorum = metadata.quorum
         self._E = metadata.ensemble_size
         self._Qa = metadata.ack_quorum_size  # the ack rule (Quorum.is_acked), inlined below
         self._partial_write_sets = metadata.write_quorum_size < self._E
         self._set_masks = quorum.write_set_masks()  # per entry_id % E: slots whose acks count
+        self._regions_min = quorum.regions_min
+        self._regions: SlotRegions | None = None  # the current segment's; None: not counted
         self._crc32c = type(digest) is Crc32cDigest
         self._entries_max = self._config.entries_inflight_max
         self._bytes_max = self._config.bytes_inflight_max
@@ -236,7 +280,12 @@ class WriteCore:
         self._closing_sent = False
         self._retry_pending: frozenset[BookieId] | None = None  # waiting for a spare bookie
         self._retry_seq = 0
+        self._shortage = ""  # the last reason no replacement was found
+        self._new_regions: dict[str, str] = {}  # regions of the replacements being written
         self._set_ensemble(metadata.current_ensemble)
+        short = self._region_shortfall(metadata.current_ensemble)
+        if short:
+            raise NotEnoughBookiesError(short)
 
     # --- read-only views ----------------------------------------------------------
     @property
@@ -345,7 +394,9 @@ class WriteCore:
             mask |= bit
             self._masks[entry_id] = mask
             if entry_id == self._lac + 1 and mask.bit_count() >= self._Qa:
-                return self._advance()
+                regions = self._regions
+                if regions is None or regions.count(mask) >= self._regions_min:
+                    return self._advance()
             return NO_EFFECTS
         return self._on_add_error(bookie_id, entry_id, Status(status))
 
@@ -377,7 +428,9 @@ class WriteCore:
                     masks[entry_id] = mask | bit
         mask = get(self._lac + 1)
         if mask is not None and mask.bit_count() >= self._Qa:
-            return self._advance()
+            regions = self._regions
+            if regions is None or regions.count(mask) >= self._regions_min:
+                return self._advance()
         return NO_EFFECTS
 
     def close(self) -> Effects:
@@ -433,7 +486,11 @@ class WriteCore:
         self._ensemble = list(ensemble)
         self._index = {b: i for i, b in enumerate(ensemble)}
         invariant(len(self._index) == self._E, f"ensemble {ensemble} repeats a bookie")
+        self._regions = self._md.slot_regions(ensemble)
         self._rebuild_send_sets()
+
+    def _region_shortfall(self, ensemble: Ensemble, regions: Mapping[str, str] | None = None) -> str:
+        return region_shortfall(self._md, ensemble, regions)
 
     def _rebuild_send_sets(self) -> None:
         ens = self._ensemble
@@ -451,12 +508,16 @@ class WriteCore:
         packed = self._packed
         entry_id = first
         quorum = self._Qa
+        regions = self._regions
+        regions_min = self._regions_min
         last_packed = b""
         freed = 0
         keep = self._unreplicated if self._failing else None  # a slot misses these entries
         while True:
             mask = masks.get(entry_id)
             if mask is None or mask.bit_count() < quorum:
+                break
+            if regions is not None and regions.count(mask) < regions_min:
                 break
             del masks[entry_id]
             last_packed = packed.pop(entry_id)
@@ -506,12 +567,14 @@ class WriteCore:
                 NotEnoughBookiesError(
                     f"ledger {self._ledger_id}: {self._changes} ensemble changes, the "
                     f"limit (ensemble_changes_max); bookies {sorted(failed)} failed"
+                    + (f"; last refusal: {self._shortage}" if self._shortage else "")
                 )
             )
         self._stop_using(failed)
         try:
             new_ensemble = self._replacements(failed)
-        except NotEnoughBookiesError:
+        except NotEnoughBookiesError as exc:
+            self._shortage = str(exc)
             # No spare bookie now: wait, then try placement again, else retry the same ones.
             self._changes += 1
             self._retry_seq += 1
@@ -535,22 +598,35 @@ class WriteCore:
         self._rebuild_send_sets()
 
     def _replacements(self, failed: Collection[BookieId]) -> Ensemble:
+        """The ensemble with ``failed`` replaced; NotEnoughBookiesError when placement
+        finds no spare or the result would break ``min_regions_for_durability``."""
         ensemble = list(self._ensemble)
         exclude = set(ensemble) | set(failed)
+        regions: dict[str, str] = {}
         for bookie_id in sorted(failed):
             index = self._index[bookie_id]
             replacement = self._choose(tuple(ensemble), index, frozenset(exclude))
             invariant(replacement not in exclude, f"placement chose excluded {replacement}")
             ensemble[index] = replacement
             exclude.add(replacement)
-        return tuple(ensemble)
+            region = self._region_of(replacement) if self._region_of and self._regions_min > 1 else None
+            if region:
+                regions[replacement] = region
+        result = tuple(ensemble)
+        short = self._region_shortfall(result, regions)
+        if short:
+            raise NotEnoughBookiesError(short)
+        self._new_regions = regions
+        return result
 
     def _write_change(self, failed: Collection[BookieId], new_ensemble: Ensemble) -> Effects:
         # The new segment starts at the first entry a failing slot has not received: entries
         # confirmed since the slot began failing (a wait for a spare) belong to it too.
         first = min(self._unreplicated, default=self._lac + 1)
         self._change = (first, new_ensemble, frozenset(failed))
-        needs_update, transform = ensemble_change_transform(first, new_ensemble)
+        needs_update, transform = ensemble_change_transform(
+            first, new_ensemble, self._new_regions if self._regions_min > 1 else None
+        )
         return (WriteMetadata("ensemble_change", needs_update, transform),)
 
     def on_timer(self, key: object) -> Effects:
@@ -568,7 +644,8 @@ class WriteCore:
         self._stop_using(failed)
         try:
             new_ensemble = self._replacements(failed)
-        except NotEnoughBookiesError:
+        except NotEnoughBookiesError as exc:
+            self._shortage = str(exc)
             # Still no spare: try the same bookies again (a bookie that is really gone
             # fails again, and each round counts against ensemble_changes_max).
             self._failing -= failed

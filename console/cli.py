@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from scriba.aiohttp_tls import identity_middleware, site_ssl
 from scriba.config import parse_host_port
 from scriba.console.mirror import Mirror
 from scriba.console.probe import Prober
@@ -25,6 +26,8 @@ from scriba.console.views import Model
 from scriba.errors import ConfigError
 from scriba.log import get_logger
 from scriba.meta.connect import connect
+from scriba.tls import Role, TlsConfig, as_client
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 log = get_logger(__name__)
 
@@ -35,6 +38,8 @@ class ConsoleConfig:
     listen: str = "127.0.0.1:8080"
     probe_interval_s: float = 1.0
     window_samples: int = 300  # a bookie's chart window: 5 minutes at one probe a second
+    # HTTPS (mutual TLS: admin certificates only); the same certificate probes TLS bookies
+    tls: TlsConfig | None = None
 
     def validate(self) -> ConsoleConfig:
         if not self.metadata_uri:
@@ -44,6 +49,8 @@ class ConsoleConfig:
             raise ConfigError(f"console: probe interval {self.probe_interval_s} s: expected 0.1..60")
         if not 2 <= self.window_samples <= 100_000:
             raise ConfigError(f"console: window {self.window_samples} samples: expected 2..100000")
+        if self.tls is not None:
+            self.tls.validate()
         return self
 
 
@@ -52,10 +59,11 @@ class Console:
 
     def __init__(self, config: ConsoleConfig) -> None:
         self.config = config.validate()
+        self._tls = config.tls.load() if config.tls is not None else None  # bad files: ConfigError now
         self.mirror = Mirror(config.metadata_uri, connect)
         self.model = Model(self.mirror)
         self.prober = Prober(self.model.probe_targets, interval_s=config.probe_interval_s,
-                             window=config.window_samples)
+                             window=config.window_samples, tls=as_client(config.tls))
         self.model.prober = self.prober
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -63,13 +71,16 @@ class Console:
     async def start(self) -> str:
         self.mirror.start()
         self.prober.start()
-        self._runner = web.AppRunner(make_app(self.model), access_log=None)
+        app = make_app(self.model)
+        if self._tls is not None and self._tls.config.require_client_cert:
+            app.middlewares.append(identity_middleware(self._tls, (Role.ADMIN,)))
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = parse_host_port(self.config.listen)
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=site_ssl(self._tls))
         await site.start()
         bound = self._runner.addresses[0]
-        self.url = f"http://{bound[0]}:{bound[1]}/"
+        self.url = f"{'https' if self._tls else 'http'}://{bound[0]}:{bound[1]}/"
         log.info("console_listening", url=self.url, metadata=self.config.metadata_uri)
         return self.url
 
@@ -86,11 +97,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free one)")
     p.add_argument("--probe-interval", type=float, default=1.0, help="seconds between bookie probes")
     p.add_argument("--window", type=int, default=300, help="samples kept per bookie for charts")
+    add_tls_arguments(p)
     p.set_defaults(func=cmd_console)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    config = ConsoleConfig(args.metadata, args.listen, args.probe_interval, args.window).validate()
+    config = ConsoleConfig(args.metadata, args.listen, args.probe_interval, args.window,
+                           tls_from_args(args)).validate()
     asyncio.run(_serve(config))
     return 0
 

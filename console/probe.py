@@ -23,6 +23,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from scriba.log import get_logger
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -83,8 +84,10 @@ class Prober:
     """Probes the bookies ``targets()`` names (bookie id -> http address)."""
 
     def __init__(self, targets: Callable[[], Mapping[str, str]], *, interval_s: float = 1.0,
-                 window: int = 300, forget_s: float = 600.0) -> None:
+                 window: int = 300, forget_s: float = 600.0, tls: TlsConfig | None = None) -> None:
+        """``tls``: probe bookies over HTTPS with this client certificate (an admin one)."""
         self._targets = targets
+        self._ssl = tls.load().client_ssl_context() if tls is not None else None
         self.interval_s = interval_s
         self.window = window
         self.forget_s = forget_s
@@ -121,7 +124,9 @@ class Prober:
                           if b not in targets and now - max(p.last_up_s, p.probed_s) > self.forget_s]:
             del self.probes[bookie_id]
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+                                                  connector=connector)
         await asyncio.gather(*(self._probe(self._session, p) for p in self.probes.values()))
 
     async def _probe(self, session: aiohttp.ClientSession, probe: BookieProbe) -> None:
@@ -129,7 +134,7 @@ class Prober:
         if not probe.http_address:
             probe.up, probe.error = False, "no http address registered"
             return
-        base = f"http://{probe.http_address}"
+        base = f"{'https' if self._ssl is not None else 'http'}://{probe.http_address}"
         try:
             async with session.get(f"{base}/health") as reply:
                 probe.health = dict(await reply.json(content_type=None))

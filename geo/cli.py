@@ -5,6 +5,14 @@
         [--source-name us --target-name eu] [--local-only] [--http 127.0.0.1:9464]
 
 One :class:`~scriba.geo.Replicator` per stream, in one process, until SIGTERM/SIGINT.
+
+    scriba geo translate --source URI --target URI --stream NS/STREAM [POSITION ...] [--cursors]
+    scriba geo failover-drill --source URI --target URI --stream NS/STREAM
+
+``translate`` prints where source positions are in the target (``geo.translate``) and with
+``--cursors`` moves the source stream's named cursors to the target; ``failover-drill``
+stops the source stream, promotes the target and prints the measured data-loss window
+and time to writable (``geo.drill``). Both print JSON.
 Cluster names are what marks carry (``geo.origin``/``geo.source``): they must stay the
 same for the life of the data (default: the metadata URI). ``--http`` serves ``/metrics``.
 """
@@ -41,6 +49,22 @@ def register(subparsers: Any) -> None:
     run.add_argument("--session-timeout-s", type=float, default=SESSION_TIMEOUT_S,
                      help="target metadata session: how soon a replicator that died lets another take over")
     run.set_defaults(func=cmd_replicate)
+    tr = sub.add_parser("translate", help="where source positions (or the source's cursors) are in the target")
+    add_link_arguments(tr)
+    tr.add_argument("--target", required=True, help="target cluster's metadata URI")
+    tr.add_argument("--stream", required=True, help="NS/STREAM")
+    tr.add_argument("positions", nargs="*", help="source positions SEG:ENTRY:SLOT")
+    tr.add_argument("--cursors", action="store_true",
+                    help="translate the source stream's named cursors and commit them on the target")
+    tr.set_defaults(func=cmd_translate)
+    drill = sub.add_parser("failover-drill",
+                           help="stop the source stream, promote the target, report the data-loss window")
+    add_link_arguments(drill)
+    drill.add_argument("--target", required=True, help="target cluster's metadata URI")
+    drill.add_argument("--stream", required=True, help="NS/STREAM")
+    drill.add_argument("--lock-timeout-s", type=float, default=30.0,
+                       help="how long to wait for the source's writer and the replicator to be gone")
+    drill.set_defaults(func=cmd_failover_drill)
 
 
 def add_link_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,8 +84,7 @@ def split_stream(text: str) -> tuple[str, str]:
 def cmd_replicate(args: argparse.Namespace) -> int:
     if not args.stream and not args.namespace:
         raise ConfigError("nothing to replicate: give --stream NS/STREAM or --namespace NS")
-    if args.source == args.target and (args.source_name or args.source) == (args.target_name or args.target):
-        raise ConfigError(f"--source and --target are the same cluster ({args.source})")
+    _check_pair(args)
     if not args.session_timeout_s > 0:
         raise ConfigError(f"--session-timeout-s must be > 0, got {args.session_timeout_s}")
     asyncio.run(_replicate(args))
@@ -115,3 +138,58 @@ async def _replicate(args: argparse.Namespace) -> None:
         for t in tasks:
             if t.done() and not t.cancelled() and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
+
+
+def _check_pair(args: argparse.Namespace) -> None:
+    if args.source == args.target and (args.source_name or args.source) == (args.target_name or args.target):
+        raise ConfigError(f"--source and --target are the same cluster ({args.source})")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    _check_pair(args)
+    if not args.positions and not args.cursors:
+        raise ConfigError("nothing to translate: give source positions or --cursors")
+    print(json.dumps(asyncio.run(_translate(args)), indent=2))
+    return 0
+
+
+async def _translate(args: argparse.Namespace) -> dict[str, Any]:
+    from scriba.client import Client
+    from scriba.geo.translate import translate, translate_cursors
+    from scriba.stream import Position, open_namespace
+
+    ns_name, stream = split_stream(args.stream)
+    positions = [Position.parse(p) for p in args.positions]
+    source_name = args.source_name or args.source
+    out: dict[str, Any] = {"stream": args.stream, "source": source_name}
+    async with Client.connect(args.source) as source, Client.connect(args.target) as target:
+        target_ns = await open_namespace(target, ns_name)
+        if positions:
+            found = await translate(target_ns, stream, source_name, positions)
+            out["positions"] = [found[p].to_json() for p in positions]
+        if args.cursors:
+            moved = await translate_cursors(await open_namespace(source, ns_name), target_ns, stream, source_name)
+            out["cursors"] = {name: t.to_json() for name, t in sorted(moved.items())}
+    return out
+
+
+def cmd_failover_drill(args: argparse.Namespace) -> int:
+    _check_pair(args)
+    if not args.lock_timeout_s > 0:
+        raise ConfigError(f"--lock-timeout-s must be > 0, got {args.lock_timeout_s}")
+    print(json.dumps(asyncio.run(_drill(args)), indent=2))
+    return 0
+
+
+async def _drill(args: argparse.Namespace) -> dict[str, Any]:
+    from scriba.client import Client
+    from scriba.geo.drill import failover_drill
+    from scriba.stream import WriterOptions, open_namespace
+
+    ns_name, stream = split_stream(args.stream)
+    async with Client.connect(args.source) as source, Client.connect(args.target) as target:
+        report = await failover_drill(
+            await open_namespace(source, ns_name), await open_namespace(target, ns_name), stream,
+            args.source_name or args.source, options=WriterOptions(lock_timeout_s=args.lock_timeout_s),
+        )
+    return {"stream": args.stream, **report.to_json()}

@@ -50,15 +50,25 @@ async def find_resume_points(ns: Namespace, stream: str, sources: Collection[str
     return found
 
 
+Marked = tuple[Position, Mapping[str, bytes]]
+"""A record's position and headers (what the scans read)."""
+
+
 async def read_headers(ns: Namespace, stream: str, start: Position, last: Position,
                        timeout_s: float) -> list[Mapping[str, bytes]]:
     """The headers of the records from ``start`` to ``last`` (both confirmed), in order."""
-    out: list[Mapping[str, bytes]] = []
+    return [headers for _, headers in await read_marked(ns, stream, start, last, timeout_s)]
+
+
+async def read_marked(ns: Namespace, stream: str, start: Position, last: Position,
+                      timeout_s: float) -> list[Marked]:
+    """The positions and headers of the records from ``start`` to ``last`` (both confirmed)."""
+    out: list[Marked] = []
     reader = await ns.open_reader(stream, start)
     try:
         async with asyncio.timeout(timeout_s):
             async for record in reader:
-                out.append(record.headers)
+                out.append((record.position, record.headers))
                 if record.position >= last:
                     break
     except builtins.TimeoutError as exc:
@@ -70,16 +80,23 @@ async def read_headers(ns: Namespace, stream: str, start: Position, last: Positi
 
 async def read_live_headers(ns: Namespace, stream: str, start: Position, idle_s: float) -> list[Mapping[str, bytes]]:
     """The headers of the records from ``start`` to the stream's end as it is now."""
+    return [headers for _, headers in (await read_live_marked(ns, stream, start, idle_s))[0]]
+
+
+async def read_live_marked(ns: Namespace, stream: str, start: Position,
+                           idle_s: float) -> tuple[list[Marked], Position]:
+    """The positions and headers of the records from ``start`` to the stream's end as it
+    is now, and that end (the position the next record will take)."""
     latest = await ns.open_reader(stream, "latest")
     end = latest.position
     await latest.close()
-    out: list[Mapping[str, bytes]] = []
+    out: list[Marked] = []
     if start >= end:
-        return out
+        return out, end
     reader = await ns.open_reader(stream, start)
     try:
         while (record := await reader.read_next(timeout_s=idle_s)) is not None and record.position < end:
-            out.append(record.headers)
+            out.append((record.position, record.headers))
     finally:
         await reader.close()
-    return out
+    return out, end

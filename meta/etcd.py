@@ -20,6 +20,16 @@ Watch: read the current state at revision R (paged, every page at R), deliver it
 SYNCED, then watch from R+1; after a broken stream resume from the last revision
 delivered + 1; if that revision was compacted, re-read and deliver the difference.
 
+Security (URI options, ``scriba.meta.uri``): ``etcd+tls://`` dials TLS and verifies the
+server's certificate and name (``ca=``; ``cert=``/``key=`` for etcd's client-certificate
+authentication, where etcd takes the certificate's CN as the user). ``user=`` with
+``password_file=``/``password_env=`` authenticates once at open and sends the token
+with every call (gRPC call credentials, so only over TLS); a token etcd forgot (a
+restart) is renewed once and the call retried. A wrong password is an
+``UnauthorizedError`` at open; a call outside the user's role (etcd RBAC, e.g. keys
+outside Scriba's prefix) an ``UnauthorizedError`` naming the user. Never a fallback to
+plaintext or to no authentication.
+
 Retries (``scriba.retry``, bounded, jittered): reads retry UNAVAILABLE within the
 request deadline; writes retry only errors that prove nothing was applied ("no
 leader"), otherwise raise ``MetadataUnavailableError`` (outcome unknown). The watch
@@ -35,6 +45,7 @@ import ipaddress
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import grpc
@@ -45,16 +56,19 @@ from scriba.clock import SystemClock
 from scriba.errors import (
     BadRequestError,
     BadVersionError,
+    ConfigError,
     InternalError,
     KeyExistsError,
     MetadataUnavailableError,
     NoSuchKeyError,
     ScribaError,
     SessionExpiredError,
+    UnauthorizedError,
     ValueTooLargeError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.credentials import secret
 from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
@@ -72,6 +86,7 @@ from scriba.meta.store import (
 )
 from scriba.meta.uri import MetadataUri, parse_uri
 from scriba.retry import RetryPolicy, retry_async
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -144,6 +159,35 @@ async def _target(hosts: Sequence[tuple[str, int]]) -> str:
     return "ipv4:" + ",".join(v4) if v4 else "ipv6:" + ",".join(v6)
 
 
+class _TokenAuth(grpc.AuthMetadataPlugin):
+    """Call credentials: etcd's auth token on every call (empty until authenticated)."""
+
+    def __init__(self) -> None:
+        self.token = ""
+        self.stale = False
+
+    def __call__(self, context: Any, callback: Any) -> None:
+        callback((("token", self.token),) if self.token else (), None)
+
+
+def _open_channel(parsed: MetadataUri, target: str) -> tuple[grpc.aio.Channel, _TokenAuth | None]:
+    """The channel the URI asks for: plaintext, or TLS (+ token call credentials)."""
+    if not parsed.tls:
+        return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS), None
+    def path(name: str) -> Any:
+        value = parsed.option(name)
+        return None if value is None else Path(value)
+
+    loaded = TlsConfig(cert=path("cert"), key=path("key"), ca=path("ca")).load()
+    creds = loaded.grpc_channel_credentials()
+    auth = _TokenAuth() if parsed.option("user") is not None else None
+    if auth is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(auth))
+    host = parsed.hosts[0][0]  # the name checked in every member's certificate
+    options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", host), ("grpc.default_authority", host)]
+    return grpc.aio.secure_channel(target, creds, options=options), auth
+
+
 class EtcdStore:
     """Implements ``scriba.meta.store.MetadataStore`` on etcd v3."""
 
@@ -173,6 +217,8 @@ class EtcdStore:
         self._ids = IdRanges(self)
         self._clock = SystemClock()
         self._closed = False
+        self._auth: _TokenAuth | None = None
+        self._credentials = ("", "")  # etcd user and password (never logged)
 
     # --- opening, closing ---------------------------------------------------
 
@@ -188,11 +234,18 @@ class EtcdStore:
         if isinstance(parsed, str):
             parsed = parse_uri(parsed)
         invariant(parsed.scheme == "etcd", f"EtcdStore cannot open {parsed.text!r}")
-        channel = grpc.aio.insecure_channel(await _target(parsed.hosts), options=_CHANNEL_OPTIONS)
+        password = secret(parsed, "password_file", "password_env")
+        channel, auth = _open_channel(parsed, await _target(parsed.hosts))
         store = cls(parsed, channel, session_timeout_s=session_timeout_s)
+        store._auth = auth
+        store._credentials = (parsed.option("user") or "", password or "")
         try:
             await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
+            await store._authenticate(connect_timeout_s)
             lease_id = await store._grant_lease(connect_timeout_s)
+        except (UnauthorizedError, ConfigError):
+            await channel.close()
+            raise
         except (TimeoutError, ScribaError) as exc:
             await channel.close()
             why = "not reachable" if isinstance(exc, TimeoutError) else str(exc)
@@ -252,9 +305,30 @@ class EtcdStore:
     def _unk(self, raw: bytes) -> str:
         return raw.decode()[len(self._root) :]
 
+    async def _authenticate(self, timeout_s: float) -> None:
+        """Log in as the URI's user (no-op without one); UnauthorizedError if refused."""
+        if self._auth is None:
+            return
+        user, password = self._credentials
+        self._auth.token = ""
+        try:
+            resp = await rpc.AuthStub(self._channel).Authenticate(
+                rpc.AuthenticateRequest(name=user, password=password), timeout=timeout_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                              grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
+                raise UnauthorizedError(
+                    f"etcd at {self.hosts_text}: user {user!r} refused: {exc.details()}") from None
+            raise self._error("authenticate", exc) from None
+        self._auth.token = resp.token
+        self._auth.stale = False
+
     def _error(self, what: str, exc: grpc.aio.AioRpcError) -> ScribaError:
         code, details = exc.code(), exc.details() or ""
         where = f"{what}: etcd at {self.hosts_text}"
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            user = self._credentials[0] or "(certificate or anonymous)"
+            return UnauthorizedError(f"{where}: user {user}: {details}")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
             return MetadataUnavailableError(f"{where}: {code.name.lower()}: {details}")
         if code is grpc.StatusCode.CANCELLED and self._closed:
@@ -264,6 +338,14 @@ class EtcdStore:
         if code is grpc.StatusCode.NOT_FOUND and "lease" in details:
             return SessionExpiredError(f"{where}: {details}")
         return InternalError(f"{where}: {code.name}: {details}")
+
+    def _token_expired(self, exc: BaseException) -> bool:
+        """True (and the token marked stale) when etcd no longer knows this client's token."""
+        if (self._auth is None or not isinstance(exc, grpc.aio.AioRpcError)
+                or exc.code() is not grpc.StatusCode.UNAUTHENTICATED or "invalid auth token" not in (exc.details() or "")):
+            return False
+        self._auth.stale = True
+        return True
 
     async def _rpc(
         self,
@@ -283,9 +365,13 @@ class EtcdStore:
             remaining_s = deadline - self._clock.monotonic()
             if remaining_s <= 0:
                 raise MetadataUnavailableError(f"{what}: etcd at {self.hosts_text}: no answer within {budget_s:.1f}s")
+            if self._auth is not None and self._auth.stale:
+                await self._authenticate(remaining_s)
             return await method(request, timeout=remaining_s, wait_for_ready=True)
 
         def worth_retrying(exc: BaseException) -> bool:
+            if self._token_expired(exc):
+                return True  # etcd refused the token before doing anything: log in again
             # Narrower than the error tree's flag: an UNAVAILABLE write may have been applied.
             return (
                 isinstance(exc, grpc.aio.AioRpcError)

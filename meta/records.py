@@ -26,7 +26,7 @@ from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import BadRequestError
 from scriba.ids import INVALID_ENTRY_ID, BookieId, EntryId, LedgerId
 from scriba.invariant import invariant
-from scriba.quorum import Quorum
+from scriba.quorum import Quorum, SlotRegions
 
 FORMAT_VERSION = 1
 
@@ -96,6 +96,12 @@ class LedgerMetadata:
 
     ``ensembles`` is a tuple of ``(first_entry_id, ensemble)`` sorted by first entry:
     the ensemble in force from that entry until the next segment's first entry.
+
+    ``min_regions_for_durability > 1`` (the synchronous geo mode) makes the ack rule
+    count regions (``Quorum.regions_min``); ``bookie_regions`` then records the region
+    of each bookie of its ensembles when it joined, so the writer and every recoverer
+    count with the same map even after a whole region's registrations are gone (a
+    bookie missing from it counts toward no region).
     """
 
     KIND: ClassVar[str] = "ledger"
@@ -114,11 +120,18 @@ class LedgerMetadata:
     custom_metadata: Mapping[str, str] = field(default_factory=dict)
     placement_policy: str = "random"
     placement_options: Mapping[str, Any] = field(default_factory=dict)
+    min_regions_for_durability: int = 1
+    bookie_regions: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         invariant(
             self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1,
             f"ledger {self.ledger_id}: need ensemble >= write quorum >= ack quorum >= 1",
+        )
+        invariant(
+            1 <= self.min_regions_for_durability <= self.ack_quorum_size,
+            f"ledger {self.ledger_id}: min_regions_for_durability "
+            f"{self.min_regions_for_durability} must be between 1 and the ack quorum",
         )
         invariant(bool(self.ensembles), f"ledger {self.ledger_id}: no ensemble")
         invariant(
@@ -145,7 +158,19 @@ class LedgerMetadata:
     @property
     def quorum(self) -> Quorum:
         """The ledger's quorum rules (write sets, acks, fencing): ``scriba.quorum``."""
-        return Quorum(self.ensemble_size, self.write_quorum_size, self.ack_quorum_size)
+        return Quorum(
+            self.ensemble_size, self.write_quorum_size, self.ack_quorum_size,
+            self.min_regions_for_durability,
+        )
+
+    def slot_regions(self, ensemble: Ensemble, *, unknown_distinct: bool = False) -> SlotRegions | None:
+        """The region bits of ``ensemble``'s slots, or None when regions do not count
+        (``unknown_distinct``: see ``SlotRegions``; bookies missing from
+        ``bookie_regions``, e.g. placed by autorecovery, have an unknown region)."""
+        if self.min_regions_for_durability == 1:
+            return None
+        regions = self.bookie_regions
+        return SlotRegions.of([regions.get(b) for b in ensemble], unknown_distinct=unknown_distinct)
 
     def write_set(self, entry_id: int) -> Ensemble:
         """The bookies that hold ``entry_id``, in write order (``Quorum.write_set``)."""
@@ -174,6 +199,15 @@ class LedgerMetadata:
                 "custom_metadata": dict(self.custom_metadata),
                 "placement_policy": self.placement_policy,
                 "placement_options": dict(self.placement_options),
+                # written only when set, so records of other ledgers keep their bytes
+                **(
+                    {
+                        "min_regions_for_durability": self.min_regions_for_durability,
+                        "bookie_regions": dict(self.bookie_regions),
+                    }
+                    if self.min_regions_for_durability > 1 or self.bookie_regions
+                    else {}
+                ),
             },
         )
 
@@ -198,6 +232,8 @@ class LedgerMetadata:
                 custom_metadata=d.get("custom_metadata", {}),
                 placement_policy=d.get("placement_policy", "random"),
                 placement_options=d.get("placement_options", {}),
+                min_regions_for_durability=d.get("min_regions_for_durability", 1),
+                bookie_regions=d.get("bookie_regions", {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequestError(f"ledger metadata: malformed ({exc!r})") from None

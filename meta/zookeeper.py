@@ -27,6 +27,20 @@ answer, and each pass takes the step that answer calls for (create the parent, t
 container into a record, look again), so there is no error to back off from; they are
 bounded by ``WRITE_ATTEMPTS_MAX``.
 
+Authentication (URI options ``digest_file=`` / ``digest_env=``, ``USER:PASSWORD``):
+the session adds digest credentials, and every znode Scriba creates (the chroot, its
+containers, records, ephemerals, transaction creates) gets one ACL: that digest user,
+all permissions; nobody else, not even readers. A request the ACLs refuse is an
+``UnauthorizedError`` (a wrong password shows as that: ZooKeeper accepts any digest
+credentials and refuses at each znode). A chroot someone else created world-open is
+logged (``zookeeper_chroot_world_open``): its ACL is not ours to change.
+
+TLS (``zk+tls://``, ``ca=``, ``cert=``, ``key=``): kazoo dials the server's secure client
+port and verifies its certificate and host name; ZooKeeper asks for a client
+certificate by default (``ssl.clientAuth=need``). The Debian ZooKeeper 3.8 serves TLS
+with ``serverCnxnFactory=NettyServerCnxnFactory``, PEM key and trust stores and the
+Debian Netty jars on its classpath (``scriba.embedded.zookeeper`` does this).
+
 Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
 CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
 where the older per-id epoch znodes ``ids/<name>/<epoch>`` exist starts above them.
@@ -36,27 +50,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.protocol.states import KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, make_digest_acl
 
 from scriba.errors import (
     BadRequestError,
     BadVersionError,
+    ConfigError,
     InternalError,
     KeyExistsError,
     MetadataUnavailableError,
     NoSuchKeyError,
     SessionExpiredError,
+    UnauthorizedError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
+from scriba.meta.credentials import secret
 from scriba.meta.id_ranges import IdRanges
 from scriba.meta.session import BasicSession
 from scriba.meta.store import (
@@ -73,6 +95,7 @@ from scriba.meta.store import (
 )
 from scriba.meta.uri import MetadataUri, parse_uri
 from scriba.retry import RetryPolicy, retry_async
+from scriba.tls import TlsConfig
 
 log = get_logger(__name__)
 
@@ -244,12 +267,16 @@ class ZooKeeperStore:
             parsed = parse_uri(parsed)
         invariant(parsed.scheme == "zk", f"ZooKeeperStore cannot open {parsed.text!r}")
         loop = asyncio.get_running_loop()
+        auth_data, acl = _digest_auth(parsed)
         client = KazooClient(
             hosts=parsed.hosts_text,
             timeout=session_timeout_s,
             connection_retry=_connection_retry(),
             randomize_hosts=True,
             logger=logging.getLogger("scriba.meta.zookeeper.kazoo"),
+            auth_data=auth_data,
+            default_acl=acl,
+            **_tls_options(parsed),
         )
         store = cls(
             parsed,
@@ -290,6 +317,8 @@ class ZooKeeperStore:
             store._session.set_state(SessionState.SUSPENDED)
         try:
             await store._ensure_path(store.root)
+            if auth_data:
+                await store._check_root_acl()
         except BaseException:
             await store.close()
             raise
@@ -410,8 +439,15 @@ class ZooKeeperStore:
             ) from None
         except kz.NoChildrenForEphemeralsError:
             raise BadRequestError(f"{what}: a parent is an ephemeral record") from None
+        except (kz.NoAuthError, kz.AuthFailedError) as exc:
+            raise _unauthorized(what, self.hosts, exc) from None
         except kz.KazooException as exc:
             raise InternalError(f"{what}: ZooKeeper error {type(exc).__name__}: {exc}") from None
+
+    async def _check_root_acl(self) -> None:
+        acls, _ = await self._kz("acl of the chroot", self._client.get_acls_async, self.root)
+        if any(acl.id.scheme == "world" for acl in acls):
+            log.warning("zookeeper_chroot_world_open", chroot=self.root, hosts=self.hosts)
 
     async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A read, retried across connection drops until ``op_timeout_s`` has passed."""
@@ -790,6 +826,8 @@ class ZooKeeperStore:
         for i, result in enumerate(results):
             if not isinstance(result, Exception) or isinstance(result, _ROLLED_BACK):
                 continue
+            if isinstance(result, kz.NoAuthError):
+                raise _unauthorized("txn", self.hosts, result)
             check = owners[i]
             if check is None:
                 return False  # a key changed between our read and the multi: read again
@@ -910,3 +948,54 @@ class ZooKeeperStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _tls_options(parsed: MetadataUri) -> dict[str, Any]:
+    """kazoo's arguments for ``zk+tls://``: a handler dialing with Scriba's client context
+    (chain and host name verified; files checked first: a clear ConfigError)."""
+    if not parsed.tls:
+        return {}
+    ca, cert, key = (parsed.option(name) for name in ("ca", "cert", "key"))
+    loaded = TlsConfig(cert=Path(cert) if cert else None, key=Path(key) if key else None,
+                       ca=Path(ca) if ca else None).load()
+    return {"use_ssl": True, "handler": _TlsHandler(loaded.client_ssl_context())}
+
+
+class _TlsHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler, dialing TLS with our context. Unlike kazoo 2.11's own
+    TLS dialer it closes the socket of a failed handshake (a client retrying against a
+    server it must refuse would otherwise leak one descriptor per attempt)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    def create_connection(self, address: tuple[str, int], hostname: str | None = None,
+                          timeout: float | None = None, **_kazoo_tls_args: Any) -> ssl.SSLSocket:
+        sock = socket.create_connection(address, timeout)
+        try:
+            conn = self._context.wrap_socket(sock, server_hostname=hostname or address[0])
+        except BaseException:
+            sock.close()
+            raise
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+
+def _digest_auth(parsed: MetadataUri) -> tuple[list[tuple[str, str]], list[ACL] | None]:
+    """kazoo's ``auth_data`` and ``default_acl`` for the URI's digest credentials (or none)."""
+    digest = secret(parsed, "digest_file", "digest_env")
+    if digest is None:
+        return [], None
+    user, sep, password = digest.partition(":")
+    if not sep or not user or not password:
+        where = parsed.option("digest_file") or parsed.option("digest_env")
+        raise ConfigError(f"ZooKeeper digest from {where}: expected USER:PASSWORD")
+    return [("digest", digest)], [make_digest_acl(user, password, all=True)]
+
+
+def _unauthorized(what: str, hosts: str, exc: BaseException) -> UnauthorizedError:
+    return UnauthorizedError(
+        f"{what}: ZooKeeper at {hosts} refused ({type(exc).__name__}): this session's digest "
+        "credentials are not on the znode's ACL (missing or wrong digest_file=/digest_env=?)"
+    )

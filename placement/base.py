@@ -151,6 +151,11 @@ class BasePolicy:
         """Effective options (defaults filled), as recorded in ledger metadata."""
         return dict(self._options)
 
+    @property
+    def regions_for_durability(self) -> int:
+        """Regions the writer's ack rule must see acks from (1: regions do not count)."""
+        return 1
+
     def new_ensemble(self, topology: Topology, ensemble_size: int, write_quorum_size: int,
                      ack_quorum_size: int, *, exclude: Collection[BookieId] = frozenset(),
                      local: str | None = None) -> PlacementResult:

@@ -32,6 +32,9 @@ class PlacementPolicy(Protocol):
     @property
     def options(self) -> dict[str, Any]: ...
 
+    @property
+    def regions_for_durability(self) -> int: ...
+
     def new_ensemble(self, topology: Topology, ensemble_size: int, write_quorum_size: int,
                      ack_quorum_size: int, *, exclude: Collection[BookieId] = frozenset(),
                      local: str | None = None) -> PlacementResult: ...

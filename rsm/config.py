@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from scriba.config import require
+from scriba.tls import TlsConfig
 
 MiB: Final = 1024 * 1024
 CONSISTENCY_LEVELS: Final = ("linearizable", "sequential", "after")
@@ -38,6 +39,7 @@ class RsmConfig:
     forward_proposals: bool = True  # False: a follower answers RsmNotLeaderError with the leader's address
     zone: str = ""
     connections_max: int = 1024
+    tls: TlsConfig | None = None  # the replica service and calls to peers over TLS (None: plaintext)
     # test-only negative control: answer "linearizable" reads locally, without a barrier
     unsafe_local_linearizable_reads: bool = False
 
@@ -58,4 +60,6 @@ class RsmConfig:
                      "campaign_backoff_s", "suspended_grace_s"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.connections_max >= 1, "connections_max", "must be >= 1")
+        if self.tls is not None:
+            self.tls.validate()
         return self

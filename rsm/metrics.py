@@ -36,6 +36,8 @@ from scriba.errors import ConfigError
 from scriba.log import get_logger
 from scriba.rsm.role import Role
 from scriba.stream import Position
+from scriba.tls import LoadedTls, refusal
+from scriba.tls import Role as TlsRole
 
 log = get_logger(__name__)
 
@@ -116,8 +118,11 @@ class MetricsEndpoint:
     """``GET /metrics`` on ``host:port`` (port 0: any free one; see :attr:`address`); one
     request per connection, bounded in size and time; ``refresh`` runs before each scrape."""
 
-    def __init__(self, listen: str, metrics: RsmMetrics, refresh: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, listen: str, metrics: RsmMetrics, refresh: Callable[[], Awaitable[None]],
+                 tls: LoadedTls | None = None) -> None:
+        """``tls``: HTTPS only; with mutual TLS only certificates on the admin allow-list."""
         host, _, port = check_listen(listen).rpartition(":")
+        self._tls = tls
         self._host, self._port = host, int(port)
         self._metrics = metrics
         self._refresh = refresh
@@ -125,7 +130,9 @@ class MetricsEndpoint:
         self.address = ""  # host:port once started
 
     async def start(self) -> None:
-        server = await asyncio.start_server(self._serve, self._host, self._port, limit=REQUEST_BYTES_MAX)
+        ssl = self._tls.server_ssl_context() if self._tls is not None else None
+        server = await asyncio.start_server(self._serve, self._host, self._port, limit=REQUEST_BYTES_MAX, ssl=ssl,
+                                            ssl_handshake_timeout=REQUEST_TIMEOUT_S if ssl is not None else None)
         host, port = server.sockets[0].getsockname()[:2]
         self._server, self.address = server, f"{host}:{port}"
 
@@ -140,7 +147,10 @@ class MetricsEndpoint:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
             method, _, rest = head.decode("latin-1").partition(" ")
             path = rest.split(" ", 1)[0].partition("?")[0]
-            if method not in ("GET", "HEAD"):
+            refused = refusal(self._tls, writer.get_extra_info("peercert"), (TlsRole.ADMIN,))
+            if refused is not None:
+                code, ctype, body = 403, "text/plain", f"forbidden: {refused}\n".encode()
+            elif method not in ("GET", "HEAD"):
                 code, ctype, body = 405, "text/plain", b"GET only\n"
             elif path != "/metrics":
                 code, ctype, body = 404, "text/plain", b"not found (try /metrics)\n"

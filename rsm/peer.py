@@ -6,6 +6,11 @@ error response of the same type. :class:`PeerClient` keeps one connection per
 address, matches responses to requests by id, and turns a lost connection into
 ``UnavailableError`` for every request waiting on it (for a proposal: outcome
 unknown to the caller; a session retry is safe).
+
+TLS (``scriba.tls``): with a ``LoadedTls`` the server speaks only TLS and the client
+verifies the replica's certificate and name; with mutual TLS a peer whose certificate
+is on no allow-list (any role admits it: clients, peer replicas, operators) gets every
+request answered ``UnauthorizedError``, and nothing it sends reaches the handler.
 """
 
 from __future__ import annotations
@@ -17,9 +22,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from scriba.config import parse_host_port
-from scriba.errors import BadRequestError, ConfigError, InternalError, ScribaError, UnavailableError
+from scriba.errors import (
+    BadRequestError,
+    ConfigError,
+    InternalError,
+    ScribaError,
+    UnauthorizedError,
+    UnavailableError,
+)
 from scriba.log import get_logger
 from scriba.rsm import wire
+from scriba.tls import LoadedTls, Role, refusal
+
+HANDSHAKE_TIMEOUT_S = 5.0
 
 log = get_logger(__name__)
 
@@ -35,16 +50,20 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 
 
 class ReplicaServer:
-    def __init__(self, address: str, handler: Handler, connections_max: int) -> None:
+    def __init__(self, address: str, handler: Handler, connections_max: int, tls: LoadedTls | None = None) -> None:
         self.host, self.port = parse_host_port(address)
         self._handler = handler
+        self._tls = tls
         self._connections_max = connections_max
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            ssl = self._tls.server_ssl_context() if self._tls is not None else None
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, ssl=ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if ssl is not None else None)
         except OSError as exc:
             raise ConfigError(f"rsm replica address {self.host}:{self.port}: cannot listen ({exc.strerror})") from None
 
@@ -68,10 +87,14 @@ class ReplicaServer:
             return
         self._connections.add(task)
         inflight: set[asyncio.Task[None]] = set()
+        refusal = self._refusal(writer)
         try:
             while True:
                 payload = await _read_frame(reader)
                 request_id, op, flags, body = wire.parse_request(payload)
+                if refusal is not None:
+                    writer.write(wire.error(request_id, refusal))
+                    continue
                 handling = asyncio.get_running_loop().create_task(self._answer(writer, request_id, op, flags, body))
                 inflight.add(handling)
                 handling.add_done_callback(inflight.discard)
@@ -82,6 +105,12 @@ class ReplicaServer:
                 handling.cancel()
             self._connections.discard(task)
             writer.close()
+
+    def _refusal(self, writer: asyncio.StreamWriter) -> UnauthorizedError | None:
+        refused = refusal(self._tls, writer.get_extra_info("peercert"), tuple(Role))
+        if refused is not None:
+            log.warning("rsm_peer_refused", reason=str(refused))
+        return refused
 
     async def _answer(self, writer: asyncio.StreamWriter, request_id: int, op: wire.Op, flags: int,
                       body: bytes) -> None:
@@ -99,8 +128,9 @@ class ReplicaServer:
 class PeerClient:
     """One connection to a replica; ``call`` sends a request and waits for its answer."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: LoadedTls | None = None) -> None:
         self.address = address
+        self._ssl = tls.client_ssl_context() if tls is not None else None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tuple[bool, bytes]]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -113,9 +143,11 @@ class PeerClient:
                 return self._writer
             host, port = parse_host_port(self.address)
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                    host, port, ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self._ssl else None), 5.0)
             except (OSError, TimeoutError) as exc:
-                raise UnavailableError(f"rsm replica {self.address} unreachable: {exc}") from None
+                tls = "TLS " if self._ssl is not None else ""
+                raise UnavailableError(f"rsm replica {self.address} unreachable over {tls}TCP: {exc!r}") from None
             self._writer = writer
             self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
             return writer
@@ -167,13 +199,14 @@ class PeerClient:
 
 
 class PeerPool:
-    def __init__(self) -> None:
+    def __init__(self, tls: LoadedTls | None = None) -> None:
+        self._tls = tls
         self._clients: dict[str, PeerClient] = {}
 
     def get(self, address: str) -> PeerClient:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = PeerClient(address)
+            client = self._clients[address] = PeerClient(address, self._tls)
         return client
 
     async def close(self) -> None:

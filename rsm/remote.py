@@ -34,20 +34,21 @@ from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
 from scriba.rsm.peer import PeerPool
 from scriba.stream import Position
+from scriba.tls import TlsConfig
 
 RETRIABLE = (RsmNotLeaderError, UnavailableError, CommandOutcomeUnknownError, DeadlineExceededError, ReplicaStoppedError)
 
 
 class RsmClient:
     def __init__(self, addresses: Sequence[str], *, timeout_s: float = 30.0, attempt_timeout_s: float = 5.0,
-                 retry_pause_s: float = 0.05) -> None:
+                 retry_pause_s: float = 0.05, tls: TlsConfig | None = None) -> None:
         if not addresses:
             raise ConfigError("RsmClient needs at least one replica address")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
         self.retry_pause_s = retry_pause_s
-        self._pool = PeerPool()
+        self._pool = PeerPool(tls.load() if tls is not None else None)
         self._current = 0
         self._hint: str | None = None
 

@@ -123,7 +123,8 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self._term: LeaderTerm | None = None
         self._leadership: Leadership | None = None
         self._server: ReplicaServer | None = None
-        self._peers = PeerPool()
+        self._tls = self.config.tls.load() if self.config.tls is not None else None  # bad files: ConfigError
+        self._peers = PeerPool(self._tls)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()  # applied position or role moved
         self._leader: tuple[str, str] | None = None  # (replica id, address)
@@ -136,7 +137,8 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         self.restored_from: Any = None  # the last snapshot restored
         self._log = log.bind(rsm=f"{namespace}/{name}", replica=self.replica_id)
         self.metrics = RsmMetrics()
-        self._metrics_endpoint = (MetricsEndpoint(check_listen(metrics_listen), self.metrics, self.refresh_metrics)
+        self._metrics_endpoint = (MetricsEndpoint(check_listen(metrics_listen), self.metrics, self.refresh_metrics,
+                                                  self._tls)
                                   if metrics_listen is not None else None)
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -155,7 +157,7 @@ class ReplicatedStateMachine(Leading, Snapshotting, ReplicaService):
         try:
             await self._restore_newer()
             if self.address:
-                self._server = ReplicaServer(self.address, self._handle, self.config.connections_max)
+                self._server = ReplicaServer(self.address, self._handle, self.config.connections_max, self._tls)
                 await self._server.start()
             if self._metrics_endpoint is not None:
                 await self._metrics_endpoint.start()

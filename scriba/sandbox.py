@@ -3,7 +3,10 @@
 Starts a real etcd (one member, unless ``--metadata`` names an existing store) and
 N bookie *processes* spread over zones ``zone-a``, ``zone-b``, ... of one region
 (``--regions R --zones-per-region Z``: over ``region-1`` .. ``region-R``, Z zones each,
-round-robin over the regions first; the default bookie count is then one per zone),
+round-robin over the regions first; the default bookie count is then one per zone;
+``--inter-region-latency-ms MS`` puts MS of latency each way between clients, taken to
+run in ``region-1``, and every other region's bookies, through the fault proxy:
+:mod:`scriba.embedded.fault_proxy`),
 starts the web console (``scriba console``, as a process; ``--no-console`` skips it),
 with ``--with kv`` three replicas of the KV store example (etcd's v3 API, one per zone,
 ``scriba.embedded.kvstore``; their ``--endpoints`` line for etcdctl is printed),
@@ -48,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +97,8 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
+    inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
     services: tuple[str, ...] = ()  # examples to start on top (``--with``): "kv"
 
     def validate(self) -> None:
@@ -102,15 +108,25 @@ class SandboxOptions:
             raise ConfigError(f"--zones: {self.zones} is not in 1..{ZONES_MAX}")
         if not 1 <= self.regions <= REGIONS_MAX:
             raise ConfigError(f"--regions: {self.regions} is not in 1..{REGIONS_MAX}")
+        if self.inter_region_latency_ms < 0:
+            raise ConfigError(f"--inter-region-latency-ms: {self.inter_region_latency_ms} must be >= 0")
+        if self.inter_region_latency_ms > 0 and self.regions < 2:
+            raise ConfigError("--inter-region-latency-ms needs --regions 2 or more (latency is between regions)")
         unknown = sorted(set(self.services) - set(SERVICES))
         if unknown:
             raise ConfigError(f"--with: unknown {', '.join(unknown)} (known: {', '.join(SERVICES)})")
+        if "kv" in self.services and self.tls:
+            raise ConfigError("--with kv and --tls together: the KV replicas do not take the sandbox's "
+                              "certificates yet; start one of the two")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
                 "only the bookies' dirs would leave a broken cluster; wipe the store yourself, "
                 "or use another --data dir"
             )
+        if self.tls and self.metadata:
+            raise ConfigError("--tls with --metadata: the sandbox makes its own CA for the etcd it starts; "
+                              "secure your own store and pass its etcd+tls:// URI without --tls")
 
 
     def location(self, index: int) -> tuple[str, str]:
@@ -217,6 +233,8 @@ class Sandbox:
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.kv: Any = None  # a scriba.embedded.kvstore.KvCluster with --with kv
         self.metadata_uri = options.metadata or ""
+        self.pki: Any = None  # SandboxPki with --tls
+        self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
 
     def _reap_orphans(self) -> None:
         """Kill what a SIGKILLed sandbox left running on this dir (PIDs from its sandbox.json
@@ -227,6 +245,7 @@ class Sandbox:
             return
         pids = [b.get("pid") for b in doc.get("bookies", [])] + list((doc.get("etcd") or {}).get("pids", []))
         pids.append((doc.get("console") or {}).get("pid"))  # runs in DIR (its cwd), not named in its argv
+        pids.append((doc.get("region_latency") or {}).get("pid"))
         pids += [r.get("pid") for r in doc.get("kv") or []]  # run in DIR/kv
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
@@ -267,11 +286,18 @@ class Sandbox:
         if kept:
             print(f"keeping the data in {self.data_dir} (ledgers written before stay; --fresh wipes it)",
                   file=out, flush=True)
+        if self.options.tls:
+            from scriba.sandbox_tls import SandboxPki
+
+            self.pki = SandboxPki.create(self.data_dir / "tls")
+            print(f"mutual TLS everywhere: a throwaway CA and certificates in {self.data_dir / 'tls'}",
+                  file=out, flush=True)
+        server_tls = self.pki.server_tls() if self.pki is not None else None
         if not self.options.metadata:
             from scriba.embedded.etcd import EtcdCluster
 
             print(f"starting etcd in {self.data_dir / 'etcd'} ...", file=out, flush=True)
-            self.etcd = EtcdCluster(self.data_dir / "etcd", 1)
+            self.etcd = EtcdCluster(self.data_dir / "etcd", 1, tls=server_tls)
             try:
                 self.etcd.start(timeout_s=START_TIMEOUT_S)
             except ServerStartError as exc:
@@ -279,11 +305,21 @@ class Sandbox:
                     raise
                 raise ServerStartError(f"{exc}\n(the kept etcd restarts on the ports it had; if another "
                                        f"program holds one now, stop it or start with --fresh)") from None
-            self.metadata_uri = self.etcd.uri("scriba")
+            self.metadata_uri = (self.etcd.uri("scriba") if self.pki is None else
+                                 self.etcd.uri("scriba", cert=str(self.pki.client.cert), key=str(self.pki.client.key)))
         n, places = self.options.bookies, self.options.regions * self.options.zones
         print(f"starting {n} bookies over {min(n, places)} zones ...", file=out, flush=True)
+        latency_ms = self.options.inter_region_latency_ms
+        if latency_ms > 0:
+            from scriba.embedded.fault_proxy import RegionLatency
+
+            self.latency = RegionLatency(latency_ms, self.data_dir / "faults-proxy.log")
+            url = self.latency.start()
+            print(f"inter-region latency {latency_ms} ms each way through the fault proxy {url}",
+                  file=out, flush=True)
         for i in range(n):
             region, zone = self.options.location(i)
+            remote = self.latency is not None and region != region_name(0)
             self.bookies.append(
                 BookieProcess(
                     self.data_dir / f"bookie-{i + 1}",
@@ -292,14 +328,21 @@ class Sandbox:
                     region=region,
                     zone=zone,
                     rack=f"rack-{i + 1}",
+                    tls=server_tls,
+                    extra_args=self.latency.advertise_args(remote) if self.latency is not None else (),
                 )
             )
+            if remote:
+                self.latency.add_bookie(self.bookies[-1].bookie_id, self.bookies[-1].port)
         with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
             futures = [pool.submit(b.start, START_TIMEOUT_S) for b in self.bookies]
             for f in futures:
                 f.result()
         if self.options.console:
-            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir)
+            from scriba.embedded.bookie import tls_argv
+
+            tls_args = tls_argv(self.pki.server_tls(self.pki.admin)) if self.pki is not None else []
+            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir, tls_args)
         if "kv" in self.options.services:
             from scriba.embedded.kvstore import KvCluster
 
@@ -337,6 +380,8 @@ class Sandbox:
                  "pid": r.proc.pid if r.proc is not None else None}
                 for r in self.kv.replicas
             ],
+            **(self.pki.describe() if self.pki is not None else {}),
+            "region_latency": None if self.latency is None else self.latency.describe(),
             "bookies": [
                 {
                     "bookie_id": b.bookie_id,
@@ -372,6 +417,8 @@ class Sandbox:
                     f.result()
         if self.etcd is not None:
             _stop_quietly(self.etcd)
+        if self.latency is not None:
+            _stop_quietly(self.latency)
 
     def dead_bookies(self) -> list[str]:
         return [b.bookie_id for b in self.bookies if getattr(b, "pid", None) is not None and not _running(b)]
@@ -385,9 +432,10 @@ def _running(process: Any) -> bool:
     return pid is not None and _pid_alive(pid)
 
 
-def start_console(metadata_uri: str, listen: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_console(metadata_uri: str, listen: str, data_dir: Path,
+                  tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen)
+    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
     with open(data_dir / "console.log", "ab") as log_file:
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
                                  cwd=data_dir)
@@ -437,6 +485,9 @@ def register(subparsers: Any) -> None:
                    help="zones (in each region) to spread them over (default 3)")
     p.add_argument("--regions", type=int, default=1,
                    help="regions (region-1, region-2, ...) to spread them over, round-robin (default 1)")
+    p.add_argument("--inter-region-latency-ms", type=int, default=0, metavar="MS",
+                   help="latency each way between region-1 (where clients are taken to run) and every "
+                        "other region's bookies, through the fault proxy (default 0: none)")
     p.add_argument("--data", type=Path, default=None, help=f"data dir (default ./{DEFAULT_DATA_DIR})")
     p.add_argument("--metadata", default=None, help="use this existing metadata store instead of starting etcd")
     p.add_argument("--fresh", action="store_true",
@@ -447,6 +498,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--with", dest="services", action="append", choices=SERVICES, default=[],
                    help="also start an example on the cluster: kv = 3 replicas of the KV store (etcd's v3 API)")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
     mode.add_argument("--stop", action="store_true", help="stop the sandbox running on --data")
@@ -461,7 +514,9 @@ def run(args: argparse.Namespace) -> int:
         args.bookies = BOOKIES_DEFAULT if args.regions == 1 else min(args.regions * args.zones, BOOKIES_MAX)
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
-                             console=None if args.no_console else args.console, services=tuple(args.services))
+                             console=None if args.no_console else args.console, tls=args.tls,
+                             inter_region_latency_ms=args.inter_region_latency_ms,
+                             services=tuple(args.services))
     options.validate()
     if args.detach:
         return start_detached(args, data_dir)
@@ -486,7 +541,8 @@ def run_foreground(options: SandboxOptions, *, simple_test: bool = False, out: I
         sandbox.start(out)
         _print_ready(sandbox, out)
         if simple_test:
-            code = _run_simple_test(sandbox.metadata_uri, out)
+            code = _run_simple_test(sandbox.metadata_uri, out,
+                                    sandbox.pki.client_tls() if sandbox.pki is not None else None)
         else:
             while not stop_requested.wait(1.0):
                 dead = sandbox.dead_bookies()
@@ -518,17 +574,22 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     if sandbox.kv is not None:
         print(f"kv:       etcdctl --endpoints {sandbox.kv.endpoints} put hello world", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
+    tls = ""
+    if sandbox.pki is not None:
+        c = sandbox.pki.client
+        tls = f" --tls-cert {c.cert} --tls-key {c.key} --tls-ca {sandbox.pki.ca}"
     print(
-        f"next: SCRIBA_METADATA={sandbox.metadata_uri} scriba shell simple-test   (Ctrl-C here stops the sandbox)",
+        f"next: SCRIBA_METADATA='{sandbox.metadata_uri}' scriba shell{tls} simple-test   "
+        "(Ctrl-C here stops the sandbox)",
         file=out,
         flush=True,
     )
 
 
-def _run_simple_test(uri: str, out: IO[str]) -> int:
+def _run_simple_test(uri: str, out: IO[str], tls: Any = None) -> int:
     from scriba.client.shell import simple_test_report
 
-    ok, text = simple_test_report(uri)
+    ok, text = simple_test_report(uri, tls=tls)
     print(text, file=out, flush=True)
     return 0 if ok else 1
 
@@ -540,11 +601,14 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = python_module_argv("scriba.cli", "sandbox", "--data", str(data_dir),
                               "--bookies", str(args.bookies), "--zones", str(args.zones),
-                              "--regions", str(args.regions))
+                              "--regions", str(args.regions),
+                              "--inter-region-latency-ms", str(args.inter_region_latency_ms))
     if args.metadata:
         argv += ["--metadata", args.metadata]
     if args.fresh:
         argv.append("--fresh")
+    if args.tls:
+        argv.append("--tls")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
     for service in args.services:
         argv += ["--with", service]

@@ -35,6 +35,8 @@ from typing import Any
 
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
+from scriba.tls import TlsConfig
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 ENV_METADATA = "SCRIBA_METADATA"
 COMMAND_TIMEOUT_S = 300.0
@@ -109,6 +111,7 @@ def register(subparsers: Any, modules: Sequence[str] = VERB_MODULES) -> None:
     p = subparsers.add_parser("shell", help="operator commands (list, read, recover, simple-test, placement, ...)")
     p.add_argument("--metadata", default=None, help=f"metadata URI (default ${ENV_METADATA} or ./{SANDBOX_DIR_DEFAULT})")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_tls_arguments(p, server=False)  # the client certificate the verbs dial bookies with
     sub = p.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
     for verb in verbs:
         sp = sub.add_parser(verb.name, help=verb.help)
@@ -122,6 +125,7 @@ def register(subparsers: Any, modules: Sequence[str] = VERB_MODULES) -> None:
 def _runner(func: VerbRun) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         uri = resolve_metadata(args.metadata)
+        args.client_tls = resolve_client_tls(args, uri)
         result: int = asyncio.run(bounded(func(args, uri)))
         return result
 
@@ -154,6 +158,24 @@ def resolve_metadata(uri: str | None, cwd: Path | None = None) -> str:
             f"no metadata store given: pass --metadata URI, set {ENV_METADATA}, "
             f"or start `scriba sandbox` in this directory (no {path})"
         ) from None
+
+
+def resolve_client_tls(args: argparse.Namespace, uri: str, cwd: Path | None = None) -> TlsConfig | None:
+    """``--tls-*``, else the client certificate of the sandbox whose store ``uri`` is
+    (``sandbox.json``'s ``client_tls``, written by ``scriba sandbox --tls``), else None."""
+    flagged = tls_from_args(args)
+    if flagged is not None:
+        return flagged
+    path = (cwd or Path.cwd()) / SANDBOX_DIR_DEFAULT / SANDBOX_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    section = doc.get("client_tls") if isinstance(doc, dict) and doc.get("metadata_uri") == uri else None
+    if not isinstance(section, dict):
+        return None
+    cert, key, ca = (Path(section[k]) if section.get(k) else None for k in ("cert", "key", "ca"))
+    return TlsConfig(cert=cert, key=key, ca=ca).validate()
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> None:

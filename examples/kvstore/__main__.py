@@ -22,6 +22,8 @@ from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import KvServer
 from scriba.log import configure
 from scriba.rsm import ReplicatedStateMachine, RsmConfig
+from scriba.tls import as_client
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--session-timeout-s", type=float, default=2.0)
     serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
                        help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
+    add_tls_arguments(serve)  # one certificate for etcd clients, peer replicas and the bookies
     return parser.parse_args(argv)
 
 
@@ -46,14 +49,17 @@ async def serve(args: argparse.Namespace) -> int:
     configure(stream=sys.stderr)
     host, _, port = args.listen.rpartition(":")
     peer = args.peer or f"{host}:{int(port) + 10}"
-    config = RsmConfig(**{"zone": args.zone, **json.loads(args.rsm_config)})
+    tls = tls_from_args(args)
+    loaded = tls.load() if tls is not None else None  # a bad file: a clear error before anything starts
+    config = RsmConfig(**{"zone": args.zone, "tls": tls, **json.loads(args.rsm_config)})
     client = await Client.connect(args.metadata, config=ClientConfig(
-        add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s))
+        add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s,
+        tls=as_client(tls)))
     machine = KvMachine()
     rsm = ReplicatedStateMachine(client, namespace=args.namespace, name=args.name, state_machine=machine,
                                  replica_id=args.replica_id, address=peer, config=config)
     await rsm.start()
-    server = KvServer(rsm, machine, args.listen, watch_progress_notify_s=args.watch_progress_notify_s)
+    server = KvServer(rsm, machine, args.listen, loaded, watch_progress_notify_s=args.watch_progress_notify_s)
     await server.start()
     print("READY", flush=True)
     stop = asyncio.Event()

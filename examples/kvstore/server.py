@@ -45,8 +45,10 @@ from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.sessions import IDLE_S, ConnectionSessions
 from scriba.examples.kvstore.watch import PROGRESS_NOTIFY_S, Watch
+from scriba.grpc_auth import IdentityInterceptor, bind, identity_check
 from scriba.log import get_logger
 from scriba.rsm import ReplicatedStateMachine
+from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -284,12 +286,16 @@ for _name in ("AuthEnable", "AuthDisable", "Authenticate", "UserAdd", "UserGet",
 class KvServer:
     """The gRPC server and the lease-expiry task of one replica."""
 
-    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str, *,
-                 watch_progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
-        self.node = Node(rsm, machine, f"http://{listen}")
+    def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str,
+                 tls: LoadedTls | None = None, *, watch_progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
+        """``tls``: serve TLS only (mutual TLS: every call checked against the allow-lists)."""
+        self.node = Node(rsm, machine, f"{'https' if tls is not None else 'http'}://{listen}")
         self.watch_progress_notify_s = watch_progress_notify_s
         self.listen = listen
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._tls = tls
+        interceptors = ([IdentityInterceptor(identity_check(tls, tuple(Role)))]
+                        if tls is not None and tls.config.require_client_cert else [])
+        self._server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -300,7 +306,7 @@ class KvServer:
         stubs.add_ClusterServicer_to_server(Cluster(node), self._server)
         stubs.add_AuthServicer_to_server(Auth(node), self._server)
         stubs.add_WatchServicer_to_server(Watch(node, self.watch_progress_notify_s), self._server)
-        if self._server.add_insecure_port(self.listen) == 0:
+        if bind(self._server, self.listen, self._tls) == 0:
             raise OSError(f"cannot listen on {self.listen}")
         await self._server.start()
         rsm = node.rsm

@@ -17,6 +17,8 @@ from scriba.client import Client, ClientConfig
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
 from scriba.rsm import RsmConfig
+from scriba.tls import as_client
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -31,6 +33,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--session-timeout-s", type=float, default=10.0,
                    help="metadata session timeout: how long a dead active holds its election")
     s.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
+    add_tls_arguments(s)  # one certificate for WebHDFS, the replica service and the bookies
     return parser.parse_args(argv)
 
 
@@ -45,17 +48,17 @@ async def run(args: argparse.Namespace) -> int:
     configure(stream=sys.stderr)
     host, port = split_hostport(args.listen)
     rsm_address = args.rsm_listen or f"{host}:{port + 1}"
-    config = RsmConfig(**json.loads(args.rsm_config)).validate()
+    config = RsmConfig(**{"tls": tls_from_args(args), **json.loads(args.rsm_config)}).validate()
     return await serve_until_stopped(args, host, port, rsm_address, config)
 
 
 async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                               rsm_address: str, config: RsmConfig) -> int:
-    client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s)
+    client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s, tls=as_client(config.tls))
     async with Client.connect(args.metadata, config=client_config) as client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
-        runner = await serve(nn, host, port)
+        runner = await serve(nn, host, port, config.tls.load() if config.tls is not None else None)
         print(f"READY {nn.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

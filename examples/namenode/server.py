@@ -35,6 +35,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from scriba.aiohttp_tls import identity_middleware, site_ssl
 from scriba.client import Client
 from scriba.errors import (
     ClientSessionError,
@@ -58,6 +59,7 @@ from scriba.examples.namenode.webhdfs_params import Params
 from scriba.log import get_logger
 from scriba.rsm import ClientSession, ReplicatedStateMachine, RsmConfig
 from scriba.stream import Position
+from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
 
@@ -352,9 +354,14 @@ def make_app(nn: NameNode) -> web.Application:
     return app
 
 
-async def serve(nn: NameNode, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(make_app(nn), access_log=None)
+async def serve(nn: NameNode, host: str, port: int, tls: LoadedTls | None = None) -> web.AppRunner:
+    """WebHDFS on ``host:port``; ``tls``: HTTPS only (mutual TLS: client and admin
+    allow-lists checked before any handler)."""
+    app = make_app(nn)
+    if tls is not None and tls.config.require_client_cert:
+        app.middlewares.append(identity_middleware(tls, (Role.CLIENT, Role.ADMIN)))
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    nn.url = f"http://{host}:{port}"
+    await web.TCPSite(runner, host, port, ssl_context=site_ssl(tls)).start()
+    nn.url = f"{'https' if tls is not None else 'http'}://{host}:{port}"
     return runner

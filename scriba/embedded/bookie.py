@@ -3,7 +3,9 @@
 Ready when ``GetBookieInfo`` answers with a serving state (the bookie registers before
 it reports one). ``stop()`` is SIGTERM (graceful: deregister, flush); ``kill()`` SIGKILL;
 ``pause()``/``resume()`` SIGSTOP/SIGCONT; ``restart()`` keeps id, dirs and ports;
-``wipe()`` deletes the data and journal dirs (cookie tests).
+``wipe()`` deletes the data and journal dirs (cookie tests). With ``tls`` the bookie
+serves TLS (its flags are rendered from the config) and the readiness probe dials with
+``probe_tls`` (default: the bookie's own certificate and CA, as a peer bookie would).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from scriba.embedded.process import (
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
+from scriba.tls import TlsConfig
 
 _SERVING = (pb.BOOKIE_READ_WRITE, pb.BOOKIE_READ_ONLY)
 
@@ -44,6 +47,8 @@ class BookieProcess:
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         journal_dir: Path | None = None,
+        tls: TlsConfig | None = None,
+        probe_tls: TlsConfig | None = None,
     ) -> None:
         self.base_dir = Path(base_dir).absolute()  # the child runs in it: argv paths must not be relative
         self.metadata_uri = metadata_uri
@@ -60,6 +65,10 @@ class BookieProcess:
         self.log_path = self.base_dir / "bookie.log"
         self.env = dict(env) if env is not None else {}
         self.extra_args = list(extra_args)
+        self.tls = tls
+        if tls is not None and probe_tls is None:
+            probe_tls = TlsConfig(cert=tls.cert, key=tls.key, ca=tls.ca)
+        self.probe_tls = probe_tls
         self._process = ServerProcess(
             f"bookie {self.bookie_id}", self.argv(), self.log_path, env=self.env
         )
@@ -76,6 +85,7 @@ class BookieProcess:
             "--zone", self.zone,
             "--rack", self.rack,
             "--http", self.http_address,
+            *tls_argv(self.tls),
             *self.extra_args,
         )
 
@@ -110,7 +120,7 @@ class BookieProcess:
         if not port_open("127.0.0.1", self.port):
             return None
         try:
-            with grpc.insecure_channel(self.address) as channel:
+            with _channel(self.address, self.probe_tls) as channel:
                 stub = pb_grpc.BookieStub(channel)
                 response: pb.BookieInfoResponse = stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout_s)
                 return response
@@ -167,3 +177,25 @@ class BookieProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return self._process.log_tail(lines)
+
+
+def tls_argv(tls: TlsConfig | None) -> list[str]:
+    """The ``--tls-*`` flags of a server that serves ``tls`` (none for None)."""
+    if tls is None:
+        return []
+    argv: list[str] = []
+    for flag, value in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if tls.require_client_cert:
+        argv.append("--tls-require-client-cert")
+    for role, identities in sorted(tls.allow.items()):
+        argv += [a for ident in sorted(identities) for a in ("--tls-allow", f"{role}={ident}")]
+    return argv
+
+
+def _channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address)
+    loaded = tls.load()
+    return grpc.secure_channel(address, loaded.grpc_channel_credentials(), options=loaded.grpc_channel_options())

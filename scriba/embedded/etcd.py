@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -27,6 +29,7 @@ from types import TracebackType
 from scriba.embedded.process import ServerProcess, ServerStartError, free_ports
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
+from scriba.tls import TlsConfig
 
 HEARTBEAT_INTERVAL_MS = 50
 ELECTION_TIMEOUT_MS = 250
@@ -54,10 +57,12 @@ def find_etcd_binary() -> str:
     )
 
 
-def _healthy(host: str, port: int) -> bool:
+def _healthy(host: str, port: int, context: ssl.SSLContext | None = None) -> bool:
     """True once the member answers /health with health=true (it sees a leader)."""
+    scheme = "https" if context is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=HEALTH_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(f"{scheme}://{host}:{port}/health", timeout=HEALTH_TIMEOUT_S,
+                                    context=context) as resp:
             body = json.loads(resp.read() or b"{}")
     except (OSError, ValueError, urllib.error.URLError):
         return False
@@ -68,14 +73,19 @@ class EtcdCluster:
     """One or more etcd members on 127.0.0.1, each with its own ports, data dir and log."""
 
     def __init__(
-        self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1", fast_election: bool = True
+        self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1", fast_election: bool = True,
+        tls: TlsConfig | None = None,
     ) -> None:
         """``fast_election`` shortens heartbeat and election timeout (tests, the sandbox);
-        ``False`` runs etcd's own defaults, as a user's production cluster would."""
+        ``False`` runs etcd's own defaults, as a user's production cluster would.
+        ``tls``: clients reach the members over TLS only (https client URLs; with
+        ``require_client_cert`` etcd's ``--client-cert-auth``); peers stay on plain
+        loopback."""
         invariant(members >= 1, f"an etcd cluster needs at least one member, got {members}")
         self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
         self._fast_election = fast_election
+        self.tls = tls.validate() if tls is not None else None
         self.binary = find_etcd_binary()
         self.names = [f"m{i}" for i in range(members)]
         saved = self._load_layout(members, host)
@@ -100,7 +110,7 @@ class EtcdCluster:
         )
         members = []
         for i, name in enumerate(self.names):
-            client_url = f"http://{host}:{self.endpoints[i][1]}"
+            client_url = f"{'https' if self.tls else 'http'}://{host}:{self.endpoints[i][1]}"
             peer_url = f"http://{host}:{self.peer_ports[i]}"
             argv = [
                 self.binary,
@@ -114,6 +124,7 @@ class EtcdCluster:
                 "--initial-cluster-state=new",
                 f"--initial-cluster-token={self._token}",
                 "--log-level=warn",
+                *self._tls_argv(),
             ]
             if self._fast_election:
                 argv += [f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
@@ -145,9 +156,29 @@ class EtcdCluster:
         }
         self._layout_path.write_text(json.dumps(doc, indent=1) + "\n")
 
-    def uri(self, prefix: str = "scriba") -> str:
+    def _tls_argv(self) -> list[str]:
+        tls = self.tls
+        if tls is None:
+            return []
+        argv = [f"--cert-file={tls.cert}", f"--key-file={tls.key}"]
+        if tls.require_client_cert:  # etcd asks every client for a certificate once it has a CA file
+            argv += [f"--trusted-ca-file={tls.ca}", "--client-cert-auth"]
+        return argv
+
+    def uri(self, prefix: str = "scriba", **options: str) -> str:
+        """The metadata URI of ``prefix`` (``etcd+tls://...?ca=...`` when serving TLS;
+        ``options``: more URI options, e.g. ``user``, ``password_file``, ``cert``, ``key``)."""
         hosts = ",".join(f"{h}:{p}" for h, p in self.endpoints)
-        return f"etcd://{hosts}/{prefix}"
+        if self.tls is None:
+            query = urllib.parse.urlencode(options, safe="/")
+            return f"etcd://{hosts}/{prefix}" + (f"?{query}" if query else "")
+        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options}, safe="/")
+        return f"etcd+tls://{hosts}/{prefix}" + (f"?{query}" if query else "")
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        return TlsConfig(cert=self.tls.cert, key=self.tls.key, ca=self.tls.ca).load().client_ssl_context()
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Start every member; return when each one serves (a leader is elected).
@@ -188,7 +219,8 @@ class EtcdCluster:
 
     def _wait_healthy(self, index: int, timeout_s: float) -> None:
         host, port = self.endpoints[index]
-        self.members[index].wait_ready(lambda: _healthy(host, port), timeout_s)
+        context = self._health_context()
+        self.members[index].wait_ready(lambda: _healthy(host, port, context), timeout_s)
 
     def stop(self) -> None:
         """Stop every member this object started (SIGTERM, then SIGKILL), waiting for each exit."""

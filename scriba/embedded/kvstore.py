@@ -49,8 +49,10 @@ class KvReplica:
 class KvCluster:
     def __init__(self, metadata_uri: str, workdir: Path, *, replicas: int = 3, namespace: str = "kv",
                  name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None,
-                 metadata_uris: list[str] | None = None, session_timeout_s: float = 2.0) -> None:
+                 metadata_uris: list[str] | None = None, session_timeout_s: float = 2.0,
+                 extra_args: list[str] | None = None) -> None:
         self.metadata_uri = metadata_uri
+        self.extra_args = list(extra_args or [])  # e.g. the --tls-* flags
         self.workdir = Path(workdir)
         self.namespace, self.name = namespace, name
         self.rsm_config = rsm_config or {}
@@ -77,7 +79,7 @@ class KvCluster:
                     "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
                     "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
                     self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config),
-                    "--session-timeout-s", str(self.session_timeout_s)),
+                    "--session-timeout-s", str(self.session_timeout_s), *self.extra_args),
                 stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, cwd=self.workdir,
             )
         self._wait_ready(r)

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
 import time
+import urllib.parse
 from pathlib import Path
 from types import TracebackType
 
 from scriba.embedded.process import ServerProcess, ServerStartError, free_ports
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
+from scriba.tls import TlsConfig
 
 TICK_TIME_MS = 500
 MIN_SESSION_TIMEOUT_MS = 1000
@@ -61,6 +64,15 @@ def find_java() -> str:
     if on_path:
         return on_path
     raise ConfigError(f"no `java` found (JAVA_HOME or PATH): {_INSTALL_HINT}")
+
+
+def _netty_jars() -> list[str]:
+    """Netty's jars for the secure client port (Debian's ``libnetty-java``; ZooKeeper's own
+    ``lib/`` already has them). Debian's netty-all.jar is only a manifest: take the parts."""
+    jars = sorted(j for j in glob.glob("/usr/share/java/netty-*.jar") if not re.search(r"-\d+\.\d+", j))
+    if not jars:
+        raise ConfigError("ZooKeeper TLS needs Netty's jars: apt-get install libnetty-java")
+    return jars
 
 
 def find_zookeeper_classpath() -> str:
@@ -136,16 +148,27 @@ org.slf4j.simpleLogger.showDateTime=true
 class ZooKeeperEnsemble:
     """A standalone ZooKeeper or a 3-node ensemble on 127.0.0.1, each member with its own dirs and log."""
 
-    def __init__(self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, base_dir: Path, members: int = 1, *, host: str = "127.0.0.1", tls: TlsConfig | None = None
+    ) -> None:
+        """``tls``: each member also serves a secure client port (Netty, PEM stores; client
+        certificates required when ``tls.require_client_cert``), which :meth:`uri` names;
+        the plaintext port stays on for the readiness probe (``srvr``)."""
         invariant(members in (1, 3), f"a ZooKeeper ensemble here has 1 or 3 members, got {members}")
         self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
         self.java = find_java()
         self.classpath = find_zookeeper_classpath()
-        ports = free_ports(3 * members, host)
+        self.tls = tls.validate() if tls is not None else None
+        if tls is not None:
+            tls.load()  # a bad file: ConfigError now, not a member that never serves
+            if "netty" not in self.classpath:
+                self.classpath = ":".join([self.classpath, *_netty_jars()])
+        ports = free_ports(4 * members, host)
         self.endpoints: list[tuple[str, int]] = [(host, ports[i]) for i in range(members)]
         self.quorum_ports = ports[members : 2 * members]
-        self.election_ports = ports[2 * members :]
+        self.election_ports = ports[2 * members : 3 * members]
+        self.secure_ports = ports[3 * members :]
         self.names = [f"zk{i + 1}" for i in range(members)]
         self.members: list[ServerProcess] = []
         for name in self.names:
@@ -206,15 +229,42 @@ class ZooKeeperEnsemble:
                     f"server.{j + 1}={self.host}:{self.quorum_ports[j]}:{self.election_ports[j]}"
                 )
             (data_dir / "myid").write_text(f"{index + 1}\n")
+        lines += self._tls_lines(index, conf_dir)
         (conf_dir / "zoo.cfg").write_text("\n".join(lines) + "\n")
         (conf_dir / "log4j.properties").write_text(_LOG4J_PROPERTIES)
         (conf_dir / "simplelogger.properties").write_text(_SIMPLELOGGER_PROPERTIES)
 
+    def _tls_lines(self, index: int, conf_dir: Path) -> list[str]:
+        tls = self.tls
+        if tls is None or tls.cert is None or tls.key is None:
+            return []
+        key_store = conf_dir / "server.pem"  # ZooKeeper's PEM key store: key and chain in one file
+        key_store.touch(mode=0o600)
+        key_store.write_bytes(Path(tls.key).read_bytes() + Path(tls.cert).read_bytes())
+        lines = [
+            f"secureClientPort={self.secure_ports[index]}",
+            f"secureClientPortAddress={self.host}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={key_store}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.clientAuth={'need' if tls.require_client_cert else 'none'}",
+        ]
+        if tls.ca is not None:
+            lines += [f"ssl.trustStore.location={tls.ca}", "ssl.trustStore.type=PEM"]
+        return lines
+
     # --- lifecycle ---------------------------------------------------------------------
 
-    def uri(self, prefix: str = "scriba") -> str:
-        hosts = ",".join(f"{h}:{p}" for h, p in self.endpoints)
-        return f"zk://{hosts}/{prefix}"
+    def uri(self, prefix: str = "scriba", **options: str) -> str:
+        """``zk://`` on the plaintext ports, or ``zk+tls://...?ca=...`` on the secure ones when
+        serving TLS (``options``: more URI options: ``cert``, ``key``, ``digest_file``...)."""
+        if self.tls is None:
+            hosts = ",".join(f"{h}:{p}" for h, p in self.endpoints)
+            query = urllib.parse.urlencode(options, safe="/")
+            return f"zk://{hosts}/{prefix}" + (f"?{query}" if query else "")
+        hosts = ",".join(f"{self.host}:{p}" for p in self.secure_ports)
+        query = urllib.parse.urlencode({**({"ca": str(self.tls.ca)} if self.tls.ca else {}), **options}, safe="/")
+        return f"zk+tls://{hosts}/{prefix}" + (f"?{query}" if query else "")
 
     def mode(self, index: int) -> str | None:
         host, port = self.endpoints[index]

@@ -21,6 +21,7 @@ from typing import Any
 from scriba.embedded.bookie import BookieProcess
 from scriba.errors import ConfigError
 from scriba.meta.records import DEFAULT_RACK, DEFAULT_REGION, DEFAULT_ZONE
+from scriba.tls import TlsConfig
 
 BOOKIES_MAX = 64
 
@@ -39,11 +40,13 @@ class BookieCluster:
         *,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        tls: TlsConfig | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
         self.metadata_uri = metadata_uri
         self.env = dict(env or {})
         self.extra_args = list(extra_args)
+        self.tls = tls  # every bookie serves it (None: plaintext)
         self.bookies: list[BookieProcess] = []
 
     def __len__(self) -> int:
@@ -76,6 +79,7 @@ class BookieCluster:
             rack=rack,
             env={**self.env, **(env or {})},
             extra_args=[*self.extra_args, *extra_args],
+            tls=self.tls,
         )
         self.bookies.append(bookie)
         if start:

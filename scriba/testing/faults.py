@@ -50,7 +50,6 @@ import random
 import shutil
 import socket
 import struct
-import sys
 import tempfile
 import threading
 import urllib.error
@@ -63,7 +62,7 @@ from types import TracebackType
 from typing import Any
 
 from scriba.config import parse_host_port, require
-from scriba.embedded.process import ServerProcess, free_port
+from scriba.embedded.fault_proxy import ToxiproxyProcess
 from scriba.errors import ConfigError, ScribaError
 from scriba.invariant import invariant
 from scriba.log import get_logger
@@ -872,44 +871,6 @@ class ToxiproxyServer:
 
 
 # --- process mode and helpers ---------------------------------------------------------------
-
-
-def _version_ok(url: str, timeout_s: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/version", timeout=timeout_s) as resp:
-            return bool(resp.status == 200)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
-
-
-class ToxiproxyProcess:
-    """The fault proxy as its own process (``scriba faults-proxy``), or a real ``toxiproxy-server``."""
-
-    def __init__(self, log_path: Path, *, port: int | None = None, binary: str | None = None) -> None:
-        self.port = port if port is not None else free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        if binary is not None:
-            argv = [binary, "-host", "127.0.0.1", "-port", str(self.port)]
-        else:
-            argv = [sys.executable, "-m", "scriba.testing.faults_cli", "--listen", f"127.0.0.1:{self.port}"]
-        self.process = ServerProcess("faults-proxy", argv, log_path)
-
-    def start(self, timeout_s: float = 20.0) -> str:
-        self.process.start()
-        self.process.wait_ready(lambda: _version_ok(self.url), timeout_s)
-        return self.url
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> ToxiproxyProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

@@ -65,6 +65,14 @@ def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A test CA and its certificates (``scriba.testing.pki.TestPki``), one per session."""
+    from scriba.testing.pki import TestPki
+
+    return TestPki.create(tmp_path_factory.mktemp("pki"))
+
+
 @pytest.fixture
 def metadata_uri(etcd_cluster: Any) -> str:
     return str(etcd_cluster.uri(f"t{uuid.uuid4().hex[:12]}"))

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
@@ -46,6 +45,8 @@ from scriba.testing.sim import (
     SimTransport,
     World,
     any_spare,
+    closed_ledger_problems,
+    read_ledger,
 )
 
 LEDGER_ID = 1
@@ -285,40 +286,21 @@ class Run:
         return self.result
 
     def _read_all(self, record: LedgerMetadata, order_seed: int) -> list[Entry] | None:
-        rng_order = World(order_seed).rng
-        got: list[Entry] = []
-        failure: list[str] = []
-        core = ReadCore(
-            record, 0, record.last_entry_id, digest=self.digest,
-            read_order=lambda ws: rng_order.sample(list(ws), len(ws)),
-            config=ReadConfig(entries_window=8, batch_entries_max=4, speculative_timeout_s=0.005),
-        )
-        driver = SimDriver(
-            self.world, core, self.transport, self.meta, ledger_id=LEDGER_ID, master_key=self.key,
-            on_deliver=lambda entries: got.extend(entries),  # type: ignore[arg-type]
-            on_failed=lambda err: failure.append(str(err)),
-        )
-        driver.execute(core.start())
-        self.world.run(self.world.now + 2.0)
-        if failure or not driver.finished:
-            self.violation(f"reader failed on the closed ledger: {failure or 'did not finish'}")
+        got, failure = read_ledger(self.world, record, self.transport, self.meta, ledger_id=LEDGER_ID,
+                                   digest=self.digest, master_key=self.key, order_seed=order_seed)
+        if failure is not None:
+            self.violation(f"reader failed on the closed ledger: {failure}")
             return None
         return got
 
     def _final_checks(self) -> None:
         record = self.meta.record
+        for problem in closed_ledger_problems(record, self.recovered, self.confirmed_last):
+            self.violation(problem)
         if record.state is not LedgerState.CLOSED:
-            self.violation(f"ledger not closed at the end ({record.state.value})")
             return
         last = int(record.last_entry_id)
         self.result.closed_last = last
-        for other in self.recovered:
-            if other != record:
-                self.violation(f"a recoverer returned {other.last_entry_id}, the record says {last}")
-        if self.confirmed_last > last:
-            self.violation(
-                f"confirmed entry {self.confirmed_last} lost: the ledger closed at {last}"
-            )
         if self.fenced_at is not None:
             late = [e for e, t in self.confirm_times.items() if t > self.fenced_at and e > last]
             if late:

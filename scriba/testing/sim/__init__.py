@@ -117,6 +117,8 @@ from scriba.testing.sim.world import (
     SimTransport,
     World,
     any_spare,
+    closed_ledger_problems,
+    read_ledger,
 )
 
 __all__ = [
@@ -133,8 +135,10 @@ __all__ = [
     "World",
     "any_spare",
     "check_seeds",
+    "closed_ledger_problems",
     "env_flag",
     "random_seed",
+    "read_ledger",
     "register_bookies",
     "replay_seed",
     "run_seeds",

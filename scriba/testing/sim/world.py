@@ -17,6 +17,9 @@
   when nothing came back in time.
 - ``SimDriver``: carries out the cores' effects in this world (``send_add`` is the
   writer's send of one appended entry to its write set, as ``LedgerWriter`` does it).
+- ``read_ledger``: a reader of a closed ledger in this world (replicas tried in a
+  seeded order), and ``closed_ledger_problems``, the end-state checks of a recovered
+  ledger, for a run's final checks.
 
 Nothing here reads the real clock or an unseeded random source, so a run is a pure
 function of its seed.
@@ -43,12 +46,13 @@ from scriba.client.effects import (
     StartTimer,
     WriteMetadata,
 )
+from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.transport import LacResult
 from scriba.client.write_core import ChooseReplacement
-from scriba.entry import HEADER
+from scriba.entry import HEADER, Digest, Entry
 from scriba.errors import BadVersionError, NotEnoughBookiesError, ScribaError, Status
 from scriba.ids import BookieId, EntryId
-from scriba.meta.records import LedgerMetadata
+from scriba.meta.records import LedgerMetadata, LedgerState
 
 
 class World:
@@ -524,3 +528,43 @@ class SimDriver:
                 self.on_failed(effect.error)
         else:
             raise AssertionError(f"unexpected effect {effect!r}")
+
+
+def read_ledger(
+    world: World, record: LedgerMetadata, transport: SimTransport, meta: SimMeta, *,
+    ledger_id: int, digest: Digest, master_key: bytes, order_seed: int, run_s: float = 2.0,
+) -> tuple[list[Entry], str | None]:
+    """Read every entry of the closed ``record`` (replicas in an order seeded by
+    ``order_seed``); returns the entries and None, or what was read and why it failed."""
+    rng_order = World(order_seed).rng
+    got: list[Entry] = []
+    failure: list[str] = []
+    core = ReadCore(
+        record, 0, record.last_entry_id, digest=digest,
+        read_order=lambda ws: rng_order.sample(list(ws), len(ws)),
+        config=ReadConfig(entries_window=8, batch_entries_max=4, speculative_timeout_s=0.005),
+    )
+    driver = SimDriver(
+        world, core, transport, meta, ledger_id=ledger_id, master_key=master_key,
+        on_deliver=lambda entries: got.extend(entries),
+        on_failed=lambda err: failure.append(str(err)),
+    )
+    driver.execute(core.start())
+    world.run(world.now + run_s)
+    if failure or not driver.finished:
+        return got, str(failure or "did not finish")
+    return got, None
+
+
+def closed_ledger_problems(record: LedgerMetadata, recovered: list[LedgerMetadata],
+                           confirmed_last: int) -> list[str]:
+    """What is wrong with a run's end state: the ledger not CLOSED, a recoverer that
+    returned another record, or a confirmed entry beyond the closed end (lost)."""
+    if record.state is not LedgerState.CLOSED:
+        return [f"ledger not closed at the end ({record.state.value})"]
+    last = int(record.last_entry_id)
+    problems = [f"a recoverer returned {other.last_entry_id}, the record says {last}"
+                for other in recovered if other != record]
+    if confirmed_last > last:
+        problems.append(f"confirmed entry {confirmed_last} lost: the ledger closed at {last}")
+    return problems
