@@ -37,9 +37,11 @@ def _sandbox(data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240)
 
 
-def test_unknown_service_is_refused() -> None:
+def test_unknown_service_and_kv_with_tls_are_refused() -> None:
     with pytest.raises(ConfigError, match="--with"):
         SandboxOptions(Path("x"), services=("nosuch",)).validate()
+    with pytest.raises(ConfigError, match="--with kv and --tls"):  # the replicas take no certificates yet
+        SandboxOptions(Path("x"), services=("kv",), tls=True).validate()
 
 
 def test_sandbox_with_kv_serves_etcdctl_and_keeps_its_data(tmp_path: Path) -> None:
