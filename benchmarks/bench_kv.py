@@ -134,7 +134,7 @@ def main() -> int:
             bookies = BookieCluster(base / "bookies", uri)
             bookies.start_bookies(3, zones=["z1", "z2", "z3"])
             kv = KvCluster(uri, base / "kv", replicas=3, zones=["z1", "z2", "z3"], rsm_config=RSM_CONFIG,
-                           session_timeout_s=SESSION_TIMEOUT_S).start_all()
+                           session_timeout_s=SESSION_TIMEOUT_S).start_all(attempts=3)
             ours = asyncio.run(measure(kv.endpoints.split(","), levels, args.seconds))
             kv.stop_all()
             bookies.stop_all()

@@ -35,7 +35,7 @@ def kv_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> I
     bookies.start_bookies(3, zones=["z1", "z2", "z3"])
     kv = KvCluster(uri, base / "replicas", replicas=3, zones=["z1", "z2", "z3"], rsm_config=RSM_CONFIG)
     try:
-        yield kv.start_all()
+        yield kv.start_all(attempts=3)
     finally:
         kv.stop_all()
         bookies.stop_all()
@@ -63,7 +63,7 @@ def fault_cluster(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory,
                        rsm_config={**RSM_CONFIG, **getattr(request.module, "RSM_CONFIG_EXTRA", {})},
                        metadata_uris=[f"etcd://{p.listen}/{prefix}" for p in proxies])
         try:
-            yield FaultCluster(kv.start_all(), proxies)
+            yield FaultCluster(kv.start_all(attempts=3), proxies)
         finally:
             kv.stop_all()
             bookies.stop_all()

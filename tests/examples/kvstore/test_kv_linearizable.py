@@ -40,6 +40,7 @@ WORKERS = 8
 FAULT_ROUNDS = 4 if SOAK else 2  # each round: kill, pause, partition
 FAULT_GAP_S = 3.0
 OP_TIMEOUT_S = 5
+THROTTLE_S = 0.1
 OP_DEADLINE_S = 15.0  # an operation's hard bound (aetcd's own timeout is per RPC)
 RUN_DEADLINE_S = 600.0
 SEED = int(os.environ.get("SCRIBA_SEED", "16"))
@@ -94,6 +95,8 @@ class Worker:
     async def run(self, budget: Budget) -> None:
         try:
             while budget.take():
+                if budget.left < 0:  # the budget is spent, the faults are not over: pace the load, so a
+                    await asyncio.sleep(THROTTLE_S)  # fast machine does not give the checker a huge history
                 await self.one(budget.key(self.prefix, self.rng))
         finally:
             await self.drop()
