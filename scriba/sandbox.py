@@ -11,11 +11,13 @@ starts the web console (``scriba console``, as a process; ``--no-console`` skips
 and an autorecovery process (``scriba autorecovery run``: the elected auditor and one
 replication worker, as BookKeeper's standalone runs autorecovery beside its bookies;
 ``--autorecovery-delay-s`` sets how long a bookie may be gone before its ledgers are
-re-replicated, ``--no-autorecovery`` skips it), with ``--with namenode`` the namenode
-example's three replicas (:mod:`scriba.embedded.namenode`), writes ``DIR/sandbox.json``
+re-replicated, ``--no-autorecovery`` skips it); with ``--with kv`` three replicas of the
+KV store example (etcd's v3 API, one per zone, ``scriba.embedded.kvstore``; their
+``--endpoints`` line for etcdctl is printed), with ``--with namenode`` the namenode
+example's three replicas (:mod:`scriba.embedded.namenode`); writes ``DIR/sandbox.json``
 (metadata URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID;
-the autorecovery process's id and PID; the namenodes), prints the URI, the console's URL
-and the next step, and runs until Ctrl-C / SIGTERM. Then it
+the autorecovery process's id and PID; the KV replicas and the namenodes), prints the
+URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
 
 States: LOCKING -> STARTING -> RUNNING -> STOPPING -> (exit). ``DIR/sandbox.lock``
@@ -83,7 +85,9 @@ BOOKIES_MAX = 32
 ZONES_MAX = 26
 REGIONS_MAX = 9
 DETACH_TIMEOUT_S = 90.0
-SERVICES = ("namenode",)
+SERVICES = ("kv", "namenode")
+KV_REPLICAS = 3
+KV_SESSION_TIMEOUT_S = 10.0  # a busy laptop must not lose the replicas' metadata sessions
 
 
 class SandboxBusyError(ScribaError):
@@ -106,7 +110,7 @@ class SandboxOptions:
     autorecovery_delay_s: float | None = AUTORECOVERY_DELAY_S  # lost-bookie delay; None: no autorecovery
     tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
     inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
-    services: tuple[str, ...] = ()  # --with: extra services ("namenode")
+    services: tuple[str, ...] = ()  # examples to start on top (``--with``): "kv", "namenode"
 
     def validate(self) -> None:
         if not 1 <= self.bookies <= BOOKIES_MAX:
@@ -125,7 +129,8 @@ class SandboxOptions:
         if unknown:
             raise ConfigError(f"--with {', '.join(unknown)}: known services are {', '.join(SERVICES)}")
         if self.services and self.tls:
-            raise ConfigError("--with namenode and --tls: the sandbox starts the namenodes without TLS (not yet)")
+            raise ConfigError(f"--with {' and '.join(self.services)} and --tls: the examples do not take the "
+                              "sandbox's certificates yet; start one of the two")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -241,6 +246,7 @@ class Sandbox:
         self.console: tuple[subprocess.Popen[bytes], str] | None = None  # (process, URL)
         self.autorecovery: tuple[subprocess.Popen[bytes], str] | None = None  # (process, its id)
         self.namenodes: list[Any] = []  # scriba.embedded.namenode.NamenodeChild
+        self.kv: Any = None  # a scriba.embedded.kvstore.KvCluster with --with kv
         self.metadata_uri = options.metadata or ""
         self.pki: Any = None  # SandboxPki with --tls
         self.latency: Any = None  # RegionLatency with --inter-region-latency-ms
@@ -257,6 +263,7 @@ class Sandbox:
         pids.append((doc.get("autorecovery") or {}).get("pid"))  # likewise
         pids.append((doc.get("region_latency") or {}).get("pid"))
         pids += [n.get("pid") for n in doc.get("namenodes", [])]  # run in DIR/namenode-* (their cwd)
+        pids += [r.get("pid") for r in doc.get("kv") or []]  # run in DIR/kv
         for pid in pids:
             if not isinstance(pid, int) or not _pid_alive(pid):
                 continue
@@ -366,6 +373,14 @@ class Sandbox:
             print("starting the namenode example (active + 2 standbys) ...", file=out, flush=True)
             zones = sorted({self.options.location(i)[1] for i in range(max(n, places))})
             self.namenodes = start_namenodes(self.metadata_uri, self.data_dir, zones, START_TIMEOUT_S)
+        if "kv" in self.options.services:
+            from scriba.embedded.kvstore import KvCluster
+
+            print(f"starting {KV_REPLICAS} KV store replicas (etcd v3 API) ...", file=out, flush=True)
+            zones = sorted({self.options.location(i)[1] for i in range(len(self.bookies))})
+            self.kv = KvCluster(self.metadata_uri, self.data_dir / "kv", replicas=KV_REPLICAS, zones=zones,
+                                session_timeout_s=KV_SESSION_TIMEOUT_S)
+            self.kv.start_all(attempts=3)
         self.write_sandbox_file()
 
     def bookie_id(self, index: int) -> str:
@@ -394,6 +409,11 @@ class Sandbox:
                 "id": self.autorecovery[1], "pid": self.autorecovery[0].pid,
                 "delay_s": self.options.autorecovery_delay_s,
             },
+            "kv": None if self.kv is None else [
+                {"replica_id": r.replica_id, "endpoint": r.endpoint, "zone": r.zone,
+                 "pid": r.proc.pid if r.proc is not None else None}
+                for r in self.kv.replicas
+            ],
             **(self.pki.describe() if self.pki is not None else {}),
             "region_latency": None if self.latency is None else self.latency.describe(),
             **({"namenodes": _describe_namenodes(self.namenodes)} if self.namenodes else {}),
@@ -429,6 +449,8 @@ class Sandbox:
             from scriba.embedded.namenode import stop_namenodes
 
             stop_namenodes(self.namenodes, STOP_TIMEOUT_S)
+        if self.kv is not None:
+            _stop_quietly(self.kv)
         if self.bookies:
             with ThreadPoolExecutor(max_workers=min(8, len(self.bookies))) as pool:
                 for f in [pool.submit(_stop_quietly, b) for b in self.bookies]:
@@ -496,8 +518,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-autorecovery", action="store_true",
                    help="do not start the autorecovery process (auditor + replication worker)")
     p.add_argument("--with", dest="services", action="append", default=[], choices=SERVICES, metavar="SERVICE",
-                   help="also start SERVICE: namenode (the WebHDFS namenode example, an active and two "
-                        "standbys over the zones, listed in sandbox.json)")
+                   help="also start an example on the cluster: kv = 3 replicas of the KV store (etcd's v3 "
+                        "API), namenode = the WebHDFS namenode example (an active and two standbys); both "
+                        "spread over the zones and listed in sandbox.json")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     p.add_argument("--tls", action="store_true",
                    help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
@@ -578,6 +601,8 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
               f"after {sandbox.options.autorecovery_delay_s:g}s", file=out)
     for nn in _describe_namenodes(sandbox.namenodes):
         print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})", file=out)
+    if sandbox.kv is not None:
+        print(f"kv:       etcdctl --endpoints {sandbox.kv.endpoints} put hello world", file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
     tls = ""
     if sandbox.pki is not None:
@@ -641,6 +666,9 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
                 print(f"console:  {doc['console']['url']}")
             for nn in doc.get("namenodes", []):
                 print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})")
+            if doc.get("kv"):
+                endpoints = ",".join(r["endpoint"] for r in doc["kv"])
+                print(f"kv:       etcdctl --endpoints {endpoints} put hello world")
             print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
                   f"stop with: scriba sandbox --stop --data {data_dir}")
             return 0
