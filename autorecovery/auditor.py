@@ -208,7 +208,7 @@ class Auditor:
         sample = None if full else self._config.check_sample_entries
         if sample == 0:
             return marks
-        password = self._config.password_for(md.password_hash)
+        password = self._config.password_for(md.password_hash, md.password)
         digest = None if password is None else make_digest(md.digest_type.value, password)
         problems = await check_replicas(
             self._client.transport, md, digest=digest, sample=sample,

@@ -33,7 +33,8 @@ ENV_PASSWORDS = "SCRIBA_AUTORECOVERY_PASSWORDS"  # comma-separated, for processe
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", action="append", default=[],
-                   help="a ledger password to try (repeat); the empty one is always tried")
+                   help="a password to try for ledgers whose metadata does not keep theirs (repeat); "
+                        "the empty one is always tried")
     p.add_argument("--entries-per-s", type=float, default=0.0, help="copy rate limit (0: none)")
     p.add_argument("--bytes-per-s", type=float, default=0.0, help="copy rate limit (0: none)")
 

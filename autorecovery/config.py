@@ -1,10 +1,14 @@
 """Autorecovery's configuration (one frozen dataclass, ``validate()`` fails fast).
 
-``passwords``: a worker must add copies with the ledger's master key and the auditor
-checks HMAC digests with the ledger's password; ledger metadata keeps only a hash of
-the password (``password_hash``), so the passwords of the ledgers to repair are given
-here and matched against that hash (the empty password is always tried). A ledger
-whose password is not known is left marked, with the reason in its record.
+Passwords: a worker must add copies with the ledger's master key and the auditor
+checks HMAC digests with the ledger's password. As in BookKeeper (whose ledger
+metadata has carried the password for its admin opens and autorecovery since 4.x),
+clients store the password in the ledger's metadata by default
+(``ClientConfig.store_password_in_metadata``), and that stored password is used when
+it matches the record's ``password_hash``. For ledgers without one (created with the
+option off, or before it existed) ``passwords`` lists passwords to try against the
+hash (the empty password is always tried). A ledger whose password is not known is
+left marked, with the reason in its record.
 """
 
 from __future__ import annotations
@@ -52,9 +56,12 @@ class AutorecoveryConfig:
         require(self.update_attempts_max >= 1, "update_attempts_max", "must be >= 1")
         return self
 
-    def password_for(self, hashed: bytes) -> bytes | None:
-        """The known password whose hash is ``hashed`` (None if none is)."""
-        for password in (b"", *self.passwords):
+    def password_for(self, hashed: bytes, stored: bytes | None = None) -> bytes | None:
+        """The password whose hash is ``hashed``: the one the ledger's metadata stores,
+        else one of ``passwords`` (None if none matches; a stored one that does not
+        match its hash is never used)."""
+        candidates = (b"", *self.passwords) if stored is None else (stored, b"", *self.passwords)
+        for password in candidates:
             if password_hash(password) == hashed:
                 return password
         return None

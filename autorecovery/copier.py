@@ -1,11 +1,14 @@
 """Copy a fragment's entries to its new bookies: batched reads, digest checks, recovery adds.
 
 For each batch of the plan's entries (at most ``batch_entries`` and about
-``batch_bytes``): every entry is read from the first replica in its read order
-(runs of consecutive entries on one replica are one range read), checked (digest,
+``batch_bytes``): the entries are spread over as few replicas as their read orders
+allow (:func:`assign_sources`: striping would otherwise alternate the first choice
+and make a range read of every entry), runs of consecutive entries on one replica
+are one range read, every entry is checked (digest,
 ledger and entry id in the header), and an entry a replica lacks or serves corrupt
 is asked of the next replica; then the batch waits for the rate limit and is added to
-each new bookie of its write set with the recovery flag (a fenced ledger takes
+each new bookie of its write set with the recovery flag (one callback for the batch,
+so the transport packs it into one run per bookie) (a fenced ledger takes
 recovery adds), the same packed bytes the writer made (digest and piggybacked LAC
 unchanged). The batch is done when every new bookie acknowledged every add, i.e.
 journaled it. An add a bookie already holds is answered OK without a new write, so a
@@ -18,7 +21,7 @@ typed error when a new bookie refuses it (``error_for_status``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -103,14 +106,13 @@ class FragmentCopier:
             wanted = [e for e in batch if e not in got]
             if not wanted:
                 return got
-            by_source: dict[BookieId, list[EntryId]] = {}
             for e in wanted:
                 if not tried[e]:
                     raise CopyError(
                         f"ledger {md.ledger_id} entry {e}: no replica could serve it "
                         f"({'; '.join(errors[e]) or 'no replica left'})"
                     )
-                by_source.setdefault(tried[e].pop(0), []).append(e)
+            by_source = assign_sources(wanted, tried)
             await asyncio.gather(*(
                 self._read_from(md.ledger_id, source, ids, got, errors)
                 for source, ids in by_source.items()
@@ -171,6 +173,9 @@ class FragmentCopier:
                     fut.set_result(status)
             return on_response
 
+        add_entry = getattr(self._transport, "add_entry", None)
+        if add_entry is not None:  # a BatchedAddTransport: the batch travels as packed runs
+            return await self._write_runs(md, plan, batch, got, add_entry)
         where: list[tuple[BookieId, EntryId]] = []
         for entry_id in batch:
             for target in plan.targets(md, entry_id):
@@ -189,6 +194,77 @@ class FragmentCopier:
                             f"the copy ({Status(status).name})"
                 )
         return len(futures)
+
+
+    async def _write_runs(
+        self, md: LedgerMetadata, plan: RepairPlan, batch: list[EntryId], got: dict[EntryId, bytes],
+        add_entry: Callable[..., None],
+    ) -> int:
+        """The batch's adds through ``add_entry`` with one callback, so the transport packs
+        them into one run per bookie (a callback per add would make a run of each add)."""
+        waiting: set[tuple[BookieId, int]] = set()
+        refused: list[tuple[BookieId, int, Status]] = []
+        all_answered = asyncio.get_running_loop().create_future()
+
+        def on_responses(bookie_id: BookieId, _ledger_id: int, entry_ids: list[int], status: Status) -> None:
+            for entry_id in entry_ids:
+                if (bookie_id, entry_id) in waiting:
+                    waiting.discard((bookie_id, entry_id))
+                    if status != Status.OK:
+                        refused.append((bookie_id, entry_id, status))
+            if not waiting and not all_answered.done():
+                all_answered.set_result(None)
+
+        for entry_id in batch:
+            targets = plan.targets(md, entry_id)
+            waiting.update((target, entry_id) for target in targets)
+        adds = len(waiting)
+        for entry_id in batch:
+            add_entry(plan.targets(md, entry_id), md.ledger_id, entry_id, self._master_key, got[entry_id],
+                      on_responses, recovery=True)
+        if waiting:
+            await all_answered
+        if refused:
+            target, bad_id, status = min(refused, key=lambda r: r[1])
+            raise error_for_status(
+                status, f"ledger {md.ledger_id} entry {bad_id}: bookie {target} refused "
+                        f"the copy ({Status(status).name})"
+            )
+        return adds
+
+
+def assign_sources(
+    wanted: Sequence[EntryId], tried: dict[EntryId, list[BookieId]]
+) -> dict[BookieId, list[EntryId]]:
+    """Which bookie to read each wanted entry from, taking it off that entry's ``tried`` list.
+
+    Each entry's list is its read order (the moved bookie last). Striping rotates the
+    first choice from entry to entry, so taking every entry's first choice splits a batch
+    into runs of one entry per bookie (a range read per entry). Instead, greedily, the
+    bookie that can serve the most still-unassigned entries takes all of them, counting
+    only choices before an entry's last resort (unless nothing else is left): with
+    E = W, one surviving bookie serves the whole batch in one range read.
+    """
+    by_source: dict[BookieId, list[EntryId]] = {}
+    left = sorted(wanted)
+
+    def choices(e: EntryId) -> list[BookieId]:
+        order = tried[e]
+        return order[:-1] if len(order) > 1 else order
+
+    while left:
+        counts: dict[BookieId, int] = {}
+        for e in left:
+            for b in choices(e):
+                counts[b] = counts.get(b, 0) + 1
+        best = min(counts, key=lambda b: (-counts[b], b))
+        taken = [e for e in left if best in choices(e)]
+        for e in taken:
+            tried[e].remove(best)
+        by_source[best] = taken
+        gone = set(taken)
+        left = [e for e in left if e not in gone]
+    return by_source
 
 
 def _runs(ids: list[EntryId]) -> Iterator[tuple[EntryId, EntryId]]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scriba.autorecovery.fragments import Fragment, entries_on_slots, fragment_at, repairable_last
-from scriba.errors import ScribaError
+from scriba.errors import NotEnoughBookiesError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.invariant import InvariantViolation, invariant
 from scriba.meta.records import Ensemble, LedgerMetadata
@@ -104,8 +104,10 @@ def plan_repair(
     """The repair of the segment starting at ``segment_first``; None if none is needed.
 
     ``policy.replace_bookie`` picks each replacement, keeping the ledger's placement
-    constraints (``NotEnoughBookiesError`` when it cannot). ``lac`` is needed for the
-    last segment of a ledger still being written.
+    constraints. A bookie that cannot be replaced now stays in the plan's ensemble (its
+    mark stays in the record for a later pass) while the others move: a lost bookie is not
+    kept waiting on a live one's replacement. ``NotEnoughBookiesError`` when none can
+    move. ``lac`` is needed for the last segment of a ledger still being written.
     """
     fragment = fragment_at(md, segment_first)
     if fragment is None or fragment.is_empty:
@@ -117,19 +119,28 @@ def plan_repair(
     ensemble = list(fragment.ensemble)
     excluded = set(exclude) | set(ensemble) | set(move)
     reasons: list[str] = []
+    replaced: list[int] = []
+    unplaced: list[NotEnoughBookiesError] = []
     for slot in slots:
-        result = policy.replace_bookie(
-            topology, tuple(ensemble), slot, md.write_quorum_size, md.ack_quorum_size,
-            exclude=frozenset(excluded),
-        )
+        try:
+            result = policy.replace_bookie(
+                topology, tuple(ensemble), slot, md.write_quorum_size, md.ack_quorum_size,
+                exclude=frozenset(excluded),
+            )
+        except NotEnoughBookiesError as exc:  # move the others now; this one waits for a bookie
+            unplaced.append(exc)
+            continue
         chosen = BookieId(result.bookies[slot])
         invariant(chosen not in excluded, f"placement chose excluded bookie {chosen}")
         ensemble[slot] = chosen
         excluded.add(chosen)
+        replaced.append(slot)
         reasons.extend(result.reasons[:1])
+    if not replaced:
+        raise unplaced[0]
     return RepairPlan(
         ledger_id=md.ledger_id, segment_first=fragment.first_entry_id, last_entry_id=last,
-        old_ensemble=fragment.ensemble, new_ensemble=tuple(ensemble), slots=slots,
+        old_ensemble=fragment.ensemble, new_ensemble=tuple(ensemble), slots=tuple(replaced),
         reasons=tuple(reasons),
     )
 

@@ -193,7 +193,7 @@ class ReplicationWorker:
                 await self._delete_record(record)
                 return Outcome(lid, "gone", entries, size, done, "ledger deleted")
             md: LedgerMetadata = versioned.value
-            password = self._config.password_for(md.password_hash)
+            password = self._config.password_for(md.password_hash, md.password)
             if password is None:
                 await self._note_failure(lid, "the ledger's password is not among the configured ones")
                 return Outcome(lid, "failed", entries, size, done, "password unknown")

@@ -115,7 +115,7 @@ def _ledger(lid: int) -> LedgerMetadata:
 
 async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> None:
     from scriba.embedded.etcd import EtcdCluster
-    from scriba.sandbox import start_console
+    from scriba.embedded.sandbox_children import start_console
 
     with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
         base = Path(tmp)

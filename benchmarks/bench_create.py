@@ -7,14 +7,18 @@ connect one client, then run two phases of ``--seconds`` each: 1 creator, then
 ``close()``. Empty ledgers, so only the metadata path is measured: id allocation,
 the ledger record's create, and the close's compare-and-set.
 
-Printed per store: create+close/s, p50/p99 latency, time-outs and other errors, and a
+``zk-plain`` is the ZooKeeper store with write coalescing off (one request per write,
+as before ``scriba.meta.zk_multi``): the before/after baseline in the same run.
+
+Printed per store: create+close/s, p50/p99 latency, the client process's CPU per
+create+close (all its threads: kazoo's included; the least noisy figure on a busy machine), time-outs and other errors, and a
 summary with the 1-creator figure beside the many-creator one and their ratio; the ids
 of both phases (two clients) are checked to be unique (exit status 1 if not). The
 baseline is the 1-creator phase of the same run: concurrency should multiply the rate,
 not divide it.
 
 Run: ``.venv/bin/python benchmarks/bench_create.py [--seconds 10] [--creators 64]
-[--stores etcd,zk] [--json OUT]``.
+[--stores etcd,zk,zk-plain] [--json OUT]``.
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
 
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scriba.meta.zk_multi as zk_multi
 from scriba.client.bench import percentile
 from scriba.client.client import Client
 from scriba.errors import DeadlineExceededError, ScribaError
@@ -35,6 +40,7 @@ from scriba.log import configure
 from scriba.testing.cluster import LocalCluster
 
 BOOKIES = 3
+ops_max_default = zk_multi.BATCH_OPS_MAX
 
 
 async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) -> dict[str, Any]:
@@ -63,9 +69,9 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
                 latencies_ms.append((time.perf_counter() - t0) * 1000)
                 ids.append(writer.ledger_id)
 
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         await asyncio.gather(*(creator() for _ in range(creators)))
-        elapsed_s = time.monotonic() - t0
+        elapsed_s, cpu_s = time.monotonic() - t0, time.process_time() - cpu0
     latencies_ms.sort()
     return {
         "creators": creators,
@@ -74,6 +80,7 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
         "per_s": round(len(latencies_ms) / elapsed_s, 1),
         "latency_ms_p50": round(percentile(latencies_ms, 0.50), 2),
         "latency_ms_p99": round(percentile(latencies_ms, 0.99), 2),
+        "cpu_us_per_ledger": round(cpu_s / max(1, len(latencies_ms)) * 1e6),  # this process, all threads
         "timeouts": timeouts,
         "errors": errors,
         "ids": ids,
@@ -81,7 +88,10 @@ async def create_close(uri: str, *, creators: int, seconds: float, warmup: int) 
 
 
 def run_store(kind: str, base: Path, *, seconds: float, creators: int, warmup: int) -> dict[str, Any]:
-    with LocalCluster(base / kind, metadata=kind, prefix="bench") as cluster:
+    # zk-plain: every store opened from here on sends one request per write (the baseline)
+    zk_multi.BATCH_OPS_MAX = 1 if kind == "zk-plain" else ops_max_default
+    metadata = "zk" if kind == "zk-plain" else kind
+    with LocalCluster(base / kind, metadata=metadata, prefix="bench") as cluster:
         cluster.bookies.start_bookies(BOOKIES)
         one = asyncio.run(create_close(cluster.uri, creators=1, seconds=seconds, warmup=warmup))
         many = asyncio.run(create_close(cluster.uri, creators=creators, seconds=seconds, warmup=warmup))
@@ -97,7 +107,8 @@ def run_store(kind: str, base: Path, *, seconds: float, creators: int, warmup: i
 def _line(kind: str, r: dict[str, Any]) -> str:
     return (
         f"{kind:5} {r['creators']:3} creators: {r['per_s']:8,.0f} create+close/s  p50 {r['latency_ms_p50']:7.2f} ms"
-        f"  p99 {r['latency_ms_p99']:8.2f} ms  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}  errors {r['errors']}"
+        f"  p99 {r['latency_ms_p99']:8.2f} ms  client CPU {r['cpu_us_per_ledger']:5} us/ledger"
+        f"  ledgers {r['ledgers']:6}  time-outs {r['timeouts']}  errors {r['errors']}"
     )
 
 
@@ -110,11 +121,20 @@ def _summary(kind: str, r: dict[str, Any]) -> str:
     )
 
 
+def _ratios(results: dict[str, Any]) -> None:
+    """ZooKeeper against etcd and against its own baseline, many creators, same run."""
+    rate = {kind: r["many"]["per_s"] for kind, r in results.items()}
+    for a, b in (("zk", "etcd"), ("zk", "zk-plain"), ("zk-plain", "etcd")):
+        if rate.get(a) and rate.get(b):
+            print(f"ratio {a} / {b} ({results[a]['many']['creators']} creators): {rate[a] / rate[b]:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--creators", type=int, default=64, help="concurrent creators of the second phase")
-    parser.add_argument("--stores", default="etcd,zk", help="metadata stores to run: etcd, zk or both")
+    parser.add_argument("--stores", default="etcd,zk,zk-plain",
+                        help="metadata stores to run: etcd, zk, zk-plain (zk without write coalescing)")
     parser.add_argument("--warmup", type=int, default=5, help="ledgers created before each phase")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -128,6 +148,7 @@ def main() -> int:
             print(_line(kind, results[kind]["many"]))
     for kind, r in results.items():
         print(_summary(kind, r))
+    _ratios(results)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0 if all(r["ids_unique"] for r in results.values()) else 1

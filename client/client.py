@@ -73,6 +73,9 @@ class ClientConfig:
     failed_bookie_quarantine_s: float = 30.0  # replacements avoid bookies failed this recently
     recovery_attempts_max: int = 3  # open_ledger retries a recovery that failed retriably
     recovery_retry_s: float = 0.2  # the first backoff window; it doubles per retry (scriba.retry)
+    # keep a ledger's password in its metadata (as BookKeeper does) so autorecovery can
+    # re-replicate it unaided; off: workers must be given the password (--password)
+    store_password_in_metadata: bool = True
     # "binary": the binary data path to bookies that offer it, gRPC to the others;
     # "grpc": gRPC only (TransportConfig.protocol)
     transport_protocol: str = "binary"
@@ -295,6 +298,7 @@ class Client:
             custom_metadata=dict(custom_metadata or {}),
             placement_policy=policy.name,
             placement_options=dict(policy.options),
+            password=password if password and self._config.store_password_in_metadata else None,
             **self._durability_regions(policy, ensemble, ack_quorum_size),
         )
         try:

@@ -37,7 +37,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import google_crc32c
 
@@ -250,7 +250,7 @@ class ReadCore:
         data: bytes | None,
         status: int,
         retry: dict[BookieId, list[EntryId]],
-    ) -> bool | Effects | None:
+    ) -> Literal[True] | Effects | None:
         """One replica's answer for one entry: True when it is now ready, the failure
         effects when the read failed, else None (queued in ``retry`` or waiting)."""
         if entry_id not in self._pending:

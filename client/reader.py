@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
 from scriba.client.driver import DriverConfig, read_ledger_metadata
@@ -129,7 +129,7 @@ class LedgerReader:
             for entry in batch:
                 yield entry
 
-    async def tail(self, start: int = 0) -> AsyncIterator[Entry]:
+    async def tail(self, start: int = 0) -> AsyncGenerator[Entry, None]:
         """Follow the ledger from ``start``: every entry in order, ending once it is closed.
 
         Waiting at the end is one long poll at a time (``ReadLastConfirmed`` with

@@ -238,7 +238,7 @@ class LedgerWriter:
             return
         add = self._add
         for bookie_id in bookies:
-            add(bookie_id, self._ledger_id, entry_id, self._master_key, packed, self._on_add,
+            add(bookie_id, self._ledger_id, EntryId(entry_id), self._master_key, packed, self._on_add,
                 recovery=recovery)
 
     def _drain_waiting(self) -> None:

@@ -121,7 +121,9 @@ class Model:
                              if k[1] in self.mirror.records(section_of(k[1]))}
 
     def registrations(self) -> dict[str, BookieRegistration]:
-        regs = {r.bookie_id: r for _, r in self._decode(BOOKIES_PREFIX, BookieRegistration.from_bytes)}
+        regs: dict[str, BookieRegistration] = {
+            r.bookie_id: r for _, r in self._decode(BOOKIES_PREFIX, BookieRegistration.from_bytes)
+        }
         self._last_seen.update(regs)
         return regs
 
@@ -132,9 +134,11 @@ class Model:
     # --- bookies and the map ---------------------------------------------------------
     def bookies(self) -> list[dict[str, Any]]:
         regs = self.registrations()
-        cookies = {c.bookie_id: c for _, c in self._decode(COOKIES_PREFIX, Cookie.from_bytes)}
+        cookies: dict[str, Cookie] = {c.bookie_id: c for _, c in self._decode(COOKIES_PREFIX, Cookie.from_bytes)}
         probes = self.prober.probes if self.prober is not None else {}
-        drains = {d.bookie_id: d.state.value for _, d in self._decode(DECOMMISSION_PREFIX, Decommission.from_bytes)}
+        drains: dict[str, str] = {
+            d.bookie_id: d.state.value for _, d in self._decode(DECOMMISSION_PREFIX, Decommission.from_bytes)
+        }
         rows = []
         for bookie_id in sorted(set(regs) | set(cookies) | set(probes)):
             reg = regs.get(bookie_id) or self._last_seen.get(bookie_id)

@@ -46,7 +46,7 @@ import builtins
 import ipaddress
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -574,7 +574,7 @@ class EtcdStore:
             start = bytes(resp.kvs[-1].key) + b"\x00"
         return state, revision
 
-    async def watch(self, key: str, *, prefix: bool = False) -> AsyncIterator[WatchEvent]:
+    async def watch(self, key: str, *, prefix: bool = False) -> AsyncGenerator[WatchEvent, None]:
         self._check_open()
         if prefix:
             check_prefix(key)

@@ -24,7 +24,7 @@ import bisect
 import builtins
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -245,7 +245,7 @@ class MemoryStore:
                 return
             after = page[-1][0]
 
-    async def watch(self, key: str, *, prefix: bool = False) -> AsyncIterator[WatchEvent]:
+    async def watch(self, key: str, *, prefix: bool = False) -> AsyncGenerator[WatchEvent, None]:
         self._check_open()
         if prefix:
             check_prefix(key)

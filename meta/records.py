@@ -120,6 +120,12 @@ class LedgerMetadata:
     custom_metadata: Mapping[str, str] = field(default_factory=dict)
     placement_policy: str = "random"
     placement_options: Mapping[str, Any] = field(default_factory=dict)
+    # The password itself, kept as BookKeeper keeps it (LedgerMetadataFormat.password,
+    # read by its admin opens and autorecovery) so that replication workers can re-replicate
+    # a ledger without being told its password. None: not stored (a client configured
+    # not to, or a record older than the field); workers then need it from their config.
+    # Whoever can read ledger metadata can read it: protect the store (etcd auth, ZK ACLs).
+    password: bytes | None = None
     min_regions_for_durability: int = 1
     bookie_regions: Mapping[str, str] = field(default_factory=dict)
 
@@ -199,6 +205,7 @@ class LedgerMetadata:
                 "custom_metadata": dict(self.custom_metadata),
                 "placement_policy": self.placement_policy,
                 "placement_options": dict(self.placement_options),
+                **({} if self.password is None else {"password": self.password.hex()}),
                 # written only when set, so records of other ledgers keep their bytes
                 **(
                     {
@@ -232,6 +239,7 @@ class LedgerMetadata:
                 custom_metadata=d.get("custom_metadata", {}),
                 placement_policy=d.get("placement_policy", "random"),
                 placement_options=d.get("placement_options", {}),
+                password=None if d.get("password") is None else bytes.fromhex(d["password"]),
                 min_regions_for_durability=d.get("min_regions_for_durability", 1),
                 bookie_regions=d.get("bookie_regions", {}),
             )
@@ -239,7 +247,9 @@ class LedgerMetadata:
             raise BadRequestError(f"ledger metadata: malformed ({exc!r})") from None
 
     def to_json(self) -> dict[str, Any]:
+        """The record for people and scripts; a stored password shows only as ``password_stored``."""
         doc: dict[str, Any] = json.loads(self.to_bytes())
+        doc["password_stored"] = doc.pop("password", None) is not None
         return doc
 
 

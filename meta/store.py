@@ -20,7 +20,7 @@ CONNECTED again; holders re-create what they need.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar
 
@@ -129,7 +129,7 @@ class MetadataStore(Protocol):
         """Every record under ``prefix``, sorted, fetched a page at a time."""
         ...
 
-    def watch(self, key: str, *, prefix: bool = False) -> AsyncIterator[WatchEvent]:
+    def watch(self, key: str, *, prefix: bool = False) -> AsyncGenerator[WatchEvent, None]:
         """Current state first (a PUT per existing key), then SYNCED, then every change.
 
         Per key, events arrive in version order and the last one delivered is the

@@ -27,6 +27,11 @@ answer, and each pass takes the step that answer calls for (create the parent, t
 container into a record, look again), so there is no error to back off from; they are
 bounded by ``WRITE_ATTEMPTS_MAX``.
 
+Writes: ``create`` and ``set`` go through ``scriba.meta.zk_multi``: the writes issued in
+one loop tick travel as one ZooKeeper multi (one request, one answer, one hand-off
+through kazoo's threads), and each caller still gets its own outcome, as if it had
+sent its write alone.
+
 Authentication (URI options ``digest_file=`` / ``digest_env=``, ``USER:PASSWORD``):
 the session adds digest credentials, and every znode Scriba creates (the chroot, its
 containers, records, ephemerals, transaction creates) gets one ACL: that digest user,
@@ -54,7 +59,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
@@ -94,6 +99,7 @@ from scriba.meta.store import (
     check_value,
 )
 from scriba.meta.uri import MetadataUri, parse_uri
+from scriba.meta.zk_multi import MultiWriter, WriteKind, ZkWrite
 from scriba.retry import RetryPolicy, retry_async
 from scriba.tls import TlsConfig
 
@@ -250,6 +256,9 @@ class ZooKeeperStore:
         self._watches: set[_Watch] = set()
         self._containers: set[str] = set()  # container znodes known to exist
         self._ids = IdRanges(self, floor=self._legacy_id_floor)
+        self._writes = MultiWriter(
+            loop, self._commit_one, self._commit_many, _ROLLED_BACK, self._write_error
+        )
         self._closed = False
 
     # --- opening and the session ------------------------------------------------------
@@ -431,18 +440,58 @@ class ZooKeeperStore:
             raise MetadataUnavailableError(
                 f"{what}: no answer from ZooKeeper at {self.hosts} within {timeout:.1f}s (outcome unknown)"
             ) from None
-        except (kz.NoNodeError, kz.NodeExistsError, kz.BadVersionError, kz.NotEmptyError):
-            raise
-        except _CONNECTIVITY_ERRORS as exc:
-            raise MetadataUnavailableError(
-                f"{what}: ZooKeeper at {self.hosts} unavailable ({type(exc).__name__}; outcome unknown)"
-            ) from None
-        except kz.NoChildrenForEphemeralsError:
-            raise BadRequestError(f"{what}: a parent is an ephemeral record") from None
-        except (kz.NoAuthError, kz.AuthFailedError) as exc:
-            raise _unauthorized(what, self.hosts, exc) from None
         except kz.KazooException as exc:
-            raise InternalError(f"{what}: ZooKeeper error {type(exc).__name__}: {exc}") from None
+            raise self._kazoo_error(what, exc) from None
+
+    def _kazoo_error(self, what: str, exc: BaseException) -> BaseException:
+        """The error a caller sees for kazoo's ``exc``: NoNode / NodeExists / BadVersion /
+        NotEmpty unchanged (callers map them), connectivity as ``MetadataUnavailableError``."""
+        if isinstance(exc, kz.NoNodeError | kz.NodeExistsError | kz.BadVersionError | kz.NotEmptyError):
+            return exc
+        if isinstance(exc, _CONNECTIVITY_ERRORS):
+            return MetadataUnavailableError(
+                f"{what}: ZooKeeper at {self.hosts} unavailable ({type(exc).__name__}; outcome unknown)"
+            )
+        if isinstance(exc, kz.NoChildrenForEphemeralsError):
+            return BadRequestError(f"{what}: a parent is an ephemeral record")
+        if isinstance(exc, kz.NoAuthError | kz.AuthFailedError):
+            return _unauthorized(what, self.hosts, exc)
+        if isinstance(exc, kz.KazooException):
+            return InternalError(f"{what}: ZooKeeper error {type(exc).__name__}: {exc}")
+        return exc
+
+    # --- writes coalesced into multis (scriba.meta.zk_multi) --------------------------
+
+    async def _write(
+        self, kind: WriteKind, path: str, value: bytes, *, version: int = -1, ephemeral: bool = False
+    ) -> int:
+        """A create or set through the write queue: its new version, or kazoo's error as ``_kz``."""
+        fut: asyncio.Future[int] = self._loop.create_future()
+        write = ZkWrite(kind, path, value, fut, version=version, ephemeral=ephemeral)
+        return await self._writes.write(write)
+
+    async def _commit_one(self, write: ZkWrite) -> int:
+        client, what = self._client, f"{write.kind.value} {self._key(write.path)}"
+        if write.kind is WriteKind.CREATE:
+            _, stat = await self._kz(
+                what, client.create_async, write.path, write.value,
+                ephemeral=write.ephemeral, include_data=True,
+            )
+        else:
+            stat = await self._kz(what, client.set_async, write.path, write.value, write.version)
+        return int(stat.version)
+
+    async def _commit_many(self, writes: Sequence[ZkWrite]) -> list[Any]:
+        t = self._client.transaction()
+        for write in writes:
+            if write.kind is WriteKind.CREATE:
+                t.create(write.path, write.value, ephemeral=write.ephemeral)
+            else:
+                t.set_data(write.path, write.value, write.version)
+        return cast(list[Any], await self._kz(f"multi of {len(writes)} writes", t.commit_async))
+
+    def _write_error(self, write: ZkWrite, exc: BaseException) -> BaseException:
+        return self._kazoo_error(f"{write.kind.value} {self._key(write.path)}", exc)
 
     async def _check_root_acl(self) -> None:
         acls, _ = await self._kz("acl of the chroot", self._client.get_acls_async, self.root)
@@ -533,15 +582,7 @@ class ZooKeeperStore:
         # Hand-written: each pass acts on what the last one found (see Retries above).
         for _ in range(WRITE_ATTEMPTS_MAX):
             try:
-                _, stat = await self._kz(
-                    f"create {key}",
-                    client.create_async,
-                    path,
-                    value,
-                    ephemeral=ephemeral,
-                    include_data=True,
-                )
-                return int(stat.version)
+                return await self._write(WriteKind.CREATE, path, value, ephemeral=ephemeral)
             except kz.NoNodeError:
                 await self._ensure_parent(path)
                 continue
@@ -570,14 +611,12 @@ class ZooKeeperStore:
         if expected_version < 0:  # -1 would mean "any version" to ZooKeeper
             await self.get(key)
             raise BadVersionError(f"{key}: expected version {expected_version} never matches")
-        client = self._client
         try:
-            stat = await self._kz(f"set {key}", client.set_async, path, value, expected_version)
+            return await self._write(WriteKind.SET, path, value, version=expected_version)
         except kz.NoNodeError:
             raise NoSuchKeyError(f"{key}: no such key") from None
         except kz.BadVersionError:
             raise BadVersionError(f"{key}: version is not {expected_version}") from None
-        return int(stat.version)
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> None:
         self._check_open()
@@ -650,7 +689,7 @@ class ZooKeeperStore:
 
     # --- watches ----------------------------------------------------------------------
 
-    async def watch(self, key: str, *, prefix: bool = False) -> AsyncIterator[WatchEvent]:
+    async def watch(self, key: str, *, prefix: bool = False) -> AsyncGenerator[WatchEvent, None]:
         self._check_open()
         if prefix:
             check_prefix(key)
@@ -828,11 +867,11 @@ class ZooKeeperStore:
                 continue
             if isinstance(result, kz.NoAuthError):
                 raise _unauthorized("txn", self.hosts, result)
-            check = owners[i]
-            if check is None:
+            owner = owners[i]
+            if owner is None:
                 return False  # a key changed between our read and the multi: read again
             raise BadVersionError(
-                f"txn check failed: {check.key} changed from version {check.version} ({type(result).__name__})"
+                f"txn check failed: {owner.key} changed from version {owner.version} ({type(result).__name__})"
             )
         return True
 

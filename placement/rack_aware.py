@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from scriba.placement.base import BasePolicy, Option, plural
 from scriba.placement.spread import LOCAL, RACK, Keys, Rules
@@ -34,7 +35,7 @@ class RackRules:
 
 class RackAwarePolicy(BasePolicy):
     NAME = "rack-aware"
-    OPTIONS: Mapping[str, Option] = {
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
         **BasePolicy.OPTIONS,
         "min_racks_per_write_quorum": Option(int, 2, "racks every write set must span"),
         "enforce": Option(bool, False, "fail rather than degrade when the racks are not there"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from scriba.errors import ConfigError
 from scriba.placement.base import BasePolicy, Option, plural
@@ -53,7 +54,7 @@ class RegionRules:
 
 class RegionAwarePolicy(BasePolicy):
     NAME = "region-aware"
-    OPTIONS: Mapping[str, Option] = {
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
         **BasePolicy.OPTIONS,
         "min_regions_for_durability": Option(int, 2, "regions every acknowledged entry reaches"),
         "enforce_durability": Option(bool, True, "fail rather than degrade when regions are missing"),

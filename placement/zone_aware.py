@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from scriba.config import require
 from scriba.ids import BookieId
@@ -41,7 +42,7 @@ class ZoneRules:
 
 class ZoneAwarePolicy(BasePolicy):
     NAME = "zone-aware"
-    OPTIONS: Mapping[str, Option] = {
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
         **BasePolicy.OPTIONS,
         "desired_zones_per_write_quorum": Option(int, 3, "zones a write set should span"),
         "min_zones_per_write_quorum": Option(int, 2, "zones a write set must span"),

@@ -15,6 +15,7 @@ and ``remote`` are the asyncio shells; ``sync`` is the blocking facade.
 
 from scriba.rsm.client_session import ClientSession, Committed
 from scriba.rsm.config import RsmConfig
+from scriba.rsm.leaderless import while_leaderless
 from scriba.rsm.machine import SnapshotReader, SnapshotWriter, StateMachine
 from scriba.rsm.membership import Member
 from scriba.rsm.replica import ReplicatedStateMachine
@@ -30,4 +31,5 @@ __all__ = [
     "SnapshotReader",
     "SnapshotWriter",
     "StateMachine",
+    "while_leaderless",
 ]

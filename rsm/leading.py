@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 
 class Leading:
-    async def _campaign_loop(self: ReplicatedStateMachine) -> None:
+    _leadership: Leadership | None
+
+    async def _campaign_loop(self: ReplicatedStateMachine) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         claim = mb.LeaderClaim(self.replica_id, self.address).to_bytes()
         while self._stopped is None:
             try:
@@ -72,7 +74,7 @@ class Leading:
                     await self._election.resign()
             await asyncio.sleep(self.config.campaign_backoff_s)
 
-    async def _transfer_blocks(self: ReplicatedStateMachine) -> bool:
+    async def _transfer_blocks(self: ReplicatedStateMachine) -> bool:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """A leadership transfer to another replica is pending: do not campaign."""
         try:
             doc = json.loads((await self.client.store.get(mb.transfer_key(self.group))).value)
@@ -80,7 +82,7 @@ class Leading:
             return False
         return bool(doc.get("target") != self.replica_id and doc.get("deadline_ms", 0) > time.time() * 1000)
 
-    async def _lead(self: ReplicatedStateMachine, leadership: Leadership) -> None:
+    async def _lead(self: ReplicatedStateMachine, leadership: Leadership) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         assert self._ns is not None
         token = leadership.token
         self._leadership = leadership
@@ -113,7 +115,7 @@ class Leading:
             self._run(self.role.deposed(token, f"leadership lost ({leadership.reason})"))
         lost.cancel()
 
-    async def _stream_end(self: ReplicatedStateMachine, own_seq: int) -> Position | None:
+    async def _stream_end(self: ReplicatedStateMachine, own_seq: int) -> Position | None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """The last record before the writer's first segment (None: there is none)."""
         assert self._ns is not None
         info = await self._ns.info(self.name)
@@ -124,7 +126,7 @@ class Leading:
                 await self._restore_newer()
         return max(ends) if ends else None
 
-    def _confirm(self: ReplicatedStateMachine, term: LeaderTerm, ready: list[tuple[Proposal, Position]]) -> None:
+    def _confirm(self: ReplicatedStateMachine, term: LeaderTerm, ready: list[tuple[Proposal, Position]]) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         for proposal, position in ready:
             if not self.role.accepts(term.token):
                 return  # term.end fails the rest
@@ -137,14 +139,14 @@ class Leading:
             if not proposal.future.done():
                 proposal.future.set_result((outcome, position))
 
-    async def _clear_transfer(self: ReplicatedStateMachine) -> None:
+    async def _clear_transfer(self: ReplicatedStateMachine) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         key = mb.transfer_key(self.group)
         with contextlib.suppress(NoSuchKeyError, ScribaError):
             record = await self.client.store.get(key)
             if json.loads(record.value).get("target") == self.replica_id:
                 await self.client.store.delete(key, expected_version=record.version)
 
-    async def _watch_leader(self: ReplicatedStateMachine) -> None:
+    async def _watch_leader(self: ReplicatedStateMachine) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         while self._stopped is None:
             try:
                 async for current in self._election.observe():
@@ -162,7 +164,7 @@ class Leading:
             await asyncio.sleep(self.config.campaign_backoff_s)
 
 
-    async def transfer_leadership(self: ReplicatedStateMachine, replica_id: str) -> None:
+    async def transfer_leadership(self: ReplicatedStateMachine, replica_id: str) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """Hand leadership to ``replica_id`` (the old leader stops proposing; the target catches up)."""
         self._check_running()
         if replica_id == self.replica_id and self.is_leader:

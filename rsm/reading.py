@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class Reading:
-    async def read(self: ReplicatedStateMachine, request: bytes, consistency: str = "linearizable", *,
+    async def read(self: ReplicatedStateMachine, request: bytes, consistency: str = "linearizable", *,  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
                    after: Position | str | None = None) -> bytes:
         if consistency not in CONSISTENCY_LEVELS:
             raise BadConsistencyError(f"consistency {consistency!r}: one of {', '.join(CONSISTENCY_LEVELS)}")
@@ -36,7 +36,7 @@ class Reading:
         index = await self._linearizable_index() if consistency == "linearizable" else None
         return await self._answer_read(request, consistency, after, index)
 
-    async def read_many(self: ReplicatedStateMachine, reads: list[tuple[str, Position | None, bytes]]
+    async def read_many(self: ReplicatedStateMachine, reads: list[tuple[str, Position | None, bytes]]  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
                         ) -> list[tuple[bool, bytes]]:
         """Answer several reads on one read index; per read its result or its error body.
 
@@ -60,12 +60,12 @@ class Reading:
                 answers.append((False, wire.error_body(exc)))
         return answers
 
-    async def _linearizable_index(self: ReplicatedStateMachine) -> Position | None:
+    async def _linearizable_index(self: ReplicatedStateMachine) -> Position | None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         if self.config.unsafe_local_linearizable_reads:
             return None  # the negative control: no leadership confirmation
         return await self.read_index(forwarded=False)
 
-    async def _answer_read(self: ReplicatedStateMachine, request: bytes, consistency: str,
+    async def _answer_read(self: ReplicatedStateMachine, request: bytes, consistency: str,  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
                            after: Position | str | None, index: Position | None) -> bytes:
         if consistency == "after":
             if after is None:
@@ -76,13 +76,13 @@ class Reading:
             await self._wait_applied(index, self.config.read_timeout_s)
         return self._query(request)
 
-    def _query(self: ReplicatedStateMachine, request: bytes) -> bytes:
+    def _query(self: ReplicatedStateMachine, request: bytes) -> bytes:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         try:
             return bytes(self.state.machine.query(request))
         except Exception as exc:
             raise StateMachineError(f"state machine query raised: {type(exc).__name__}: {exc}") from exc
 
-    async def read_index(self: ReplicatedStateMachine, *, forwarded: bool) -> Position | None:
+    async def read_index(self: ReplicatedStateMachine, *, forwarded: bool) -> Position | None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """A position every write confirmed before this call is at or below, from a
         leadership confirmation that started after this call."""
         term = self._term
@@ -97,7 +97,7 @@ class Reading:
             raise self._not_leader()
         return await self._follower_rounds.read_index()
 
-    async def _leader_read_index(self: ReplicatedStateMachine) -> Position | None:
+    async def _leader_read_index(self: ReplicatedStateMachine) -> Position | None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """One follower round: ask the leader for a read index (``READ_INDEX``)."""
         leader = self._leader
         if leader is None or not leader[1] or leader[0] == self.replica_id:

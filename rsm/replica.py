@@ -69,6 +69,7 @@ from scriba.errors import (
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
+from scriba.meta.store import SessionState
 from scriba.rsm import membership as mb
 from scriba.rsm import wire
 from scriba.rsm.client_session import ClientSession, Committed
@@ -91,6 +92,7 @@ from scriba.stream import Namespace, Position, StreamReader, open_namespace
 log = get_logger(__name__)
 
 RETRY_PAUSE_S = 0.05
+MEMBER_CHECK_S = 0.2  # how often a replica checks that its session (and so its member record) is the same
 LAG_QUERY_TIMEOUT_S = 2.0
 
 
@@ -133,6 +135,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         self._changed = asyncio.Event()  # applied position or role moved
         self._leader: tuple[str, str] | None = None  # (replica id, address)
         self._started = False
+        self._member_session = ""  # the metadata session holding this replica's member record
         self._stopped: ScribaError | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._tail_task: asyncio.Task[None] | None = None
@@ -157,6 +160,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         if self.config.command_bytes_max > settings.record_bytes_max:
             raise ConfigError(f"command_bytes_max {self.config.command_bytes_max} exceeds the stream's "
                               f"record_bytes_max {settings.record_bytes_max}")
+        self._member_session = self.client.store.session.session_id  # the session the record lives in
         await mb.register(self.client.store, self.group, self._member())
         try:
             await self._restore_newer()
@@ -169,7 +173,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
             await mb.deregister(self.client.store, self.group, self.replica_id)
             raise
         self._tail_task = self._spawn(self._tail_loop())
-        for coro in (self._campaign_loop(), self._watch_leader()):
+        for coro in (self._campaign_loop(), self._watch_leader(), self._keep_member()):
             self._spawn(coro)
         self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
         return self
@@ -179,6 +183,20 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         if self._stopped is None:
             self._stopped = ReplicaStoppedError(f"replica {self.replica_id} was stopped")
         await self._shutdown("stopped")
+
+    async def _keep_member(self) -> None:
+        """A new metadata session replaced a LOST one: the member record went with the old
+        one, so publish it again (else ``members()`` and transfers miss this replica until
+        its role changes). Polls the session id: no listener outlives the replica."""
+        session = self.client.store.session
+        published = self._member_session
+        while self._stopped is None:
+            await asyncio.sleep(MEMBER_CHECK_S)
+            current = session.session_id
+            if current != published and session.state is SessionState.CONNECTED:
+                with contextlib.suppress(ScribaError):
+                    await mb.update_member(self.client.store, self.group, self._member())
+                    published = current
 
     async def _shutdown(self, reason: str) -> None:
         term = self._term

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class ReplicaService:
-    async def _handle(self: ReplicatedStateMachine, op: wire.Op, flags: int, body: bytes) -> bytes:
+    async def _handle(self: ReplicatedStateMachine, op: wire.Op, flags: int, body: bytes) -> bytes:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         forwarded = bool(flags & wire.FORWARDED)
         if op is wire.Op.PROPOSE:
             sid, seq, acked, command = wire.parse_propose(body)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class Snapshotting:
-    def take_snapshot(self: ReplicatedStateMachine) -> asyncio.Task[None] | None:
+    def take_snapshot(self: ReplicatedStateMachine) -> asyncio.Task[None] | None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """Start a snapshot now (point-in-time copy taken before this returns); None if one runs."""
         if self.schedule.running or self.state.applied is None or self._ns is None:
             self.schedule.on_demand()
@@ -30,7 +30,7 @@ class Snapshotting:
         self._snapshot_task = self._spawn(self._store_snapshot(chunks, position, records, token))
         return self._snapshot_task
 
-    async def _store_snapshot(self: ReplicatedStateMachine, chunks: list[bytes], position: Position, records: int, token: int) -> None:
+    async def _store_snapshot(self: ReplicatedStateMachine, chunks: list[bytes], position: Position, records: int, token: int) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         assert self._ns is not None
         try:
             self.snapshot_info = await store_snapshot(
@@ -42,7 +42,7 @@ class Snapshotting:
             self._log.warning("rsm_snapshot_failed", error=str(exc))
             self.schedule.finished(None)
 
-    async def snapshot(self: ReplicatedStateMachine) -> Position:
+    async def snapshot(self: ReplicatedStateMachine) -> Position:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """Take a snapshot now and wait until it is stored; its position."""
         self._check_running()
         while self._snapshot_task is not None and not self._snapshot_task.done():
@@ -56,7 +56,7 @@ class Snapshotting:
         return self.schedule.last_position
 
 
-    async def _restore_newer(self: ReplicatedStateMachine) -> bool:
+    async def _restore_newer(self: ReplicatedStateMachine) -> bool:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         """Restore the newest usable snapshot if it is ahead of the applied position."""
         found = await load_newest(self.client, mb.catalog_key(self.group), self.state.applied, self._password)
         if found is None:

@@ -26,7 +26,7 @@ from scriba.shell import import_if_present
 
 # command modules, in the order ``scriba --help`` lists them
 COMMAND_MODULES = (
-    "scriba.sandbox",          # scriba sandbox
+    "scriba.sandbox_cli",      # scriba sandbox
     "scriba.local_cluster",    # scriba local-cluster (terraform's local environment)
     "scriba.bookie.cli",       # scriba bookie run|format
     "scriba.shell",            # scriba shell <verb> (verbs registered by each layer)

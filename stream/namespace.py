@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -237,7 +237,7 @@ class Namespace:
     async def read_range(
         self, name: str, start: Start = "earliest", *, until: Position | None = None, count: int | None = None,
         options: ReaderOptions | None = None,
-    ) -> AsyncIterator[Record]:
+    ) -> AsyncGenerator[Record, None]:
         """The records from ``start`` up to ``until`` (inclusive; default: the last record
         confirmed now), at most ``count`` of them; it ends there instead of tailing."""
         last = until if until is not None else await self.last_position(name)

@@ -39,9 +39,9 @@ import functools
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from scriba.client import Client, LedgerWriter
 from scriba.errors import (
@@ -78,7 +78,6 @@ from scriba.stream.writer_core import (
     SendSet,
     StartRoll,
     Step,
-    Steps,
     UpdateStream,
     WriterCore,
     WriterFailed,
@@ -89,6 +88,7 @@ from scriba.stream.writer_core import (
 )
 
 log = get_logger(__name__)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +286,7 @@ class StreamWriter:
             first.confirm([trusted(seq, entry_id, slot) for slot in range(len(handles))])
             return
         for slot, handle in enumerate(handles):
-            if type(handle) is _Group:
+            if isinstance(handle, _Group):
                 handle.confirm([trusted(seq, entry_id, slot)])
             elif not handle.done():
                 handle.set_result(trusted(seq, entry_id, slot))
@@ -445,7 +445,7 @@ class _StepRunner:
         self._password = password
         self.created: dict[int, LedgerWriter] = {}  # ledgers created, not yet taken or discarded
 
-    async def run(self, steps: Steps) -> Any:
+    async def run(self, steps: Generator[Step, Any, R]) -> R:
         """Drive ``steps`` to their return value; a step's error is thrown into them."""
         result: Any = None
         error: BaseException | None = None
@@ -453,7 +453,7 @@ class _StepRunner:
             try:
                 step = steps.send(result) if error is None else steps.throw(error)
             except StopIteration as stop:
-                return stop.value
+                return stop.value  # type: ignore[no-any-return]
             try:
                 result, error = await self._perform(step), None
             except BaseException as exc:  # thrown into the steps, which re-raise it

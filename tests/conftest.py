@@ -129,3 +129,17 @@ def _fail_on_loop_exceptions() -> Iterator[None]:
             + "\n".join(f"- {describe(c)}" for c in escaped),
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession (local[2], loopback binds) for the whole run — the pipeline tests and
+    the namenode's ``webhdfs://`` test share it: a session costs 9-15 s (more on a busy machine)."""
+    pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
+    from scriba.pipeline import local_session
+
+    session = local_session("local[2]", "scriba-tests")
+    try:
+        yield session
+    finally:
+        session.stop()

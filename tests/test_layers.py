@@ -68,7 +68,7 @@ EXCEPTIONS: Mapping[tuple[str, str], str] = {
         "a bookie started with SCRIBA_DISK_FAULTS loads the shipped disk-fault layer, lazily, only then",
 }
 
-ENTRY_MODULES = frozenset({"scriba.sandbox", "scriba.demo", "scriba.local_cluster"})
+ENTRY_MODULES = frozenset({"scriba.sandbox", "scriba.sandbox_cli", "scriba.demo", "scriba.local_cluster"})
 
 
 def group_of(module: str) -> str | None:

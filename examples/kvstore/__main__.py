@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--zone", default="")
     serve.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
     serve.add_argument("--session-timeout-s", type=float, default=2.0)
+    serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
+                       help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
     add_tls_arguments(serve)  # one certificate for etcd clients, peer replicas and the bookies
     return parser.parse_args(argv)
 
@@ -57,7 +59,7 @@ async def serve(args: argparse.Namespace) -> int:
     rsm = ReplicatedStateMachine(client, namespace=args.namespace, name=args.name, state_machine=machine,
                                  replica_id=args.replica_id, address=peer, config=config)
     await rsm.start()
-    server = KvServer(rsm, machine, args.listen, loaded)
+    server = KvServer(rsm, machine, args.listen, loaded, watch_progress_notify_s=args.watch_progress_notify_s)
     await server.start()
     print("READY", flush=True)
     stop = asyncio.Event()

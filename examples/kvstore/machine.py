@@ -3,9 +3,11 @@
 The store revision starts at 1 and grows by one per write transaction (a Put, a
 DeleteRange that deleted something, a Txn whose chosen branch changed something, a
 lease revocation that deleted keys); every change in it carries that revision.
-Requests are validated before anything is written (a Txn's branch as a whole:
-revisions, leases, ``ignore_value``/``ignore_lease``, duplicate keys), so an error
-leaves the store as it was. Ranges inside a Txn see the Txn's own earlier writes, as
+Requests are validated before anything is written, in etcd's order: its stateless
+checks (``checks``: both branches of a Txn, duplicate keys), then, on the branch a
+Txn takes (every nested compare decided on the state before the Txn, as etcd's
+``compareToPath``), its puts' leases and ``ignore_value``/``ignore_lease`` keys, then
+its ranges' revisions; so an error leaves the store as it was. Ranges inside a Txn see the Txn's own earlier writes, as
 in etcd. Results are etcd response messages with ``header.revision`` set; the server
 fills the rest of the header. Errors are results (``commands.err``), never
 exceptions: an exception from ``apply`` stops the replica.
@@ -20,8 +22,8 @@ from typing import Any
 
 from aetcd.rpc import kv_pb2, rpc_pb2
 
+from scriba.examples.kvstore import checks, errors
 from scriba.examples.kvstore import commands as cmd
-from scriba.examples.kvstore import errors
 from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.leases import Lease, LeaseTable
@@ -92,10 +94,13 @@ class KvMachine:
     def _apply(self, op: Op, now_ms: int, body: bytes) -> bytes:
         if op is Op.PUT:
             put = rpc_pb2.PutRequest.FromString(body)
-            return self._write(lambda rev: self._put(put, rev), _op(request_put=put))
+            checks.check_put_request(put)
+            self._check_put(put, self.revision, in_txn=False)
+            return self._commit(lambda rev: self._put(put, rev))
         if op is Op.DELETE_RANGE:
             dr = rpc_pb2.DeleteRangeRequest.FromString(body)
-            return self._write(lambda rev: self._delete(dr, rev), _op(request_delete_range=dr))
+            checks.check_delete_request(dr)
+            return self._commit(lambda rev: self._delete(dr, rev))
         if op is Op.TXN:
             return self._txn(rpc_pb2.TxnRequest.FromString(body))
         if op is Op.COMPACT:
@@ -123,6 +128,7 @@ class KvMachine:
     def _query(self, op: Op, now_ms: int, body: bytes) -> bytes:
         if op is Op.RANGE:
             req = rpc_pb2.RangeRequest.FromString(body)
+            checks.check_range_request(req)
             self._check_range(req, self.revision)
             return cmd.ok(self._range(req, self.revision))
         if op is Op.LEASE_TTL:
@@ -148,61 +154,59 @@ class KvMachine:
     def _header(self, revision: int | None = None) -> Any:
         return rpc_pb2.ResponseHeader(revision=self.revision if revision is None else revision)
 
-    # --- checks (before anything is written) ---------------------------------------------------
+    # --- checks that need the state (``checks`` holds etcd's stateless ones) ------------------
     def _check_range(self, req: Any, current: int) -> None:
-        if not req.key:
-            raise errors.EMPTY_KEY
         if req.revision > current:
             raise errors.FUTURE_REV
-        if 0 < req.revision < self.compact_revision or (req.revision == 0 and current < self.compact_revision):
+        if 0 < req.revision < self.compact_revision:
             raise errors.COMPACTED
 
-    def _check_put(self, req: Any, next_rev: int) -> None:
-        if not req.key:
-            raise errors.EMPTY_KEY
-        if req.ignore_value and req.value:
-            raise errors.VALUE_PROVIDED
-        if req.ignore_lease and req.lease:
-            raise errors.LEASE_PROVIDED
-        if req.ignore_value or req.ignore_lease:
-            if self.space.at(req.key, next_rev) is None:
-                raise errors.KEY_NOT_FOUND
+    def _check_put(self, req: Any, next_rev: int, *, in_txn: bool) -> None:
+        """etcd's order: a plain Put checks its lease before the key's existence; a put in a
+        Txn (etcd's ``checkRequestPut``) the other way round."""
+        missing_key = (req.ignore_value or req.ignore_lease) and self.space.at(req.key, next_rev) is None
+        if in_txn and missing_key:
+            raise errors.KEY_NOT_FOUND
         if req.lease and req.lease not in self.leases.leases:
             raise errors.LEASE_NOT_FOUND
+        if missing_key:
+            raise errors.KEY_NOT_FOUND
 
-    def _check_ops(self, ops: Any) -> None:
-        if len(ops) > errors.MAX_OPS_PER_TXN:
-            raise errors.TOO_MANY_OPS
-        puts: set[bytes] = set()
-        dels: list[tuple[bytes, bytes]] = []
+    def _path(self, req: Any, out: list[bool]) -> list[bool]:
+        """Which branch each Txn takes (nested ones in order), all decided on the state before
+        the Txn, as etcd's ``compareToPath``."""
+        succeeded = all(self._compare(c, self.revision) for c in req.compare)
+        out.append(succeeded)
+        for o in req.success if succeeded else req.failure:
+            if o.WhichOneof("request") == "request_txn":
+                self._path(o.request_txn, out)
+        return out
+
+    def _branch_ops(self, req: Any, path: list[bool]) -> list[Any]:
+        """The operations that will run, nested Txns flattened (etcd's ``checkRequests`` walk)."""
+        taken: list[Any] = []
+        steps = iter(path)
+
+        def walk(r: Any) -> None:
+            for o in r.success if next(steps) else r.failure:
+                if o.WhichOneof("request") == "request_txn":
+                    walk(o.request_txn)
+                else:
+                    taken.append(o)
+
+        walk(req)
+        return taken
+
+    def _check_branch(self, ops: list[Any]) -> None:
+        """etcd's applier checks: every put of the branch first, then every range."""
         for o in ops:
-            kind = o.WhichOneof("request")
-            if kind == "request_range":
+            if o.WhichOneof("request") == "request_put":
+                self._check_put(o.request_put, self.revision, in_txn=True)
+        for o in ops:
+            if o.WhichOneof("request") == "request_range":
                 self._check_range(o.request_range, self.revision)
-            elif kind == "request_put":
-                self._check_put(o.request_put, self.revision)
-                if o.request_put.key in puts:
-                    raise errors.DUPLICATE_KEY
-                puts.add(o.request_put.key)
-            elif kind == "request_delete_range":
-                if not o.request_delete_range.key:
-                    raise errors.EMPTY_KEY
-                dels.append((o.request_delete_range.key, o.request_delete_range.range_end))
-            elif kind == "request_txn":
-                for c in o.request_txn.compare:
-                    if not c.key:
-                        raise errors.EMPTY_KEY
-                self._check_ops(o.request_txn.success)
-                self._check_ops(o.request_txn.failure)
-        for key in puts:
-            if any(_in_range(key, k, e) for k, e in dels):
-                raise errors.DUPLICATE_KEY
 
     # --- writes ----------------------------------------------------------------------------
-    def _write(self, run: Any, op: Any) -> bytes:
-        self._check_ops([op])
-        return self._commit(run)
-
     def _commit(self, run: Any) -> bytes:
         """Run a write at the next revision; the revision moves only if something changed."""
         next_rev = self.revision + 1
@@ -221,7 +225,7 @@ class KvMachine:
         prev, _ = self.space.put(req.key, value, lease, rev)
         self.leases.attach(req.key, prev.lease if prev else 0, lease)
         self._changed = True
-        resp = rpc_pb2.PutResponse()
+        resp = rpc_pb2.PutResponse(header=self._header(rev))  # inside a Txn, etcd says the new revision
         if req.prev_kv and prev is not None:
             resp.prev_kv.CopyFrom(to_kv(prev))
         return resp
@@ -231,32 +235,36 @@ class KvMachine:
         for v in deleted:
             self.leases.attach(v.key, v.lease, 0)
         self._changed = self._changed or bool(deleted)
-        return rpc_pb2.DeleteRangeResponse(deleted=len(deleted),
+        return rpc_pb2.DeleteRangeResponse(header=self._header(rev if self._changed else self.revision),
+                                           deleted=len(deleted),
                                            prev_kvs=[to_kv(v) for v in deleted] if req.prev_kv else [])
 
     def _range(self, req: Any, rev: int) -> Any:
         at = req.revision or rev
         found = self.space.range(req.key, req.range_end, at)
         count = len(found)
+        filtered = req.min_mod_revision or req.max_mod_revision or req.min_create_revision or req.max_create_revision
+        if req.limit > 0 and req.sort_order == 0 and not filtered:
+            # etcd fetches limit + 1 keys in key order when no order is asked, then sorts those by
+            # the target (ascending, for a target other than the key): kept, clients see it
+            found = found[:req.limit + 1]
         found = [v for v in found if _within(v, req)]
         found = _sorted(found, req)
-        more = 0 < req.limit < len(found)
+        more = 0 < req.limit < len(found) and not req.count_only  # etcd: a count has no "more"
         if req.limit > 0:
             found = found[:req.limit]
         kvs = [] if req.count_only else [to_kv(v, req.keys_only) for v in found]
         return rpc_pb2.RangeResponse(header=self._header(), kvs=kvs, more=more, count=count)
 
     def _txn(self, req: Any) -> bytes:
-        for c in req.compare:
-            if not c.key:
-                raise errors.EMPTY_KEY
-        succeeded = all(self._compare(c, self.revision) for c in req.compare)
-        ops = req.success if succeeded else req.failure
-        self._check_ops(ops)
-        return self._commit(lambda rev: self._run_txn(req, rev))
+        checks.check_txn_request(req)
+        path = self._path(req, [])
+        self._check_branch(self._branch_ops(req, path))
+        steps = iter(path)
+        return self._commit(lambda rev: self._run_txn(req, rev, steps))
 
-    def _run_txn(self, req: Any, rev: int) -> Any:
-        succeeded = all(self._compare(c, rev) for c in req.compare)
+    def _run_txn(self, req: Any, rev: int, steps: Any) -> Any:
+        succeeded = next(steps)
         responses = []
         for o in req.success if succeeded else req.failure:
             kind = o.WhichOneof("request")
@@ -269,8 +277,9 @@ class KvMachine:
             elif kind == "request_delete_range":
                 responses.append(rpc_pb2.ResponseOp(response_delete_range=self._delete(o.request_delete_range, rev)))
             else:
-                responses.append(rpc_pb2.ResponseOp(response_txn=self._run_txn(o.request_txn, rev)))
-        return rpc_pb2.TxnResponse(succeeded=succeeded, responses=responses)
+                responses.append(rpc_pb2.ResponseOp(response_txn=self._run_txn(o.request_txn, rev, steps)))
+        # a nested Txn's header stays empty in etcd; the outermost one's is set by _commit
+        return rpc_pb2.TxnResponse(header=rpc_pb2.ResponseHeader(), succeeded=succeeded, responses=responses)
 
     def _compare(self, c: Any, rev: int) -> bool:
         found = self.space.range(c.key, c.range_end, rev)
@@ -322,18 +331,6 @@ class KvMachine:
         return out
 
 
-def _op(**kwargs: Any) -> Any:
-    return rpc_pb2.RequestOp(**kwargs)
-
-
-def _in_range(key: bytes, start: bytes, end: bytes) -> bool:
-    if not end:
-        return key == start
-    if end == b"\x00":
-        return key >= (b"" if start == b"\x00" else start)
-    return start <= key < end
-
-
 def _within(v: Version, req: Any) -> bool:
     return not (
         (req.min_mod_revision and v.mod_revision < req.min_mod_revision)
@@ -358,6 +355,8 @@ def _sorted(found: list[Version], req: Any) -> list[Version]:
 
 def _compare_kv(c: Any, v: Version | None) -> bool:
     target = c.target
+    mine: bytes | int
+    theirs: bytes | int
     if target == rpc_pb2.Compare.VALUE:
         mine, theirs = (v.value if v else b""), c.value
     elif target == rpc_pb2.Compare.VERSION:

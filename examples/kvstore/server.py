@@ -1,9 +1,9 @@
 """``KvServer``: etcd v3's gRPC services on one RSM replica.
 
 Every replica accepts every call. Writes (Put, DeleteRange, Txn, Compact, lease
-grant/revoke/keep-alive) are proposed through the RSM with this server's exactly-once
-session (forwarded to the leader by the RSM; a retry after a fail-over applies
-once). Range is a linearizable RSM read unless ``serializable`` (then answered from
+grant/revoke/keep-alive) are proposed through the RSM under the exactly-once session
+of the client's connection (``sessions``; forwarded to the leader by the RSM; a
+retry after a fail-over applies once). Range is a linearizable RSM read unless ``serializable`` (then answered from
 this replica's applied state). Lease expiry: the leader's server asks its own state
 which lease deadlines passed on its clock and proposes ``LEASE_EXPIRE`` for each.
 
@@ -22,8 +22,8 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from aetcd.rpc import rpc_pb2 as pb
@@ -43,19 +43,19 @@ from scriba.examples.kvstore import errors
 from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
-from scriba.examples.kvstore.watch import Watch
+from scriba.examples.kvstore.sessions import IDLE_S, ConnectionSessions
+from scriba.examples.kvstore.watch import PROGRESS_NOTIFY_S, Watch
 from scriba.grpc_auth import IdentityInterceptor, bind, identity_check
 from scriba.log import get_logger
-from scriba.rsm import ClientSession, ReplicatedStateMachine
+from scriba.rsm import ReplicatedStateMachine, while_leaderless
 from scriba.tls import LoadedTls, Role
 
 log = get_logger(__name__)
-T = TypeVar("T")
 
 ETCD_VERSION = "3.5.0"  # what Status reports: the API level the clients expect
 EXPIRY_POLL_S = 0.5
 REGISTRATION_CHECK_S = 1.0
-RETRY_PAUSE_S = 0.05
+LEASE_EXPIRY_PEER = "scriba-kv:lease-expiry"  # the session of the leader's own expiry proposals
 GRPC_OPTIONS = [  # keep idle watch / keep-alive streams of etcdctl open (ENVIRONMENT.md)
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -85,29 +85,42 @@ class Node:
         self.client_url = client_url
         self.cluster_id = id64(f"{rsm.namespace}/{rsm.name}")
         self.member_id = id64(rsm.replica_id)
-        self._session: ClientSession | None = None
-        self._session_lock = asyncio.Lock()
+        self.leader_term = 0  # the leader's election token as a follower last learned it (Status)
+        # dropped here well before the RSM expires it (no command for session_ttl_ms on its clock)
+        self.sessions = ConnectionSessions(lambda: while_leaderless(rsm.open_session, rsm.config.propose_timeout_s),
+                                           idle_s=min(IDLE_S, rsm.config.session_ttl_ms / 2000))
 
     def header(self, revision: int | None = None) -> Any:
         return pb.ResponseHeader(cluster_id=self.cluster_id, member_id=self.member_id,
                                  revision=self.machine.revision if revision is None else revision,
-                                 raft_term=self.rsm.role.token)
+                                 raft_term=self.term)
+
+    @property
+    def term(self) -> int:
+        """etcd's raft term: the RSM leader's election token (a follower's last known one)."""
+        return self.rsm.role.token if self.rsm.is_leader else max(self.rsm.role.token, self.leader_term)
+
+    async def learn_term(self) -> None:
+        """A follower reads the leader's token from the group's membership records."""
+        if self.rsm.is_leader:
+            return
+        try:
+            members = await self.rsm.members()
+        except ScribaError:
+            return
+        tokens = [m.token for m in members if m.role == "leader"]
+        if tokens:
+            self.leader_term = max(self.leader_term, *tokens)
 
     def fill(self, response: Any) -> Any:
         response.header.CopyFrom(self.header(response.header.revision or None))
         return response
 
-    async def session(self) -> ClientSession:
-        async with self._session_lock:
-            if self._session is None:
-                self._session = await retrying(self.rsm.open_session, self.rsm.config.propose_timeout_s)
-            return self._session
-
     async def propose(self, data: bytes, response_type: Any, context: Any) -> Any:
         if len(data) + 64 > self.rsm.config.command_bytes_max:
             await abort(context, errors.REQUEST_TOO_LARGE)
         try:
-            result = await self.rsm.propose(data, session=await self.session())
+            result = await self.rsm.propose(data, session=await self.sessions.get(context.peer()))
             return self.fill(cmd.parse_result(result, response_type))
         except EtcdError as exc:
             await abort(context, exc)
@@ -117,7 +130,7 @@ class Node:
     async def read(self, data: bytes, response_type: Any, context: Any, serializable: bool) -> Any:
         try:
             consistency = "sequential" if serializable else "linearizable"
-            result = await retrying(lambda: self.rsm.read(data, consistency), self.rsm.config.read_timeout_s)
+            result = await while_leaderless(lambda: self.rsm.read(data, consistency), self.rsm.config.read_timeout_s)
             return self.fill(cmd.parse_result(result, response_type))
         except EtcdError as exc:
             await abort(context, exc)
@@ -133,24 +146,10 @@ class Node:
             try:
                 due = json.loads(await self.rsm.read(cmd.encode(Op.LEASES_EXPIRED, None, now_ms()), "sequential"))
                 for lease_id, deadline_ms in due:
-                    await self.rsm.propose(cmd.encode_expire(lease_id, deadline_ms), session=await self.session())
+                    await self.rsm.propose(cmd.encode_expire(lease_id, deadline_ms),
+                                           session=await self.sessions.get(LEASE_EXPIRY_PEER))
             except ScribaError as exc:
                 log.info("kv_lease_expiry_failed", error=str(exc))
-
-
-async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-    """``call()`` again while no leader is known (an election under way), up to ``timeout_s``.
-
-    (``rsm.propose`` with a session retries so itself; ``open_session`` and reads do not.)
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await call()
-        except (RsmNotLeaderError, UnavailableError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(RETRY_PAUSE_S)
 
 
 def rsm_error(exc: ScribaError) -> EtcdError:
@@ -215,12 +214,13 @@ class Maintenance(stubs.MaintenanceServicer):  # type: ignore[misc]
 
     async def Status(self, request: Any, context: Any) -> Any:
         rsm = self.node.rsm
+        await self.node.learn_term()
         leader = rsm.leader
         status = rsm.status()
         return pb.StatusResponse(
             header=self.node.header(), version=ETCD_VERSION, dbSize=0, dbSizeInUse=0,
             leader=id64(leader[0]) if leader else 0, raftIndex=status["commands_applied"],
-            raftTerm=rsm.role.token, raftAppliedIndex=status["commands_applied"],
+            raftTerm=self.node.term, raftAppliedIndex=status["commands_applied"],
             errors=[] if leader else [errors.NO_LEADER.message],
         )
 
@@ -270,9 +270,10 @@ class KvServer:
     """The gRPC server and the lease-expiry task of one replica."""
 
     def __init__(self, rsm: ReplicatedStateMachine, machine: KvMachine, listen: str,
-                 tls: LoadedTls | None = None) -> None:
+                 tls: LoadedTls | None = None, *, watch_progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         """``tls``: serve TLS only (mutual TLS: every call checked against the allow-lists)."""
         self.node = Node(rsm, machine, f"{'https' if tls is not None else 'http'}://{listen}")
+        self.watch_progress_notify_s = watch_progress_notify_s
         self.listen = listen
         self._tls = tls
         interceptors = ([IdentityInterceptor(identity_check(tls, tuple(Role)))]
@@ -287,7 +288,7 @@ class KvServer:
         stubs.add_MaintenanceServicer_to_server(Maintenance(node), self._server)
         stubs.add_ClusterServicer_to_server(Cluster(node), self._server)
         stubs.add_AuthServicer_to_server(Auth(node), self._server)
-        stubs.add_WatchServicer_to_server(Watch(node), self._server)
+        stubs.add_WatchServicer_to_server(Watch(node, self.watch_progress_notify_s), self._server)
         if bind(self._server, self.listen, self._tls) == 0:
             raise OSError(f"cannot listen on {self.listen}")
         await self._server.start()

@@ -6,7 +6,11 @@ state), it sends the events of its range from that revision up to the applied on
 read from the MVCC history, so nothing is missed or repeated on this replica. A
 start revision at or below the compaction point cancels the watch with etcd's
 ``compact_revision``. Events inside one revision come in key order (etcd uses the
-order of the writes in the transaction). Watches do not move across replicas: a
+order of the writes in the transaction). A watch created with ``fragment`` gets large
+batches cut into pieces of at most ``FRAGMENT_BYTES_MAX``, flagged ``fragment`` but
+the last, as etcd does. A watch created with ``progress_notify`` that sent nothing for
+``progress_notify_s`` (etcd's 10 minutes by default) gets an empty response whose
+header says the revision it has seen up to. Watches do not move across replicas: a
 client reconnecting elsewhere resumes from its last revision (``start_revision``).
 """
 
@@ -24,11 +28,36 @@ from scriba.examples.kvstore.machine import KvMachine
 
 QUEUE_MAX = 1024
 EVENTS_PER_RESPONSE_MAX = 1000
+FRAGMENT_BYTES_MAX = 1536 * 1024  # etcd's default --max-request-bytes
+PROGRESS_NOTIFY_S = 600.0  # etcd's default progress-notify interval (10 minutes)
 NOPUT, NODELETE = 0, 1
 
 
+def split(events: list[Any], fragment: bool) -> list[tuple[list[Any], bool]]:
+    """The responses for ``events``: (events, more fragments follow). With ``fragment``,
+    etcd's rule: cut where a response would pass ``FRAGMENT_BYTES_MAX``, every piece but
+    the last flagged so the client joins them; without, at most ``EVENTS_PER_RESPONSE_MAX``
+    events per response, none flagged."""
+    if not fragment:
+        return [(events[i:i + EVENTS_PER_RESPONSE_MAX], False) for i in range(0, len(events), EVENTS_PER_RESPONSE_MAX)]
+    out: list[tuple[list[Any], bool]] = []
+    chunk: list[Any] = []
+    size = 0
+    for event in events:
+        event_bytes = event.ByteSize()
+        if chunk and size + event_bytes > FRAGMENT_BYTES_MAX:
+            out.append((chunk, True))
+            chunk, size = [], 0
+        chunk.append(event)
+        size += event_bytes
+    if chunk:
+        out.append((chunk, False))
+    return out
+
+
 class Watcher:
-    def __init__(self, watch_id: int, req: Any, machine: KvMachine, out: asyncio.Queue[Any], node: Any) -> None:
+    def __init__(self, watch_id: int, req: Any, machine: KvMachine, out: asyncio.Queue[Any], node: Any,
+                 progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         self.watch_id = watch_id
         self.req = req
         self.machine = machine
@@ -37,6 +66,7 @@ class Watcher:
         self.next_rev = req.start_revision or machine.revision + 1
         self.woken = asyncio.Event()
         self.filters = set(req.filters)
+        self.progress_notify_s = progress_notify_s if req.progress_notify else None
 
     async def run(self) -> None:
         machine = self.machine
@@ -57,17 +87,22 @@ class Watcher:
                               if not (e.type == e.PUT and NOPUT in self.filters)
                               and not (e.type == e.DELETE and NODELETE in self.filters)]
                     self.next_rev = last + 1
-                    for i in range(0, len(events), EVENTS_PER_RESPONSE_MAX):
+                    for chunk, more in split(events, self.req.fragment):
                         await self.out.put(pb.WatchResponse(header=self.node.header(last), watch_id=self.watch_id,
-                                                            events=events[i:i + EVENTS_PER_RESPONSE_MAX]))
-                await self.woken.wait()
+                                                            events=chunk, fragment=more))
+                try:
+                    await asyncio.wait_for(self.woken.wait(), self.progress_notify_s)
+                except TimeoutError:  # idle for the interval: tell the client how far it is (no events)
+                    seen = min(self.next_rev - 1, machine.revision)
+                    await self.out.put(pb.WatchResponse(header=self.node.header(seen), watch_id=self.watch_id))
         finally:
             machine.listeners.remove(self.woken.set)
 
 
 class Watch(stubs.WatchServicer):  # type: ignore[misc]
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, progress_notify_s: float = PROGRESS_NOTIFY_S) -> None:
         self.node = node
+        self.progress_notify_s = progress_notify_s
 
     async def Watch(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         out: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_MAX)
@@ -98,7 +133,7 @@ class Watch(stubs.WatchServicer):  # type: ignore[misc]
                 watch_id = req.watch_id or next_id
                 next_id = max(next_id, watch_id) + 1
                 await out.put(pb.WatchResponse(header=self.node.header(), watch_id=watch_id, created=True))
-                watcher = Watcher(watch_id, req, self.node.machine, out, self.node)
+                watcher = Watcher(watch_id, req, self.node.machine, out, self.node, self.progress_notify_s)
                 watchers[watch_id] = asyncio.get_running_loop().create_task(watcher.run())
             elif kind == "cancel_request":
                 watch_id = request.cancel_request.watch_id

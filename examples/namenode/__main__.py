@@ -1,8 +1,11 @@
-"""``python -m scriba.examples.namenode serve --metadata URI --id nn1 --listen 127.0.0.1:9870``
+"""``scriba-namenode serve --metadata URI --id nn1 --listen 127.0.0.1:9870`` and ``haadmin``.
 
-Starts one namenode replica: the RSM replica (its replica service on ``--rsm-listen``,
-default the HTTP port + 1) and the WebHDFS server. Prints ``READY <url>`` once serving;
-exits 3 if the replica stops on an error (e.g. an edit record it cannot replay).
+``serve`` starts one namenode replica: the RSM replica (its replica service on
+``--rsm-listen``, default the HTTP port + 1) and the WebHDFS server, and registers the
+endpoint for ``haadmin``. Prints ``READY <url>`` once serving; exits 3 if the replica
+stops on an error (e.g. an edit record it cannot replay). ``haadmin -getServiceState
+nn1`` (and the other verbs of :mod:`~scriba.examples.namenode.ha`) reads and changes
+the HA state.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 
 from scriba.client import Client, ClientConfig
+from scriba.examples.namenode import ha
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
 from scriba.rsm import RsmConfig
@@ -32,8 +37,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--namespace", default="namenode", help="stream namespace of the edit log")
     s.add_argument("--session-timeout-s", type=float, default=10.0,
                    help="metadata session timeout: how long a dead active holds its election")
+    s.add_argument("--zone", default="", help="this replica's zone (shown by haadmin; reads prefer it)")
     s.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
     add_tls_arguments(s)  # one certificate for WebHDFS, the replica service and the bookies
+    ha.add_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -48,7 +55,10 @@ async def run(args: argparse.Namespace) -> int:
     configure(stream=sys.stderr)
     host, port = split_hostport(args.listen)
     rsm_address = args.rsm_listen or f"{host}:{port + 1}"
-    config = RsmConfig(**{"tls": tls_from_args(args), **json.loads(args.rsm_config)}).validate()
+    fields = {"tls": tls_from_args(args), **json.loads(args.rsm_config)}
+    if args.zone:
+        fields.setdefault("zone", args.zone)
+    config = RsmConfig(**fields).validate()
     return await serve_until_stopped(args, host, port, rsm_address, config)
 
 
@@ -58,6 +68,11 @@ async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
     async with Client.connect(args.metadata, config=client_config) as client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
+        # registered before it serves: whoever sees it answer can also find it (haadmin)
+        scheme = "https" if config.tls is not None else "http"
+        registration = ha.Registration(args.id, f"{scheme}://{host}:{port}", args.zone, os.getpid())
+        await ha.register(client, args.namespace, registration)
+        keeper = asyncio.create_task(ha.keep_registered(client, args.namespace, registration))
         runner = await serve(nn, host, port, config.tls.load() if config.tls is not None else None)
         print(f"READY {nn.url}", flush=True)
         stop = asyncio.Event()
@@ -71,6 +86,7 @@ async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                 except TimeoutError:
                     pass
         finally:
+            keeper.cancel()
             await runner.cleanup()
             await nn.stop()
         if nn.rsm.error is not None:
@@ -80,7 +96,10 @@ async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(run(parse(sys.argv[1:] if argv is None else argv)))
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.command == "haadmin":
+        return asyncio.run(ha.haadmin(args))
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

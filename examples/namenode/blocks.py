@@ -4,6 +4,7 @@
     async for chunk in body: await writer.write(chunk)
     blocks = await writer.finish()           # [Block(ledger_id, length, crc32c, entry_bytes)]
     async for piece in read_range(client, blocks, offset, length): ...
+    await block_locations(client, blocks, offset, length)   # WebHDFS BlockLocation objects
 
 A block's ledger has ensemble = write quorum = ``min(replication, 3)`` bookies and ack
 quorum ``min(2, write quorum)``: HDFS's replication is the ledger's write quorum.
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 
 import google_crc32c
 
 from scriba.client import Client, LedgerWriter
+from scriba.errors import ScribaError
 from scriba.examples.namenode.edits import Block
 
 ENTRY_BYTES: Final = 256 * 1024
@@ -123,3 +125,32 @@ async def read_range(client: Client, blocks: list[Block], offset: int, length: i
         start = block_end
         if start >= end:
             return
+
+
+async def block_locations(client: Client, blocks: list[Block], offset: int, length: int) -> list[dict[str, Any]]:
+    """WebHDFS ``BlockLocation`` objects of the blocks overlapping ``[offset, offset + length)``:
+    a block's hosts are the bookies of its ledger's last ensemble (where its entries are read)."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for block in blocks:
+        end = start + block.length_bytes
+        if end > offset and start < offset + length:
+            metadata = await client.ledger_metadata(block.ledger_id)
+            bookies = list(metadata.ensembles[-1][1])
+            names = [_address(client, b) for b in bookies]
+            registrations = client.registry.registrations
+            paths = [f"/{r.region}/{r.zone}/{r.rack}/{name}" if (r := registrations.get(b)) else f"/default/{name}"
+                     for b, name in zip(bookies, names, strict=True)]
+            out.append({"offset": start, "length": block.length_bytes, "corrupt": False,
+                        "hosts": [n.rpartition(":")[0] for n in names], "names": names,
+                        "topologyPaths": paths, "cachedHosts": [], "storageIds": [str(b) for b in bookies],
+                        "storageTypes": ["DISK"] * len(bookies)})
+        start = end
+    return out
+
+
+def _address(client: Client, bookie: Any) -> str:
+    try:
+        return client.registry.address(bookie)
+    except ScribaError:
+        return f"{bookie}:0"

@@ -3,8 +3,10 @@
     record = encode(Mkdirs("/a/b", permission=0o755, owner="hdfs", group="supergroup", mtime_ms=t))
     edit = decode(record)              # EditLogError on an unknown opcode or version: replay stops
 
-A record is ``{"v": 1, "op": "MKDIRS", <fields>}``. Every field the proposer knows is
-in the record — times included — so that applying it is deterministic on every
+A record is ``{"v": 2, "op": "MKDIRS", "user": "alice", <fields>}``; ``user`` is who asked
+(checked against the namespace's permissions when applied; ``""``: the namenode itself).
+A version-1 record has no ``user`` and reads as ``""`` (it was written before checks).
+Every field the proposer knows is in the record — times included — so that applying it is deterministic on every
 replica. The transaction id is not in the record: it is the record's rank among the
 applied records (``Namespace.txid``), the same on every replica.
 
@@ -22,7 +24,7 @@ from typing import Any, ClassVar, Final
 
 from scriba.examples.namenode.errors import EditLogError
 
-VERSION: Final = 1
+VERSION: Final = 2  # 2: every record carries the requesting ``user`` (permission checks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class Block:
 class Edit:
     op: ClassVar[str]
     path: str
+    user: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class Mkdirs(Edit):
     owner: str
     group: str
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class Create(Edit):
     replication: int
     block_size: int
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,7 @@ class AddBlock(Edit):
     path: str
     file_id: int
     block: Block
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class Complete(Edit):
     path: str
     file_id: int
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,7 @@ class Append(Edit):
     op: ClassVar[str] = "APPEND"
     path: str
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,7 @@ class Rename(Edit):
     path: str
     destination: str
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,7 @@ class Delete(Edit):
     path: str
     recursive: bool
     mtime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +130,7 @@ class SetPermission(Edit):
     op: ClassVar[str] = "SET_PERMISSION"
     path: str
     permission: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +139,7 @@ class SetOwner(Edit):
     path: str
     owner: str | None
     group: str | None
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +150,7 @@ class SetTimes(Edit):
     path: str
     mtime_ms: int
     atime_ms: int
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +158,7 @@ class SetReplication(Edit):
     op: ClassVar[str] = "SET_REPLICATION"
     path: str
     replication: int
+    user: str = ""
 
 
 EDITS: Final[dict[str, type[Edit]]] = {cls.op: cls for cls in (
@@ -173,6 +187,8 @@ def decode(record: bytes) -> Edit:
     version, op = body.pop("v", None), body.pop("op", None)
     if type(version) is not int or not 1 <= version <= VERSION:
         raise EditLogError(f"edit record version {version!r}: this namenode reads versions 1..{VERSION}")
+    if version == 1:
+        body.setdefault("user", "")
     cls = EDITS.get(op)  # type: ignore[arg-type]
     if cls is None:
         raise EditLogError(f"unknown edit opcode {op!r} (version {version}): replay stops here")

@@ -56,6 +56,10 @@ class LeaseExpiredException(HdfsError):
     java_class = "org.apache.hadoop.hdfs.server.namenode.LeaseExpiredException"
 
 
+class AccessControlException(HdfsError):
+    exception, java_class = "AccessControlException", "org.apache.hadoop.security.AccessControlException"
+
+
 class StandbyException(HdfsError):
     exception, java_class = "StandbyException", "org.apache.hadoop.ipc.StandbyException"
 
@@ -82,7 +86,7 @@ _BY_NAME: dict[str, type[HdfsError]] = {
     cls.exception: cls for cls in (
         HdfsError, FileNotFoundException, FileAlreadyExistsException, ParentNotDirectoryException,
         PathIsNotEmptyDirectoryException, AlreadyBeingCreatedException, LeaseExpiredException,
-        StandbyException, RetriableException, IllegalArgumentException, InvalidPathException,
+        AccessControlException, StandbyException, RetriableException, IllegalArgumentException, InvalidPathException,
         UnsupportedOperationException,
     )
 }

@@ -4,8 +4,8 @@
     result = ns.apply(Mkdirs("/a", 0o755, "hdfs", "supergroup", t))   # -> JSON-able result
     ns.file_status("/a"); ns.list_status("/"); ns.fsimage(); Namespace.from_fsimage(image)
 
-HDFS's rules, as ``FSDirectory`` applies them (permissions are not checked: like
-``dfs.permissions.enabled=false``):
+HDFS's rules, as ``FSDirectory`` applies them; permissions as ``permissions`` says,
+checked for the record's ``user`` before any other rule:
 
 - mkdirs creates missing parents; a file on the way is ``ParentNotDirectoryException``;
   an existing file at the path is ``FileAlreadyExistsException``.
@@ -28,12 +28,14 @@ their failure is as deterministic as a success).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from scriba.examples.namenode import edits as e
+from scriba.examples.namenode import permissions as perm
 from scriba.examples.namenode.edits import Block
 from scriba.examples.namenode.errors import (
     AlreadyBeingCreatedException,
@@ -115,7 +117,7 @@ class INode:
 
 
 class Namespace:
-    def __init__(self, superuser: str = "hdfs", supergroup: str = "supergroup") -> None:
+    def __init__(self, superuser: str = perm.SUPERUSER, supergroup: str = perm.SUPERGROUP) -> None:
         self.root = INode(ROOT_ID, True, superuser, supergroup, 0o755, 0, 0)
         self.txid = 0
         self.last_inode_id = ROOT_ID
@@ -130,6 +132,32 @@ class Namespace:
             if child is None:
                 return None
             node = child
+        return node
+
+    def walk(self, path: str, user: str) -> tuple[tuple[str, INode], INode | None]:
+        """The nearest existing directory above ``path`` (with its path) and the node at ``path``
+        (None: missing); EXECUTE is checked on every directory passed through."""
+        parts = split_path(path)
+        above, node = ("/", self.root), self.root
+        for i, part in enumerate(parts):
+            if not node.is_dir:
+                raise ParentNotDirectoryException(f"Parent path is not a directory: {above[0]}")
+            perm.check(node, user, perm.EXECUTE, above[0])
+            child = node.children.get(part)
+            if child is None:
+                return above, None
+            if i < len(parts) - 1:
+                above = ("/" + "/".join(parts[:i + 1]), child)
+            node = child
+        return above, node
+
+    def reach(self, path: str, user: str, access: int = 0) -> INode:
+        """The node at ``path`` (``FileNotFoundException``), reached as ``user`` with ``access`` on it."""
+        _, node = self.walk(path, user)
+        if node is None:
+            raise FileNotFoundException(f"File does not exist: {path}")
+        if access:
+            perm.check(node, user, access, path)
         return node
 
     def _lookup_or_none(self, path: str) -> INode | None:
@@ -181,7 +209,9 @@ class Namespace:
         return handler(edit)
 
     def _apply_mkdirs(self, edit: e.Mkdirs) -> bool:
-        existing = self.lookup(edit.path)
+        above, existing = self.walk(edit.path, edit.user)
+        if existing is None:
+            perm.check(above[1], edit.user, perm.WRITE, above[0])
         if existing is not None:
             if not existing.is_dir:
                 raise FileAlreadyExistsException(f"Path is not a directory: {edit.path}")
@@ -207,7 +237,10 @@ class Namespace:
     def _apply_create(self, edit: e.Create) -> dict[str, Any]:
         if edit.replication < 1 or edit.block_size < 1:
             raise IllegalArgumentException(f"replication {edit.replication} and block size {edit.block_size} must be >= 1")
-        existing = self.lookup(edit.path)
+        above, existing = self.walk(edit.path, edit.user)
+        if existing is not None and edit.overwrite and not existing.is_dir:
+            perm.check(existing, edit.user, perm.WRITE, edit.path)
+        perm.check(above[1], edit.user, perm.WRITE, above[0])
         freed: list[Block] = []
         if existing is not None:
             if existing.is_dir:
@@ -244,7 +277,7 @@ class Namespace:
         return True
 
     def _apply_append(self, edit: e.Append) -> dict[str, Any]:
-        node = self.get(edit.path)
+        node = self.reach(edit.path, edit.user, perm.WRITE)
         if node.is_dir:
             raise FileNotFoundException(f"{edit.path} is a directory, not a file")
         if node.under_construction:
@@ -257,6 +290,7 @@ class Namespace:
         src, dst = self._lookup_or_none(edit.path), self._lookup_or_none(edit.destination)
         if src is None or not src_parts:
             return False
+        self._check_rename(edit)
         if src_parts == dst_parts:
             return True
         if dst is not None:
@@ -277,10 +311,21 @@ class Namespace:
         src_parent.mtime_ms = dst_parent.mtime_ms = edit.mtime_ms
         return True
 
+    def _check_rename(self, edit: e.Rename) -> None:
+        src_parent, _ = self.walk(edit.path, edit.user)
+        perm.check(src_parent[1], edit.user, perm.WRITE, src_parent[0])
+        with contextlib.suppress(ParentNotDirectoryException):  # answered by the rename rules
+            dst_above, dst = self.walk(edit.destination, edit.user)
+            where = (edit.destination, dst) if dst is not None and dst.is_dir else dst_above
+            perm.check(where[1], edit.user, perm.WRITE, where[0])
+
     def _apply_delete(self, edit: e.Delete) -> dict[str, Any]:
-        node = self.lookup(edit.path)
+        above, node = self.walk(edit.path, edit.user)
         if node is None or not split_path(edit.path):
             return {"deleted": False, "freed": []}
+        perm.check(above[1], edit.user, perm.WRITE, above[0])
+        if edit.recursive:
+            perm.check_subtree(node, edit.user, perm.ALL, edit.path)
         if node.is_dir and node.children and not edit.recursive:
             raise PathIsNotEmptyDirectoryException(f"{edit.path} is non empty")
         parent, name = self._parent(edit.path)
@@ -291,24 +336,29 @@ class Namespace:
     def _apply_set_permission(self, edit: e.SetPermission) -> None:
         if not 0 <= edit.permission <= 0o1777:
             raise IllegalArgumentException(f"permission {edit.permission:o} out of range 0..1777")
-        self.get(edit.path).permission = edit.permission
+        node = self.reach(edit.path, edit.user)
+        perm.check_owner(node, edit.user, edit.path)
+        node.permission = edit.permission
 
     def _apply_set_owner(self, edit: e.SetOwner) -> None:
         if edit.owner is None and edit.group is None:
             raise IllegalArgumentException("Both user and group are not specified")
-        node = self.get(edit.path)
+        node = self.reach(edit.path, edit.user)
+        perm.check_set_owner(node, edit.user, edit.path, edit.owner, edit.group)
         node.owner = edit.owner if edit.owner is not None else node.owner
         node.group = edit.group if edit.group is not None else node.group
 
     def _apply_set_times(self, edit: e.SetTimes) -> None:
-        node = self.get(edit.path)
+        node = self.reach(edit.path, edit.user, perm.WRITE)
         node.mtime_ms = edit.mtime_ms if edit.mtime_ms != -1 else node.mtime_ms
         node.atime_ms = edit.atime_ms if edit.atime_ms != -1 else node.atime_ms
 
     def _apply_set_replication(self, edit: e.SetReplication) -> bool:
         if not 1 <= edit.replication <= 512:
             raise IllegalArgumentException(f"replication {edit.replication} out of range 1..512")
-        node = self.get(edit.path)
+        node = self.reach(edit.path, edit.user)
+        if not node.is_dir:
+            perm.check(node, edit.user, perm.WRITE, edit.path)
         if node.is_dir:
             return False
         node.replication = edit.replication

@@ -45,9 +45,11 @@ from scriba.errors import (
     ScribaError,
 )
 from scriba.examples.namenode import edits as e
-from scriba.examples.namenode.blocks import BlockWriter, read_range
+from scriba.examples.namenode import permissions as perm
+from scriba.examples.namenode.blocks import BlockWriter, block_locations, read_range
 from scriba.examples.namenode.edits import Block
 from scriba.examples.namenode.errors import (
+    AccessControlException,
     HdfsError,
     IllegalArgumentException,
     RetriableException,
@@ -57,7 +59,7 @@ from scriba.examples.namenode.machine import NamenodeMachine, parse_answer
 from scriba.examples.namenode.namespace import split_path
 from scriba.examples.namenode.webhdfs_params import Params
 from scriba.log import get_logger
-from scriba.rsm import ClientSession, ReplicatedStateMachine, RsmConfig
+from scriba.rsm import ClientSession, ReplicatedStateMachine, RsmConfig, while_leaderless
 from scriba.stream import Position
 from scriba.tls import LoadedTls, Role
 
@@ -95,7 +97,7 @@ class NameNode:
         """Apply ``edit`` through the edit log (exactly once); its result, or its ``HdfsError``."""
         for _ in range(2):
             if self._session is None:
-                self._session = await self.rsm.open_session()
+                self._session = await while_leaderless(self.rsm.open_session, self.rsm.config.propose_timeout_s)
             try:
                 committed = await self.rsm.submit(e.encode(edit), session=self._session)
             except ClientSessionError:
@@ -110,8 +112,27 @@ class NameNode:
         after = params.text("scriba_after", "") or None
         if consistency == "after" and after is None:
             raise IllegalArgumentException("scriba_consistency=after needs scriba_after=<position>")
-        answer = await self.rsm.read(json.dumps(request).encode(), consistency, after=after)
+        body = json.dumps({**request, "user": params.user}).encode()
+        answer = await while_leaderless(lambda: self.rsm.read(body, consistency, after=after),
+                                        self.rsm.config.read_timeout_s)
         return parse_answer(answer)[1]
+
+    async def transfer(self, target: str | None) -> str:
+        """Graceful fail-over: hand the active role to ``target`` (None: the most caught-up
+        live standby); returns the new active's id once the election names it."""
+        if not self.rsm.is_leader:
+            raise StandbyException(f"{self.replica_id} is not active; only the active can hand over its role")
+        standbys = [m for m in await self.rsm.members() if m.replica_id != self.replica_id]
+        if target is None:
+            if not standbys:
+                raise HdfsError(f"{self.replica_id} has no live standby to hand over to")
+            newest = max(standbys, key=lambda m: (Position.parse(m.applied) if m.applied else Position(0, 0, 0),
+                                                 m.replica_id))
+            target = newest.replica_id
+        elif target not in {m.replica_id for m in standbys}:
+            raise HdfsError(f"no live standby {target!r} (live: {sorted(m.replica_id for m in standbys)})")
+        await self.rsm.transfer_leadership(target)
+        return target
 
     async def free(self, blocks: list[Any]) -> None:
         for raw in blocks:
@@ -166,40 +187,41 @@ async def op_getserverdefaults(nn: NameNode, path: str, p: Params, rq: web.Reque
 
 
 async def op_mkdirs(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.Mkdirs(path, p.permission(0o755), p.user, p.group, _now_ms()))
+    result, pos = await nn.propose(e.Mkdirs(path, p.permission(0o755), p.user, p.group, _now_ms(), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
 async def op_rename(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
     destination = p.text("destination", "")
     split_path(destination)
-    result, pos = await nn.propose(e.Rename(path, destination, _now_ms()))
+    result, pos = await nn.propose(e.Rename(path, destination, _now_ms(), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
 async def op_delete(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.Delete(path, p.flag("recursive", False), _now_ms()))
+    result, pos = await nn.propose(e.Delete(path, p.flag("recursive", False), _now_ms(), user=p.user))
     await nn.free(result["freed"])
     return _json({"boolean": result["deleted"]}, position=pos)
 
 
 async def op_setpermission(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetPermission(path, p.permission(0o755)))
+    _, pos = await nn.propose(e.SetPermission(path, p.permission(0o755), user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_setowner(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetOwner(path, p.text("owner", "") or None, p.text("group", "") or None))
+    _, pos = await nn.propose(e.SetOwner(path, p.text("owner", "") or None, p.text("group", "") or None, user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_settimes(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    _, pos = await nn.propose(e.SetTimes(path, p.integer("modificationtime", -1), p.integer("accesstime", -1)))
+    _, pos = await nn.propose(e.SetTimes(path, p.integer("modificationtime", -1), p.integer("accesstime", -1),
+                                        user=p.user))
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
 
 
 async def op_setreplication(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
-    result, pos = await nn.propose(e.SetReplication(path, p.integer("replication", 3)))
+    result, pos = await nn.propose(e.SetReplication(path, p.integer("replication", 3), user=p.user))
     return _json({"boolean": result}, position=pos)
 
 
@@ -218,7 +240,7 @@ async def op_create(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.
         return _redirect(nn, path, p, rq)
     replication, block_size = p.integer("replication", 3), p.integer("blocksize", Params.BLOCK_SIZE)
     result, _ = await nn.propose(e.Create(path, p.flag("overwrite", False), p.permission(0o644), p.user, p.group,
-                                          replication, block_size, _now_ms()))
+                                          replication, block_size, _now_ms(), user=p.user))
     await nn.free(result["freed"])
     pos = await _upload(nn, path, int(result["file_id"]), replication, block_size, rq)
     return web.Response(status=201, headers={"Location": f"hdfs://{rq.host}{path}", "X-Scriba-Position": str(pos)})
@@ -228,8 +250,8 @@ async def op_append(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.
     if not p.flag("data", False):
         await nn.read({"q": "blocks", "path": path}, p)  # FileNotFoundException before the redirect
         return _redirect(nn, path, p, rq)
-    result, _ = await nn.propose(e.Append(path, _now_ms()))
-    status = await nn.read({"q": "status", "path": path}, Params({}))
+    result, _ = await nn.propose(e.Append(path, _now_ms(), user=p.user))
+    status = await nn.read({"q": "status", "path": path}, p)
     fs = status["FileStatus"]
     pos = await _upload(nn, path, int(result["file_id"]), fs["replication"], fs["blockSize"], rq)
     return web.Response(status=200, headers={"X-Scriba-Position": str(pos)})
@@ -282,6 +304,16 @@ async def op_open(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.St
     return response
 
 
+async def op_getfileblocklocations(nn: NameNode, path: str, p: Params, rq: web.Request) -> web.StreamResponse:
+    out = await nn.read({"q": "blocks", "path": path}, p)
+    blocks, size = [Block.from_json(b) for b in out["blocks"]], out["length"]
+    offset, length = p.integer("offset", 0), p.integer("length", size)
+    if offset < 0 or length < 0:
+        raise IllegalArgumentException(f"Invalid value for webhdfs parameter: offset={offset}, length={length} < 0")
+    locations = await block_locations(nn.client, blocks, offset, length)
+    return _json({"BlockLocations": {"BlockLocation": locations}})
+
+
 OPS: Final[dict[tuple[str, str], Handler]] = {
     ("GET", "GETFILESTATUS"): op_getfilestatus,
     ("GET", "LISTSTATUS"): op_liststatus,
@@ -291,6 +323,7 @@ OPS: Final[dict[tuple[str, str], Handler]] = {
     ("GET", "GETHOMEDIRECTORY"): op_gethomedirectory,
     ("GET", "GETSERVERDEFAULTS"): op_getserverdefaults,
     ("GET", "OPEN"): op_open,
+    ("GET", "GETFILEBLOCKLOCATIONS"): op_getfileblocklocations,
     ("PUT", "MKDIRS"): op_mkdirs,
     ("PUT", "RENAME"): op_rename,
     ("PUT", "SETPERMISSION"): op_setpermission,
@@ -316,6 +349,20 @@ def remote_error(exc: BaseException) -> web.Response:
                                     "message": f"{type(exc).__name__}: {exc}"}}
         return web.json_response(body, status=500)
     return web.json_response(error.remote_exception(), status=error.http_status)
+
+
+async def _hadoop_json_compat(rq: web.BaseRequest, response: web.StreamResponse) -> None:
+    """JSON answers to Hadoop's own Java client go without ``Content-Type``.
+
+    Hadoop's ``WebHdfsFileSystem.jsonParse`` checks a Content-Type with JAX-RS's
+    ``MediaType.valueOf``, whose implementation the shaded ``hadoop-client-runtime``
+    (what Spark ships) lacks: every JSON answer, errors included, then fails with
+    ``ClassNotFoundException: ...jersey.internal.RuntimeDelegateImpl``. Without the
+    header the check is skipped and the body parsed as JSON. Other clients (HdfsCLI,
+    fsspec, curl) get the header as usual.
+    """
+    if rq.headers.get("User-Agent", "").startswith("Java/") and response.content_type == "application/json":
+        del response.headers["Content-Type"]
 
 
 def make_app(nn: NameNode) -> web.Application:
@@ -346,11 +393,23 @@ def make_app(nn: NameNode) -> web.Application:
         except Exception as exc:
             return remote_error(exc)
 
+    async def transfer(rq: web.Request) -> web.StreamResponse:
+        try:
+            user = Params(rq.query).user
+            if user != perm.SUPERUSER:  # HDFS: haadmin needs the superuser
+                raise AccessControlException(f"Access denied for user {user}. Superuser privilege is required")
+            target = rq.query.get("to") or None
+            return _json({"active": await nn.transfer(target), "previous": nn.replica_id})
+        except Exception as exc:
+            return remote_error(exc)
+
     app = web.Application(client_max_size=1024 ** 3)
+    app.on_response_prepare.append(_hadoop_json_compat)
     app.router.add_route("*", PREFIX, webhdfs)
     app.router.add_route("*", PREFIX + "/{path:.*}", webhdfs)
     app.router.add_get("/scriba/status", status)
     app.router.add_get("/scriba/digest", digest)
+    app.router.add_post("/scriba/ha/transfer", transfer)
     return app
 
 

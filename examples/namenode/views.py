@@ -1,10 +1,13 @@
 """Read-only views of the namespace in WebHDFS's JSON shapes (FileStatus, ContentSummary,
 FileChecksum), and the query codec the state machine answers.
 
-    query(ns, {"q": "status", "path": "/a"})  ->  {"FileStatus": {...}}
+    query(ns, {"q": "status", "path": "/a", "user": "alice"})  ->  {"FileStatus": {...}}
 
 Queries: ``status``, ``list``, ``summary``, ``checksum``, ``blocks`` (a file's blocks
-for OPEN), ``txid``, ``digest``.
+for OPEN), ``txid``, ``digest``. Path queries are checked as ``user`` (``permissions``;
+no user: the namenode itself): status needs the path reachable, list READ and EXECUTE
+on the directory, summary READ and EXECUTE on every directory below, checksum and
+blocks READ on the file.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from scriba.examples.namenode import permissions as perm
 from scriba.examples.namenode.errors import FileNotFoundException, IllegalArgumentException
 from scriba.examples.namenode.namespace import INode, Namespace
 
@@ -70,10 +74,15 @@ def query(ns: Namespace, request: dict[str, Any]) -> Any:
     path = request.get("path")
     if not isinstance(path, str):
         raise IllegalArgumentException(f"query {q!r} needs a path")
-    node = ns.get(path)
+    user = request.get("user", perm.INTERNAL)
+    if not isinstance(user, str):
+        raise IllegalArgumentException(f"query user {user!r} is not a string")
+    node = ns.reach(path, user)
     if q == "status":
         return {"FileStatus": file_status(node, "")}
     if q == "list":
+        if node.is_dir:
+            perm.check(node, user, perm.READ | perm.EXECUTE, path)
         if not node.is_dir:
             return {"FileStatuses": {"FileStatus": [file_status(node, "")]}}
         names = sorted(node.children)
@@ -87,7 +96,10 @@ def query(ns: Namespace, request: dict[str, Any]) -> Any:
         statuses = [file_status(node.children[n], n) for n in names]
         return {"FileStatuses": {"FileStatus": statuses}, "remainingEntries": remaining}
     if q == "summary":
+        perm.check_subtree(node, user, perm.READ | perm.EXECUTE, path)
         return content_summary(node)
+    if not node.is_dir:
+        perm.check(node, user, perm.READ, path)
     if q == "checksum":
         return file_checksum(path, node)
     if q == "blocks":

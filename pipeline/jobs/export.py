@@ -93,10 +93,10 @@ def export(
             if view.latest > start:
                 ranges[full] = (str(start), str(view.latest))
     frames = []
-    for full, (start, end) in ranges.items():
+    for full, (first, last) in ranges.items():
         reader = (spark.read.format("scriba").option("metadata", metadata).option("stream", full)
-                  .option("password", password).option("startingPosition", start)
-                  .option("endingPosition", end).option("failOnDataLoss", str(fail_on_data_loss).lower()))
+                  .option("password", password).option("startingPosition", first)
+                  .option("endingPosition", last).option("failOnDataLoss", str(fail_on_data_loss).lower()))
         if max_records_per_partition is not None:
             reader = reader.option("maxRecordsPerPartition", str(max_records_per_partition))
         frames.append(reader.load())

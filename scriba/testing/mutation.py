@@ -108,7 +108,7 @@ def _copy_tree(repo: Path, dest: Path) -> None:
         shutil.copy2(src, target)
 
 
-def _package_view(tree: Path, view: Path) -> None:
+def package_view(tree: Path, view: Path) -> None:
     """Lay the copied tree out as the installed package: view/scriba/<layer> -> tree/<layer>."""
     (view / "scriba").mkdir(parents=True)
     for entry in (tree / "scriba").iterdir():
@@ -125,7 +125,7 @@ class Workspace:
         self.tree = root / "tree"
         self.view = root / "view"
         _copy_tree(repo, self.tree)
-        _package_view(self.tree, self.view)
+        package_view(self.tree, self.view)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

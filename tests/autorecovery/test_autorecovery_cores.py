@@ -146,6 +146,20 @@ def test_plan_refuses_when_placement_cannot_hold() -> None:
         plan_repair(md, 0, {B[1]}, topology=only, policy=make_policy("zone-aware"))
 
 
+def test_plan_moves_what_it_can_when_one_bookie_has_no_replacement() -> None:
+    """A lost bookie (b0) and a live one missing entries (b2) on one segment, one spare (b3):
+    b0 moves to b3 now; b2 stays (its mark waits for a bookie). Seen on real processes: the
+    whole repair used to wait, leaving the lost bookie's replicas missing too."""
+    md = ledger([(0, ("b0", "b1", "b2"))], closed_at=9)
+    live = topo(B[:4]).without(B[0])  # b1, b2 and the one spare b3
+    plan = plan_repair(md, 0, {B[0], B[2]}, topology=live, policy=make_policy("random"))
+    assert plan is not None and plan.slots == (0,)
+    assert plan.new_ensemble == (B[3], B[1], B[2])
+    assert plan.moved == (B[0],) and plan.added == (B[3],)
+    with pytest.raises(NotEnoughBookiesError):  # nothing at all can move: still refused
+        plan_repair(md, 0, {B[0], B[2]}, topology=topo(B[:3]).without(B[0]), policy=make_policy("random"))
+
+
 def test_ensemble_change_applies_once_and_detects_a_stale_plan() -> None:
     md = ledger([(0, ("b0", "b1", "b2")), (10, ("b0", "b3", "b2"))], closed_at=15)
     plan = plan_repair(md, 0, {B[1]}, topology=topo(), policy=make_policy("random", rng=random.Random(2)))
@@ -211,6 +225,10 @@ def test_a_repair_claims_exactly_the_entries_it_copied(data: st.DataObject) -> N
         return
     if plan is None or not plan.copies_anything:
         return
+    moved = set(plan.moved)
+    assert moved <= move
+    if moved != move:  # a partial plan only when every candidate bookie was used up
+        assert set(plan.added) == set(nodes) - set(target[1]) - move
     needs, change = ensemble_change(plan)
     assert needs(md)
     after = change(md)
@@ -218,7 +236,7 @@ def test_a_repair_claims_exactly_the_entries_it_copied(data: st.DataObject) -> N
     for x in range(end + 1):
         before_set, after_set = md.write_set(x), after.write_set(x)
         if plan.segment_first <= x <= plan.last_entry_id:
-            assert not set(after_set) & move
+            assert not set(after_set) & moved
             assert set(after_set) - set(before_set) == set(plan.targets(md, x))
         else:
             assert after_set == before_set
@@ -286,3 +304,34 @@ def test_throttle_zero_is_unlimited_and_bytes_bind_too() -> None:
     t = Throttle.of(0, 1_000_000)
     assert t.take(1, 100_000, 0.0) == 0  # within the burst
     assert t.take(1, 1_000_000, 0.0) == pytest.approx(1.0)
+
+
+def test_sources_are_assigned_so_a_batch_reads_as_one_range() -> None:
+    """Striping rotates each entry's first choice; the copier still reads the whole batch
+    from one surviving bookie (one range read), the moved bookie only as a last resort."""
+    from scriba.autorecovery.copier import assign_sources
+
+    survivors, moved = [B[1], B[2]], B[0]
+    tried = {EntryId(e): [survivors[e % 2], survivors[(e + 1) % 2], moved] for e in range(10)}
+    by_source = assign_sources(list(tried), tried)
+    assert list(by_source) == [B[1]] and by_source[B[1]] == list(range(10))
+    assert all(t == [B[2], moved] for t in tried.values())  # what is left for a retry
+    # a retry after b1 failed: b2 for all; then only the moved bookie is left for entry 3
+    again = assign_sources(list(tried), tried)
+    assert again == {B[2]: list(range(10))}
+    tried[EntryId(3)] = [moved]
+    assert assign_sources([EntryId(3), EntryId(4)], tried) == {moved: [3, 4]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(B[:5]), min_size=1, max_size=4, unique=True), min_size=1, max_size=30))
+def test_each_wanted_entry_gets_one_source_from_its_own_list(orders: list[list[BookieId]]) -> None:
+    from scriba.autorecovery.copier import assign_sources
+
+    tried = {EntryId(e): list(order) for e, order in enumerate(orders)}
+    by_source = assign_sources(list(tried), tried)
+    assigned = [(e, b) for b, entries in by_source.items() for e in entries]
+    assert sorted(e for e, _ in assigned) == list(range(len(orders)))
+    for e, b in assigned:
+        assert b in orders[e] and b not in tried[EntryId(e)]
+        assert len(tried[EntryId(e)]) == len(orders[e]) - 1

@@ -313,3 +313,58 @@ def _json_doc(out: str) -> Any:
     start = next(i for i, line in enumerate(lines) if line in ("[", "{", "[]"))
     end = max(i for i, line in enumerate(lines) if line in ("]", "}", "[]"))
     return json.loads("\n".join(lines[start:end + 1]))
+
+
+async def test_a_worker_uses_the_password_stored_in_metadata_and_needs_one_without(world: World) -> None:
+    """BookKeeper keeps the password in ledger metadata for autorecovery; so does Scriba by
+    default. A worker configured with no password repairs such a ledger; a ledger created
+    with ``store_password_in_metadata=False`` stays marked, "password unknown" (the control)."""
+    from scriba.client.client import ClientConfig
+
+    secret = b"not-in-any-config"
+    stored = await world.client.create_ledger(3, 3, 2, password=secret, digest="hmac-sha256")
+    async with Client.connect(world.store.uri, store=world.store, transport=world.transport,
+                              config=ClientConfig(store_password_in_metadata=False)) as bare_client:
+        bare = await bare_client.create_ledger(3, 3, 2, password=secret, digest="hmac-sha256")
+        for w in (stored, bare):
+            for i in range(20):
+                w.append_async(b"e%d" % i)
+            await w.append(b"last")
+            await w.close()
+    mds = {md.ledger_id: md for md in await world.ledgers()}
+    assert mds[stored.ledger_id].password == secret and mds[bare.ledger_id].password is None
+    assert "password" not in mds[stored.ledger_id].to_json()  # never shown, only that it is kept
+    assert mds[stored.ledger_id].to_json()["password_stored"] is True
+    a, b = (mds[w.ledger_id].current_ensemble for w in (stored, bare))
+    common = sorted(set(a) & set(b))
+    victims = {w.ledger_id: common[0] if common else e[0] for w, e in ((stored, a), (bare, b))}
+    for victim in set(victims.values()):
+        await world.lose(victim)
+    for w in (stored, bare):
+        victim = victims[w.ledger_id]
+        await world.store.create(underreplicated_key(w.ledger_id), UnderReplicated(
+            LedgerId(w.ledger_id), (Mark(EntryId(0), victim, Reason.LOST),)).to_bytes())
+    no_passwords = AutorecoveryConfig(lost_bookie_recovery_delay_s=0, worker_retry_s=0.05,
+                                      check_interval_s=3600)
+    worker = ReplicationWorker(world.client, no_passwords)
+    await worker.run_once()
+    outcomes = {o.ledger_id: o for o in worker.outcomes}
+    assert outcomes[stored.ledger_id].state == "repaired", outcomes[stored.ledger_id]
+    assert outcomes[stored.ledger_id].entries == 21
+    assert outcomes[bare.ledger_id].state == "failed"
+    assert outcomes[bare.ledger_id].detail == "password unknown"
+    after = {md.ledger_id: md for md in await world.ledgers()}
+    assert victims[stored.ledger_id] not in after[stored.ledger_id].current_ensemble
+    assert after[bare.ledger_id].ensembles == mds[bare.ledger_id].ensembles
+    hmac = make_digest("hmac-sha256", secret)
+    assert await check_replicas(world.transport, after[stored.ledger_id], digest=hmac) == []
+
+
+def test_a_stored_password_that_does_not_match_its_hash_is_never_used() -> None:
+    from scriba.entry import password_hash
+
+    config = AutorecoveryConfig(passwords=(b"listed",))
+    assert config.password_for(password_hash(b"kept"), b"kept") == b"kept"
+    assert config.password_for(password_hash(b"listed"), b"forged") == b"listed"
+    assert config.password_for(password_hash(b"other"), b"forged") is None
+    assert config.password_for(password_hash(b"other")) is None

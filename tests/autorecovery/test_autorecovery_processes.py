@@ -29,6 +29,7 @@ from scriba.autorecovery.records import (
 from scriba.autorecovery.replicas import check_replicas
 from scriba.client import Client, ClientConfig
 from scriba.entry import make_digest
+from scriba.errors import NoSuchKeyError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.placement import Adherence, make_policy
@@ -333,3 +334,59 @@ def _scrape(port: int) -> str:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return str(resp.read().decode())
+
+
+async def test_a_placement_violation_after_a_topology_change_is_marked_and_repaired(ar_cluster: ArCluster) -> None:
+    """A zone-aware ledger (one bookie per zone) whose bookies are moved into one zone
+    (restarted with another ``--zone``) fails its policy: the auditor's check marks it
+    PLACEMENT, a worker process moves a replica to another zone, and every entry stays."""
+    bookies = ar_cluster.cluster.bookies
+    async with Client.connect(ar_cluster.uri, placement="zone-aware") as client:
+        w = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        payloads = [b"p%d" % i for i in range(40)]
+        for p in payloads:
+            w.append_async(p)
+        await w.close()
+        md = await client.ledger_metadata(w.ledger_id)
+        topology = client.registry.topology()
+        policy = make_policy(md.placement_policy, md.placement_options)
+        assert policy.adherence(topology, md.current_ensemble, 3, 2) is not Adherence.FAIL
+        first, *others = md.current_ensemble
+        index = {b.bookie_id: i for i, b in enumerate(bookies.bookies)}
+        zone = bookies[index[first]].zone
+        for moved in others:  # the topology changes: the other two join the first one's zone
+            bookie = bookies[index[moved]]
+            bookie.stop()
+            bookie.zone = zone
+            bookie.start(30.0)
+
+        async def moved_in_topology() -> bool:
+            t = client.registry.topology()
+            return all(b in t.nodes and t.location(b).zone == zone for b in md.current_ensemble)
+        await until(moved_in_topology, "the registry saw the new zones", 30)
+        assert policy.adherence(client.registry.topology(), md.current_ensemble, 3, 2) is Adherence.FAIL
+        # the auditor alone first: the mark is observed before any worker repairs it
+        ar_cluster.start_autorecovery("auditor", "--no-worker")
+        await request_audit(client.store, full=False)
+
+        async def marked() -> bool:
+            try:
+                raw = await client.store.get(underreplicated_key(w.ledger_id))
+            except NoSuchKeyError:
+                return False
+            return any(m.reason is Reason.PLACEMENT for m in UnderReplicated.from_bytes(raw.value).marks)
+        await until(marked, "the ledger marked for placement", REPAIR_BOUND_S)
+        assert (await client.ledger_metadata(w.ledger_id)).ensembles == md.ensembles  # nobody repaired yet
+        ar_cluster.start_autorecovery("worker", auditor=False)
+
+        async def repaired() -> bool:
+            now = await client.ledger_metadata(w.ledger_id)
+            return await no_records(client) and policy.adherence(
+                client.registry.topology(), now.current_ensemble, 3, 2) is not Adherence.FAIL
+        await until(repaired, "the ledger moved back within its policy", REPAIR_BOUND_S)
+        after = await client.ledger_metadata(w.ledger_id)
+        assert len({client.registry.topology().location(b).zone for b in after.current_ensemble}) >= 2
+        assert await check_replicas(client.transport, after, digest=DIGEST) == []
+        reader = await client.open_ledger(w.ledger_id, PASSWORD, recovery=False)
+        assert [e.payload async for e in reader.read(0, reader.last_add_confirmed)] == payloads
+        await reader.close()

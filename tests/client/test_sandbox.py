@@ -73,7 +73,9 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 
 def _pids(doc: dict[str, Any]) -> list[int]:
-    return [b["pid"] for b in doc["bookies"]] + list(doc["etcd"]["pids"] if doc.get("etcd") else [])
+    """The bookies', etcd's and the autorecovery process's PIDs (not the console's)."""
+    return ([b["pid"] for b in doc["bookies"]] + list(doc["etcd"]["pids"] if doc.get("etcd") else [])
+            + ([doc["autorecovery"]["pid"]] if doc.get("autorecovery") else []))
 
 
 def _stop(proc: subprocess.Popen[str], sig: int) -> str:
@@ -102,7 +104,8 @@ def test_sandbox_starts_describes_refuses_second_and_stops(tmp_path: Path, sig: 
             assert port_open(host, int(port))
             assert Path(b["data_dir"]).is_relative_to(data)
         pids = _pids(doc)
-        assert len(pids) == 5 and all(_alive(p) for p in pids)
+        assert len(pids) == 6 and all(_alive(p) for p in pids)
+        assert doc["autorecovery"]["id"] == "sandbox-autorecovery" and doc["autorecovery"]["delay_s"] == 60
         # a second sandbox on the same dir refuses, and harms nothing
         second = subprocess.run([*SCRIBA, "sandbox", "--data", str(data)], capture_output=True, text=True, timeout=30)
         assert second.returncode == 1
@@ -345,3 +348,48 @@ def test_launcher_children_ignore_a_shadowing_working_directory(
         assert (bookie.data_dir / "COOKIE").is_file()
     finally:
         cluster.stop_all()
+
+
+@pytest.mark.slow
+def test_sandbox_autorecovery_re_replicates_a_killed_bookie_without_being_given_passwords(tmp_path: Path) -> None:
+    """The sandbox's autorecovery process (auditor + worker) repairs a ledger written with a
+    password it was never told (the ledger's metadata keeps it); ``--no-autorecovery`` starts none."""
+    import asyncio
+
+    from scriba.client import Client
+
+    data = tmp_path / "sb"
+    proc = _start(data, "--bookies", "4", "--no-console", "--autorecovery-delay-s", "0")
+    try:
+        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None,
+                  START_TIMEOUT_S, "sandbox.json")
+        doc = _read_json(data / "sandbox.json")
+        assert doc is not None and doc["autorecovery"] is not None, doc
+        uri = doc["metadata_uri"]
+        ledger_id, payloads = asyncio.run(_write_ledger(uri, 50))
+
+        async def ensemble() -> tuple[str, ...]:
+            async with Client.connect(uri) as client:
+                return tuple((await client.ledger_metadata(ledger_id)).current_ensemble)
+
+        victim = asyncio.run(ensemble())[0]
+        pid = next(b["pid"] for b in doc["bookies"] if b["bookie_id"] == victim)
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: victim not in asyncio.run(ensemble()), 90, f"the ledger moved off {victim}")
+        assert asyncio.run(_read_ledger(uri, ledger_id)) == payloads
+        out = _stop(proc, signal.SIGTERM)
+        assert proc.returncode == 0, out
+        assert "autorecovery: auditor + worker" in out
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    _wait_for(lambda: not _alive(doc["autorecovery"]["pid"]), 10, "autorecovery exiting")
+    bare = _start(data, "--bookies", "3", "--no-console", "--no-autorecovery")
+    try:
+        _wait_for(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == bare.pid or bare.poll() is not None,
+                  START_TIMEOUT_S, "second sandbox.json")
+        assert (_read_json(data / "sandbox.json") or {}).get("autorecovery", "missing") is None
+        assert _stop(bare, signal.SIGTERM) is not None and bare.returncode == 0
+    finally:
+        if bare.poll() is None:
+            _kill(bare)

@@ -1,4 +1,4 @@
-"""One SparkSession (local[2], loopback binds) for every pipeline test: a session costs 9-15 s."""
+"""The pipeline tests' bookies; their SparkSession is the run-wide ``spark`` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,6 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from scriba.pipeline import local_session
-
-    session = local_session("local[2]", "scriba-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -259,6 +259,25 @@ async def test_transfer_leadership_through_the_replica_service(env: Env) -> None
         await client.close()
 
 
+async def test_member_record_comes_back_after_a_lost_session(env: Env) -> None:
+    """A LOST metadata session takes the member record with it; the replica publishes it
+    again on its new session, so members() and a transfer to it work without a role change."""
+    replicas = [await env.replica(f"r{i}") for i in range(2)]
+    leader = await leader_of(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    await follower.client.store.expire_session_for_test()  # type: ignore[attr-defined]
+    await until(lambda: follower.role.role is Role.FOLLOWER)
+
+    async def listed() -> set[str]:
+        return {m.replica_id for m in await leader.members()}
+
+    async with asyncio.timeout(10):
+        while follower.replica_id not in await listed():
+            await asyncio.sleep(0.01)
+    await leader.transfer_leadership(follower.replica_id)
+    assert await leader_of(replicas) is follower
+
+
 # --- snapshots ------------------------------------------------------------------------------
 SNAP = FAST.__class__(**{**_fields(FAST), "snapshot_every_commands": 25, "snapshots_kept": 2})
 

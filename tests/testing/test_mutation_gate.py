@@ -96,3 +96,14 @@ def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
     p.write_text(block + "\n" + block)
     with pytest.raises(ValueError, match="appears twice"):
         load_mutants(p)
+
+
+def test_every_listed_mutant_still_applies_to_the_tree() -> None:
+    """A mutant whose snippet no longer appears (the code moved on) mutates nothing: the
+    suite says so at once, naming it, instead of the gate at the end of the run."""
+    repo = Path(__file__).resolve().parents[2]
+    stale = [
+        m.id for m in load_mutants(repo / "tests" / "mutants.toml")
+        if (repo / m.file).read_text().count(m.find) != 1
+    ]
+    assert stale == [], f"stale mutants (their find snippet is not in their file exactly once): {stale}"

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aetcd
 import grpc
 import pytest
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
-from kv_procs import KvCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from scriba.embedded.kvstore import KvCluster
 
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_on_the_loop"), pytest.mark.timeout(300)]
 
-@pytest.fixture(autouse=True)
-async def collect_on_the_loop() -> AsyncIterator[None]:
-    """Finalise the clients' gRPC objects while their event loop still runs (else they are
-    reported as unraisable exceptions during a later test)."""
-    yield
-    gc.collect()
-    await asyncio.sleep(0)
 
 
 def client_for(kv: KvCluster, index: int) -> aetcd.Client:
@@ -105,3 +98,48 @@ async def test_errors_as_etcd_codes_with_the_raw_stubs(kv_cluster: KvCluster) ->
             assert info.value.code() == code and message in (info.value.details() or "")
         after = await kv.Range(pb.RangeRequest(key=p, range_end=p[:-1] + b"0", count_only=True))
         assert after.count == 3 and after.header.revision == r.header.revision  # nothing written
+
+
+async def _watch_responses(channel: grpc.aio.Channel, create: pb.WatchCreateRequest, events: int) -> list[Any]:
+    """The responses of one watch until ``events`` events arrived (etcd's raw Watch stream)."""
+    requests: asyncio.Queue[Any] = asyncio.Queue()
+    await requests.put(pb.WatchRequest(create_request=create))
+
+    async def feed() -> AsyncIterator[Any]:
+        while True:
+            yield await requests.get()
+
+    call = stubs.WatchStub(channel).Watch(feed())
+    responses, seen = [], 0
+    async with asyncio.timeout(60):
+        async for response in call:
+            if response.created:
+                continue
+            responses.append(response)
+            seen += len(response.events)
+            if seen >= events:
+                break
+    call.cancel()
+    return responses
+
+
+async def test_watch_fragments_large_batches_only_when_asked(kv_cluster: KvCluster) -> None:
+    """Five ~400 KB puts replayed from history: one response without ``fragment``; with it,
+    pieces under etcd's 1.5 MiB request limit, each flagged but the last."""
+    async with grpc.aio.insecure_channel(kv_cluster.replicas[1].endpoint,
+                                         options=[("grpc.max_receive_message_length", 16 << 20)]) as channel:
+        kv = stubs.KVStub(channel)
+        p = f"frag{uuid.uuid4().hex[:6]}/".encode()
+        first = 0
+        for i in range(5):
+            rev = (await kv.Put(pb.PutRequest(key=p + b"%d" % i, value=b"x" * 400_000))).header.revision
+            first = first or rev
+        await kv.Range(pb.RangeRequest(key=p))  # a linearizable read: this replica has applied the puts
+        create = pb.WatchCreateRequest(key=p, range_end=p[:-1] + b"0", start_revision=first)
+        whole = await _watch_responses(channel, create, 5)
+        assert [len(r.events) for r in whole] == [5] and not whole[0].fragment
+        create.fragment = True
+        pieces = await _watch_responses(channel, create, 5)
+        assert len(pieces) >= 2 and sum(len(r.events) for r in pieces) == 5
+        assert [r.fragment for r in pieces] == [True] * (len(pieces) - 1) + [False]
+        assert all(r.ByteSize() <= 1536 * 1024 + 1024 for r in pieces)

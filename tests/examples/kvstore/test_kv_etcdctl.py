@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 from kv_harness import Ctl
-from kv_procs import KvCluster
+
+from scriba.embedded.kvstore import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

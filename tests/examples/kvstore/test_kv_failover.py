@@ -11,7 +11,8 @@ import time
 import aetcd
 import pytest
 from kv_harness import Ctl
-from kv_procs import KvCluster
+
+from scriba.embedded.kvstore import KvCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -249,3 +249,94 @@ def test_snapshot_restore_round_trip() -> None:
     bad = KvMachine()
     with pytest.raises(ValueError, match="format"):
         bad.restore(SnapshotReader([b'{"format": 99}']))
+
+
+# --- what the differential test against a real etcd taught (kept here as fast cases) -------------
+def txn_kw(m: KvMachine, **kw: Any) -> Any:
+    return apply(m, Op.TXN, pb.TxnRequest(**kw), pb.TxnResponse)
+
+
+def op_put(key: bytes, value: bytes = b"v", **kw: Any) -> Any:
+    return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, **kw))
+
+
+def op_del(key: bytes, range_end: bytes = b"") -> Any:
+    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key, range_end=range_end))
+
+
+def test_duplicate_keys_are_refused_in_either_branch_whichever_runs() -> None:
+    m = KvMachine()
+    never = [pb.Compare(key=b"a", target=pb.Compare.VERSION, result=pb.Compare.GREATER, version=5)]
+    fails_with(errors.DUPLICATE_KEY, txn_kw, m, compare=never, success=[op_del(b"k"), op_put(b"k")])
+    fails_with(errors.DUPLICATE_KEY, txn_kw, m, failure=[op_put(b"c/1"), op_del(b"c/", b"c0")], compare=never)
+    # a nested Txn's two branches may put the same key (only one runs); a delete up to "\x00" overlaps nothing
+    nested = pb.RequestOp(request_txn=pb.TxnRequest(success=[op_put(b"k")], failure=[op_put(b"k")]))
+    assert txn_kw(m, success=[nested, op_del(b"a", b"\x00")]).succeeded
+    fails_with(errors.DUPLICATE_KEY, txn_kw, m, success=[nested, op_put(b"k")])
+    assert m.revision == 2
+
+
+def test_nested_compares_see_the_state_before_the_txn() -> None:
+    m = KvMachine()
+    absent = [pb.Compare(key=b"k", target=pb.Compare.VERSION, result=pb.Compare.EQUAL, version=0)]
+    inner = pb.RequestOp(request_txn=pb.TxnRequest(compare=absent, success=[op_put(b"seen", b"absent")],
+                                                   failure=[op_put(b"seen", b"present")]))
+    r = txn_kw(m, success=[op_put(b"k"), inner])
+    assert r.responses[1].response_txn.succeeded and get(m, b"seen").kvs[0].value == b"absent"
+    assert not r.responses[1].response_txn.header.revision  # etcd leaves a nested header empty
+    assert r.responses[0].response_put.header.revision == r.header.revision == 2
+
+
+def test_error_order_of_a_plain_put_and_of_a_put_in_a_txn() -> None:
+    m = KvMachine()
+    fails_with(errors.LEASE_NOT_FOUND, put, m, b"absent", b"", lease=7, ignore_value=True)
+    fails_with(errors.KEY_NOT_FOUND, txn_kw, m, success=[op_put(b"absent", b"", lease=7, ignore_value=True)])
+
+
+def test_count_only_has_no_more_and_limit_comes_before_an_unordered_target_sort() -> None:
+    m = KvMachine()
+    for key, value in ((b"a", b"3"), (b"b", b"2"), (b"c", b"1")):
+        put(m, key, value)
+    assert not get(m, b"a", b"\x00", limit=1, count_only=True).more
+    # no order asked, target VALUE: etcd takes limit + 1 keys by key (a, b), then sorts those by value
+    r = get(m, b"a", b"\x00", limit=1, sort_target=pb.RangeRequest.VALUE)
+    assert [kv.key for kv in r.kvs] == [b"b"] and r.more
+    r = get(m, b"a", b"\x00", limit=1, sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.VALUE)
+    assert [kv.key for kv in r.kvs] == [b"c"]  # an order asked: all keys sorted, then the limit
+
+
+class _Node:
+    """What a watcher needs of the server: headers at a revision."""
+
+    def __init__(self, machine: KvMachine) -> None:
+        self.machine = machine
+
+    def header(self, revision: int | None = None) -> Any:
+        return pb.ResponseHeader(revision=self.machine.revision if revision is None else revision)
+
+
+async def test_watch_progress_notify_only_when_asked_and_idle() -> None:
+    import asyncio
+
+    from scriba.examples.kvstore.watch import Watcher
+
+    m = KvMachine()
+    put(m, b"w/a")
+    out: asyncio.Queue[Any] = asyncio.Queue()
+    asked = Watcher(1, pb.WatchCreateRequest(key=b"w/", range_end=b"w0", progress_notify=True), m, out, _Node(m),
+                    progress_notify_s=0.05)
+    silent = Watcher(2, pb.WatchCreateRequest(key=b"w/", range_end=b"w0"), m, out, _Node(m), progress_notify_s=0.05)
+    tasks = [asyncio.create_task(asked.run()), asyncio.create_task(silent.run())]
+    try:
+        async with asyncio.timeout(30):
+            progress = await out.get()
+            assert (progress.watch_id, list(progress.events), progress.header.revision) == (1, [], m.revision)
+            put(m, b"w/b")  # applied: the state machine wakes both watchers
+            got: list[Any] = []
+            while {r.watch_id for r in got if r.events} != {1, 2}:
+                got.append(await out.get())
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r.watch_id == 1 for r in got if not r.events)  # no progress for a watch that did not ask

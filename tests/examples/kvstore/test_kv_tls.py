@@ -21,9 +21,9 @@ import pytest
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
 from conftest import RSM_CONFIG
-from kv_procs import KvCluster
 
 from scriba.embedded.bookie import tls_argv
+from scriba.embedded.kvstore import KvCluster
 from scriba.testing.cluster import BookieCluster
 from scriba.testing.pki import TestPki
 from scriba.tls import TlsConfig

@@ -166,7 +166,7 @@ def test_records_roundtrip_and_unknown_records_stop_replay() -> None:
     assert e.decode(e.encode(edit)) == edit
     body = json.loads(e.encode(edit))
     for bad, why in (({**body, "op": "TRUNCATE"}, "unknown edit opcode"),
-                     ({**body, "v": 2}, "version 2"),
+                     ({**body, "v": 3}, "version 3"),
                      ({**body, "extra": 1}, "fields"),
                      ({**body, "file_id": "17"}, "expected int"),
                      ({**body, "file_id": True}, "expected int")):

@@ -13,12 +13,11 @@ namenode replicas (active + standby), real etcd, real bookies.
 
 from __future__ import annotations
 
-import hashlib
+import getpass
 import http.client
 import itertools
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,7 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, wait_for
-
-from scriba.testing.cluster import BookieCluster
+from namenode_procs import NamenodeProc, active_of, namenode_cluster, payload, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,24 +35,8 @@ SIZES = {"empty": 0, "tiny": 1, "small": 1000, "entry": 256 * 1024 + 3, "blocks"
 
 @pytest.fixture(scope="module")
 def namenodes(etcd_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NamenodeProc]]:
-    uri = str(etcd_cluster.uri(f"n{uuid.uuid4().hex[:8]}"))
-    base = tmp_path_factory.mktemp("namenode")
-    bookies = BookieCluster(base / "bookies", uri)
-    nodes: list[NamenodeProc] = []
-    try:
-        bookies.start_bookies(3, zones=["z1", "z2", "z3"])
-        nodes = [NamenodeProc(uri, f"nn{i}", base, "nn").start() for i in (1, 2)]
-        active_of(nodes)
+    with namenode_cluster(etcd_cluster, tmp_path_factory.mktemp("namenode"), 2, "nn") as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        bookies.stop_all()
-
-
-def payload(name: str, size: int) -> bytes:
-    seed = hashlib.sha256(name.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
 
 
 def ordered(nodes: list[NamenodeProc], active_first: bool) -> list[NamenodeProc]:
@@ -92,12 +73,15 @@ def test_hdfscli_roundtrip(namenodes: list[NamenodeProc], active_first: bool) ->
     client.rename(f"{root}/in", f"{root}/out")
     assert client.status(f"{root}/in", strict=False) is None
     client.set_permission(f"{root}/out/tiny", "600")
-    client.set_owner(f"{root}/out/tiny", owner="bob", group="staff")
+    superuser = InsecureClient(client.url, user="hdfs")
+    superuser.set_owner(f"{root}/out/tiny", owner="bob", group="staff")
     status = client.status(f"{root}/out/tiny")
     assert (status["permission"], status["owner"], status["group"]) == ("600", "bob", "staff")
     with pytest.raises(HdfsError, match="already exists"):
         client.write(f"{root}/out/tiny", data=b"x")
-    client.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
+    with pytest.raises(HdfsError, match="access=WRITE"):  # bob's now, 600: alice may not overwrite it
+        client.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
+    superuser.write(f"{root}/out/tiny", data=b"replaced", overwrite=True)
     with client.read(f"{root}/out/tiny") as reader:
         assert reader.read() == b"replaced"
     with pytest.raises(HdfsError, match="non empty"):
@@ -138,8 +122,8 @@ def test_bad_input_gets_hadoops_errors_and_logs_nothing(namenodes: list[Namenode
     before = node.digest("linearizable")
 
     def call(method: str, path: str, **params: str) -> tuple[int, dict[str, Any]]:
-        answer = requests.request(method, f"{node.url}/webhdfs/v1{path}", params=params, timeout=30,
-                                  allow_redirects=False)
+        answer = requests.request(method, f"{node.url}/webhdfs/v1{path}", params={"user.name": "dave", **params},
+                                  timeout=30, allow_redirects=False)
         return answer.status_code, answer.json() if answer.content else {}
 
     for method, path, params, status, exception in (
@@ -243,3 +227,73 @@ def test_standby_reads_after_a_position(namenodes: list[NamenodeProc]) -> None:
     missing = requests.get(f"{standby.url}/webhdfs/v1/after/dir", timeout=30, params={
         "op": "GETFILESTATUS", "scriba_consistency": "after"})
     assert missing.status_code == 400 and "scriba_after" in missing.json()["RemoteException"]["message"]
+
+
+def test_permissions_over_webhdfs(namenodes: list[NamenodeProc]) -> None:
+    """HDFS's AccessControlException, as a Hadoop client expects it (403, RemoteException),
+    for writes (through the standby's forwarding too) and reads; nothing denied is stored."""
+    active, standby = ordered(namenodes, active_first=True)
+    owner = InsecureClient(active.url, user="frank")
+    owner.makedirs("/perm/frank", permission="700")
+    owner.write("/perm/frank/secret", data=b"s3cret")
+    other = InsecureClient(f"{standby.url};{active.url}", user="gina")
+    raw = requests.get(f"{standby.url}/webhdfs/v1/perm/frank/secret", params={"op": "OPEN", "user.name": "gina"},
+                       timeout=30)
+    error = raw.json()["RemoteException"]
+    assert (raw.status_code, error["exception"], error["javaClassName"]) == (
+        403, "AccessControlException", "org.apache.hadoop.security.AccessControlException")
+    assert error["message"] == ('Permission denied: user=gina, access=EXECUTE, '
+                                'inode="/perm/frank":frank:supergroup:drwx------')
+    with pytest.raises(HdfsError, match="Permission denied: user=gina, access=EXECUTE") as denied:
+        other.write("/perm/frank/planted", data=b"x")
+    assert denied.value.exception == "AccessControlException"
+    assert owner.status("/perm/frank/planted", strict=False) is None
+    with pytest.raises(HdfsError, match="access=WRITE"):
+        other.delete("/perm/frank", recursive=True)
+    with pytest.raises(HdfsError, match="gina is not the owner"):
+        other.set_permission("/perm/frank", "777")
+    with pytest.raises(HdfsError, match="non-super user cannot change owner"):
+        owner.set_owner("/perm/frank", owner="gina")
+    assert owner.list("/perm/frank") == ["secret"]
+    owner.set_permission("/perm/frank", "755")  # the owner opens it: reads now pass, writes still not
+    with other.read("/perm/frank/secret") as reader:
+        assert reader.read() == b"s3cret"
+    with pytest.raises(HdfsError, match='access=WRITE, inode="/perm/frank"'):
+        other.write("/perm/frank/planted", data=b"x")
+
+
+def test_spark_webhdfs_filesystem(namenodes: list[NamenodeProc], spark: Any) -> None:
+    """Spark's own ``webhdfs://`` file system (Hadoop's WebHdfsFileSystem): a DataFrame
+    written through the standby (Spark's output committer: mkdirs, create, rename, delete,
+    _SUCCESS) and read back through the active, byte for byte with HdfsCLI's view of it."""
+    active, standby = ordered(namenodes, active_first=True)
+    rows = [(i, "v" * (i % 7) + str(i)) for i in range(3000)]
+    spark.createDataFrame(rows, "id long, v string").repartition(3).write.mode("overwrite") \
+        .parquet(f"webhdfs://127.0.0.1:{standby.port}/spark/rows.parquet")
+    back = spark.read.parquet(f"webhdfs://127.0.0.1:{active.port}/spark/rows.parquet")
+    assert sorted((r.id, r.v) for r in back.collect()) == rows
+    client = InsecureClient(active.url, user=getpass.getuser())  # Spark's user: it owns /spark
+    names = client.list("/spark/rows.parquet")
+    assert "_SUCCESS" in names and not any(n.startswith("_temporary") for n in names), names
+    assert sum(n.startswith("part-") and n.endswith(".parquet") for n in names) == 3, names
+    # files a Python client wrote, read by Spark (several files, one spanning blocks)
+    big = b"".join(f"{i},{'x' * 50}\n".encode() for i in range(40_000))
+    client.write("/spark/in/a.csv", data=b"-1,a\n-2,b\n")
+    client.write("/spark/in/big.csv", data=big, blocksize=BLOCK)
+    assert client.status("/spark/in/big.csv")["length"] > 2 * BLOCK
+    frame = spark.read.csv(f"webhdfs://127.0.0.1:{standby.port}/spark/in", schema="n long, s string")
+    assert frame.count() == 40_002
+    assert sorted(r.n for r in frame.collect()) == [-2, -1, *range(40_000)]
+    # Spark's overwrite of a directory it wrote (delete recursive, then the committer again)
+    spark.createDataFrame([(7,)], "k int").write.mode("overwrite").json(
+        f"webhdfs://127.0.0.1:{active.port}/spark/rows.parquet")
+    assert [r.k for r in spark.read.json(f"webhdfs://127.0.0.1:{standby.port}/spark/rows.parquet").collect()] == [7]
+    missing = f"webhdfs://127.0.0.1:{active.port}/spark/nope"
+    with pytest.raises(Exception, match="Path does not exist"):
+        spark.read.parquet(missing).collect()
+    # HDFS's AccessControlException reaches Spark as Hadoop's own exception class
+    private = InsecureClient(active.url, user="hilda")
+    private.makedirs("/spark-private", permission="700")
+    private.write("/spark-private/a.csv", data=b"1,a\n")
+    with pytest.raises(Exception, match=r"org\.apache\.hadoop\.security\.AccessControlException"):
+        spark.read.csv(f"webhdfs://127.0.0.1:{active.port}/spark-private").collect()

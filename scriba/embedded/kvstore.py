@@ -1,4 +1,5 @@
-"""``KvCluster``: replicas of the store as real processes (the tests).
+"""``KvCluster``: replicas of the KV store example as real processes (tests, benchmarks,
+the sandbox).
 
     with KvCluster(metadata_uri, workdir, replicas=3) as kv:
         kv.endpoints          # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3" for etcdctl
@@ -17,16 +18,16 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from scriba.embedded.process import free_port
+from scriba.embedded.process import free_port, python_module_argv
 
 READY_TIMEOUT_S = 60.0
+RESTART_BACKOFF_S = 2.0
 
 
 @dataclass
@@ -35,6 +36,7 @@ class KvReplica:
     endpoint: str
     peer: str
     zone: str = ""
+    metadata_uri: str = ""  # this replica's own route to the metadata store (a fault proxy), if any
     incarnation: int = 0
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
@@ -47,15 +49,17 @@ class KvReplica:
 class KvCluster:
     def __init__(self, metadata_uri: str, workdir: Path, *, replicas: int = 3, namespace: str = "kv",
                  name: str = "store", zones: list[str] | None = None, rsm_config: dict[str, Any] | None = None,
+                 metadata_uris: list[str] | None = None, session_timeout_s: float = 2.0,
                  extra_args: list[str] | None = None) -> None:
         self.metadata_uri = metadata_uri
         self.extra_args = list(extra_args or [])  # e.g. the --tls-* flags
         self.workdir = Path(workdir)
         self.namespace, self.name = namespace, name
         self.rsm_config = rsm_config or {}
+        self.session_timeout_s = session_timeout_s  # each replica's metadata session (its fail-over time)
         self.replicas = [
             KvReplica(f"r{i + 1}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
-                      zones[i % len(zones)] if zones else "")
+                      zones[i % len(zones)] if zones else "", metadata_uris[i] if metadata_uris else "")
             for i in range(replicas)
         ]
 
@@ -71,11 +75,12 @@ class KvCluster:
         r.logs.append(log_path)
         with log_path.open("wb") as log_file:
             r.proc = subprocess.Popen(
-                [sys.executable, "-m", "scriba.examples.kvstore", "serve", "--metadata", self.metadata_uri,
-                 "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
-                 self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config),
-                 *self.extra_args],
-                stdout=subprocess.PIPE, stderr=log_file,
+                python_module_argv(
+                    "scriba.examples.kvstore", "serve", "--metadata", r.metadata_uri or self.metadata_uri,
+                    "--replica-id", r.replica_id, "--listen", r.endpoint, "--peer", r.peer, "--namespace",
+                    self.namespace, "--name", self.name, "--zone", r.zone, "--rsm-config", json.dumps(self.rsm_config),
+                    "--session-timeout-s", str(self.session_timeout_s), *self.extra_args),
+                stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, cwd=self.workdir,
             )
         self._wait_ready(r)
         return r
@@ -95,13 +100,29 @@ class KvCluster:
         tail = r.logs[-1].read_text(errors="replace")[-3000:] if r.logs else ""
         raise RuntimeError(f"kv replica {r.replica_id} did not start within {READY_TIMEOUT_S} s:\n{tail}")
 
-    def start_all(self) -> KvCluster:
+    def start_all(self, attempts: int = 1) -> KvCluster:
+        """Start every replica; one whose process exits before it serves (say, its metadata
+        session lost on a machine too busy to renew it) is tried up to ``attempts`` times."""
         for i in range(len(self.replicas)):
-            self.start(i)
+            for attempt in range(attempts):
+                try:
+                    self.start(i)
+                    break
+                except RuntimeError:
+                    if attempt == attempts - 1:
+                        raise
+                    time.sleep(RESTART_BACKOFF_S)  # a backoff: the dead attempt's registration may linger
         return self
 
     def kill(self, index: int) -> None:
         self.kill_replica(self.replicas[index])
+
+    def signal(self, index: int, sig: signal.Signals) -> None:
+        """SIGSTOP / SIGCONT (or any signal) to one running replica, by its PID."""
+        r = self.replicas[index]
+        if r.running:
+            assert r.proc is not None
+            os.kill(r.proc.pid, sig)
 
     @staticmethod
     def kill_replica(r: KvReplica) -> None:
@@ -116,6 +137,7 @@ class KvCluster:
         for r in self.replicas:
             if r.running:
                 assert r.proc is not None
+                os.kill(r.proc.pid, signal.SIGCONT)  # a paused replica could not act on SIGTERM
                 os.kill(r.proc.pid, signal.SIGTERM)
         for r in self.replicas:
             if r.proc is not None:
@@ -124,6 +146,8 @@ class KvCluster:
                 except subprocess.TimeoutExpired:
                     pass
                 self.kill_replica(r)  # kills a straggler; closes the pipe either way
+
+    stop = stop_all  # the launchers' common name
 
     def __enter__(self) -> KvCluster:
         return self.start_all()
