@@ -7,7 +7,8 @@ new leader's token is larger than every earlier one's. Writers fence with it
 (e.g. a leader-only record that refuses smaller tokens).
 
 States of one campaign: CAMPAIGNING (create failed: watch the record until it is
-gone, then try again; store errors are retried with backoff, ``scriba.retry``) -> LEADING (the record holds our nonce) -> LOST (the
+gone, then try again; store errors are retried with backoff, ``scriba.retry``; a watch
+that fails sends the campaign back to claiming, which re-reads the record) -> LEADING (the record holds our nonce) -> LOST (the
 record vanished or changed, the session was LOST, or SUSPENDED for longer than
 ``suspended_grace_s``; ``Leadership.lost`` is set) or RESIGNED.
 Inputs: the store's watch events and session states. Outputs: the
@@ -129,7 +130,14 @@ class Election:
                 )
                 if record is not None:
                     return self._lead(claim, record)
-                await self._wait_vacant()
+                try:
+                    await self._wait_vacant()
+                except Exception as exc:
+                    if not _transient(exc):
+                        raise
+                    # The watch gave up (the store out of reach too long): claim again, which
+                    # re-reads the record, rather than end the campaign on a wait.
+                    log.info("campaign_watch_failed", election=self.name, error=str(exc))
         except BaseException:
             # Cancelled or failed after our create may have landed: a claim left behind would
             # hold the election for our whole session with nobody leading. Withdraw it (shielded,

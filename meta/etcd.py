@@ -19,6 +19,8 @@ the session reports CONNECTED with a new ``session_id`` (the lease id in hex).
 Watch: read the current state at revision R (paged, every page at R), deliver it,
 SYNCED, then watch from R+1; after a broken stream resume from the last revision
 delivered + 1; if that revision was compacted, re-read and deliver the difference.
+A stream silent for ``WATCH_IDLE_S`` is asked for a progress report; one that does not
+answer is taken for dead (its connection's pings may still pass) and resumed likewise.
 
 Security (URI options, ``scriba.meta.uri``): ``etcd+tls://`` dials TLS and verifies the
 server's certificate and name (``ca=``; ``cert=``/``key=`` for etcd's client-certificate
@@ -101,6 +103,10 @@ LIST_PAGE_MAX: Final = 500
 LIST_LIMIT_MAX: Final = 10_000
 TXN_OPS_MAX: Final = 128
 WATCH_OUTAGE_S_MAX: Final = 60.0
+WATCH_IDLE_S: Final = 5.0
+"""Silence on a watch stream after which the watch asks etcd for a progress report."""
+WATCH_PROGRESS_TIMEOUT_S: Final = 10.0
+"""No answer this long after asking: the stream is dead, though its connection may look alive."""
 CLOSE_REVOKE_TIMEOUT_S: Final = 1.0
 MESSAGE_BYTES_MAX: Final = 512 * 1024 * 1024
 
@@ -596,7 +602,10 @@ class EtcdStore:
                 )
                 await call.write(rpc.WatchRequest(create_request=create))
                 while True:
-                    resp = await call.read()
+                    resp = await self._next_watch_response(call)
+                    if resp is None:
+                        log.warning("etcd_watch_stalled", key=key, revision=next_revision, hosts=self.hosts_text)
+                        break
                     if resp is grpc.aio.EOF:
                         break
                     outage_since, delay_s = None, RETRY_DELAY_S_MIN
@@ -644,6 +653,31 @@ class EtcdStore:
                 )
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX * 2)
+
+    async def _next_watch_response(self, call: Any) -> Any:
+        """The stream's next response (or EOF); None if the stream went silent for good.
+
+        A watch on a quiet key is silent by design, so silence alone proves nothing: after
+        :data:`WATCH_IDLE_S` the watch asks for a progress report, which etcd answers at once
+        on a live stream. No answer within :data:`WATCH_PROGRESS_TIMEOUT_S` means the server no
+        longer serves this stream (lost frames, a half-dead connection, a watch etcd dropped)
+        even if the connection's keep-alive pings pass; the caller then resumes on a new stream.
+        """
+        read = asyncio.ensure_future(call.read())
+        try:
+            done, _ = await asyncio.wait({read}, timeout=WATCH_IDLE_S)
+            if not done:
+                probe = rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
+                await asyncio.wait_for(call.write(probe), WATCH_PROGRESS_TIMEOUT_S)
+                done, _ = await asyncio.wait({read}, timeout=WATCH_PROGRESS_TIMEOUT_S)
+                if not done:
+                    return None
+            return read.result()
+        except TimeoutError:
+            return None
+        finally:
+            if not read.done():
+                read.cancel()
 
     async def _resync(
         self, key: str, prefix: bool, known: dict[str, int]
@@ -731,6 +765,13 @@ class EtcdStore:
         finally:
             call.cancel()
             self._calls.discard(call)
+
+    async def revoke_lease_for_test(self) -> None:
+        """Revoke the lease behind the session's back, as an expiry the client has not yet
+        noticed (a loop starved past the TTL): the next ephemeral write meets a lost lease."""
+        lease_id = self._lease_id
+        invariant(lease_id is not None, "revoke_lease_for_test: no live lease")
+        await self._rpc("revoke lease", self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id), idempotent=True)
 
     async def expire_session_for_test(self) -> None:
         """Revoke the lease as an expiry would: ephemerals go, then LOST, then CONNECTED anew."""

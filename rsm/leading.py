@@ -41,12 +41,27 @@ class Leading:
     async def _campaign_loop(self: ReplicatedStateMachine) -> None:  # type: ignore[misc]  # a mixin method of ReplicatedStateMachine
         claim = mb.LeaderClaim(self.replica_id, self.address).to_bytes()
         while self._stopped is None:
-            if self.role.role is not Role.FOLLOWER or await self._transfer_blocks():
+            try:
+                if self.role.role is not Role.FOLLOWER or await self._transfer_blocks():
+                    await asyncio.sleep(self.config.campaign_backoff_s)
+                    continue
+                leadership = await self._election.campaign(self.replica_id, claim)
+            except ScribaError as exc:
+                # The store out of reach past a call's deadline or the campaign's retries (a cut that
+                # outlasts them): try again. Ending here would leave this replica out of every later
+                # election without a word, and a group whose replicas were all cut once leaderless.
+                self._log.warning("rsm_campaign_retry", error=str(exc))
                 await asyncio.sleep(self.config.campaign_backoff_s)
                 continue
-            leadership = await self._election.campaign(self.replica_id, claim)
-            if await self._transfer_blocks():
-                await self._election.resign()
+            try:
+                blocked = await self._transfer_blocks()
+            except ScribaError as exc:
+                self._log.warning("rsm_campaign_retry", error=str(exc))
+                blocked = True  # cannot tell: hand the election back rather than lead past a transfer
+            if blocked:
+                with contextlib.suppress(ScribaError):
+                    await self._election.resign()
+                await asyncio.sleep(self.config.campaign_backoff_s)
                 continue
             try:
                 await self._lead(leadership)

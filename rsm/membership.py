@@ -9,16 +9,45 @@ leadership transfer, and the snapshot catalog's key.
 ``<group>`` is ``<namespace with / as .>~<name>`` (one key segment). A replica id is
 ``[A-Za-z0-9][A-Za-z0-9._-]*``; a second live replica with the same id is refused
 (its ephemeral registration already exists).
+
+A registration is an ephemeral of the session that is live when it is written. A
+session lost just before (a 2 s lease that expired while a loaded machine starved the
+keep-alive) fails that write with ``SessionExpiredError`` and nothing is applied; the
+store opens a new session at once, so the write is tried again under it
+(:data:`REGISTER_RETRY`), and only a store that stays without a session fails the start.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import Final
 
-from scriba.errors import ConfigError, KeyExistsError, NoSuchKeyError, ReplicaIdInUseError
+from scriba.errors import (
+    ConfigError,
+    KeyExistsError,
+    NoSuchKeyError,
+    ReplicaIdInUseError,
+    SessionExpiredError,
+)
 from scriba.meta.store import MetadataStore
+from scriba.retry import RetryPolicy, retry_async
 from scriba.stream.settings import check_name, check_namespace_name
+
+REGISTER_RETRY: Final = RetryPolicy(attempts_max=40, delay_s_min=0.05, delay_s_max=1.0).validate()
+"""An ephemeral write waits out about 20-40 s without a session, then the error stands."""
+
+
+def _session_replaced(error: BaseException) -> bool:
+    return isinstance(error, SessionExpiredError)
+
+
+async def create_ephemeral(store: MetadataStore, key: str, value: bytes) -> int:
+    """``store.create(ephemeral=True)`` under the live session, riding out a session being replaced."""
+    return await retry_async(
+        lambda: store.create(key, value, ephemeral=True),
+        policy=REGISTER_RETRY, what=f"create {key}", retry_if=_session_replaced,
+    )
 
 
 def group_token(namespace: str, name: str) -> str:
@@ -81,7 +110,7 @@ class LeaderClaim:
 async def register(store: MetadataStore, group: str, member: Member) -> int:
     """Create the ephemeral registration; ``ReplicaIdInUseError`` if that id is live."""
     try:
-        return await store.create(member_key(group, member.replica_id), member.to_bytes(), ephemeral=True)
+        return await create_ephemeral(store, member_key(group, member.replica_id), member.to_bytes())
     except KeyExistsError:
         raise ReplicaIdInUseError(
             f"replica id {member.replica_id!r} of {group} is already running (its registration exists); "
@@ -95,7 +124,7 @@ async def update_member(store: MetadataStore, group: str, member: Member) -> Non
         current = await store.get(key)
         await store.set(key, member.to_bytes(), expected_version=current.version)
     except NoSuchKeyError:
-        await store.create(key, member.to_bytes(), ephemeral=True)
+        await create_ephemeral(store, key, member.to_bytes())
 
 
 async def list_members(store: MetadataStore, group: str) -> list[Member]:

@@ -494,6 +494,8 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
+            if isinstance(exc, ScribaError) and self._stopped is None:
+                self._log.warning("rsm_task_ended", task=task.get_name(), error=str(exc))
             if not isinstance(exc, ScribaError):
                 self._log.error("rsm_task_failed", error=repr(exc))
                 self._fatal(StateMachineError(f"internal task failed: {exc!r}"))

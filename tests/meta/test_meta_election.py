@@ -148,3 +148,27 @@ async def test_a_campaign_cancelled_after_its_claim_landed_withdraws_it(stores: 
     lead_b = await asyncio.wait_for(Election(stores[1], "g").campaign("b"), WAIT_S)
     assert await Election(stores[2], "g").leader() == ("b", lead_b.token)
     assert store.session.state is not SessionState.LOST
+
+
+async def test_a_vacancy_watch_that_fails_sends_the_campaign_back_to_claiming(
+    stores: list[MetadataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch gives up after a long outage (it cannot vouch that it missed nothing): the
+    campaign claims again, re-reading the record, instead of ending on the failed wait."""
+    lead = await Election(stores[0], "g").campaign("a")
+    waiting = Election(stores[1], "g")
+    real_wait = waiting._wait_vacant
+    failures: list[str] = []
+
+    async def wait_vacant() -> None:
+        if not failures:
+            failures.append("watch")
+            raise MetadataUnavailableError("watch elections/g/leader: etcd unreachable for 60s")
+        await real_wait()
+
+    monkeypatch.setattr(waiting, "_wait_vacant", wait_vacant)
+    campaign = asyncio.create_task(waiting.campaign("b"))
+    await asyncio.sleep(0)
+    await stores[0].delete("elections/g/leader")  # the leader goes while b re-claims
+    second = await asyncio.wait_for(campaign, WAIT_S)
+    assert failures and second.candidate == "b" and second.token > lead.token

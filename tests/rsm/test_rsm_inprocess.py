@@ -25,6 +25,7 @@ from scriba.errors import (
     ClientSessionError,
     CommandTooLargeError,
     ConfigError,
+    MetadataUnavailableError,
     ReplicaIdInUseError,
     ReplicaNotFoundError,
     ReplicaStoppedError,
@@ -449,3 +450,24 @@ async def test_metrics_listen_bad_address_is_a_config_error(env: Env) -> None:
     for bad in ("nohost", "127.0.0.1:x", "127.0.0.1:70000", ":80"):
         with pytest.raises(ConfigError, match="metrics_listen"):
             await env.replica("r1", metrics_listen=bad, start=False)
+
+
+async def test_a_store_out_of_reach_while_campaigning_does_not_end_the_campaign(env: Env) -> None:
+    """A cut from the metadata store that outlasts a call's deadline fails the campaign's store
+    calls (the transfer check, the claim's retries); the replica campaigns again once the store
+    answers. Ending the campaign there left replicas cut off once out of every later election."""
+    r = await env.replica("r1", start=False)
+    store = r.client.store
+    real_get = store.get
+    failed: list[str] = []
+
+    async def get(key: str) -> Any:
+        if key == mb.transfer_key(r.group) and len(failed) < 3:  # the store unreachable for a while
+            failed.append(key)
+            raise MetadataUnavailableError(f"get {key}: no answer within 10.0s")
+        return await real_get(key)
+
+    store.get = get  # type: ignore[method-assign]
+    await r.start()
+    await until(lambda: r.is_leader, 20.0, what="the replica leads once the store answers")
+    assert len(failed) == 3
