@@ -73,7 +73,7 @@ def run(latency_ms: int, appends: int) -> dict[str, Any]:
                 bookie = cluster.bookies.add_bookie(region=region, zone=f"zone-{i // 3}", start=False,
                                                     extra_args=latency.advertise_args(remote))
                 if remote:
-                    latency.add_bookie(bookie.bookie_id, bookie.port)
+                    latency.add_bookie(bookie.bookie_id, bookie.port, bookie.binary_port)
                 bookie.start(60.0)
             return asyncio.run(measure(cluster.uri, latency, latency_ms, appends))
         finally:

@@ -346,7 +346,8 @@ class Sandbox:
                 )
             )
             if remote:
-                self.latency.add_bookie(self.bookies[-1].bookie_id, self.bookies[-1].port)
+                self.latency.add_bookie(self.bookies[-1].bookie_id, self.bookies[-1].port,
+                                        self.bookies[-1].binary_port)
         with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
             futures = [pool.submit(b.start, START_TIMEOUT_S) for b in self.bookies]
             for f in futures:

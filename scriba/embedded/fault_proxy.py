@@ -100,6 +100,7 @@ class RegionLatency:
     log_path: Path
     process: ToxiproxyProcess | None = None
     proxies: dict[str, str] = field(default_factory=dict)  # bookie id -> advertised address
+    proxy_names: list[str] = field(default_factory=list)  # every proxy (gRPC and binary ports)
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0:
@@ -115,21 +116,29 @@ class RegionLatency:
         self.process = ToxiproxyProcess(self.log_path)
         return self.process.start()
 
-    def add_bookie(self, bookie_id: str, port: int) -> str:
-        """Proxy ``REMOTE_HOST:port`` to the bookie at ``127.0.0.1:port`` with the latency."""
+    def add_bookie(self, bookie_id: str, port: int, binary_port: int | None = None) -> str:
+        """Proxy ``REMOTE_HOST:port`` to the bookie at ``127.0.0.1:port`` with the latency, and
+        its binary data path (``binary_port``, which it advertises on ``REMOTE_HOST`` too) the
+        same way, so that no client path bypasses the inter-region latency."""
         if self.process is None:
             raise ConfigError("region latency: start() first")
         listen = f"{REMOTE_HOST}:{port}"
+        self._proxy(bookie_id, listen, f"127.0.0.1:{port}")
+        if binary_port is not None:
+            self._proxy(f"{bookie_id}-binary", f"{REMOTE_HOST}:{binary_port}", f"127.0.0.1:{binary_port}")
+        self.proxies[bookie_id] = listen
+        return listen
+
+    def _proxy(self, name: str, listen: str, upstream: str) -> None:
+        assert self.process is not None
         url = self.process.url
-        _post(f"{url}/proxies", {"name": bookie_id, "listen": listen, "upstream": f"127.0.0.1:{port}",
-                                 "enabled": True})
+        _post(f"{url}/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
         for stream in ("upstream", "downstream"):
-            _post(f"{url}/proxies/{bookie_id}/toxics", {
+            _post(f"{url}/proxies/{name}/toxics", {
                 "name": f"inter-region-{stream}", "type": "latency", "stream": stream,
                 "attributes": {"latency": self.latency_ms, "jitter": 0},
             })
-        self.proxies[bookie_id] = listen
-        return listen
+        self.proxy_names.append(name)
 
     def set_latency(self, latency_ms: int) -> None:
         """Change the latency of every remote-region proxy, on live connections too."""
@@ -137,9 +146,9 @@ class RegionLatency:
             raise ConfigError("region latency: start() first")
         if latency_ms < 0:
             raise ConfigError(f"inter-region latency: {latency_ms} must be >= 0")
-        for bookie_id in self.proxies:
+        for name in self.proxy_names:
             for stream in ("upstream", "downstream"):
-                _post(f"{self.process.url}/proxies/{bookie_id}/toxics/inter-region-{stream}",
+                _post(f"{self.process.url}/proxies/{name}/toxics/inter-region-{stream}",
                       {"attributes": {"latency": latency_ms, "jitter": 0}})
         self.latency_ms = latency_ms
 

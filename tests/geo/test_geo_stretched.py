@@ -133,10 +133,10 @@ async def test_no_entry_is_confirmed_while_only_one_region_acknowledged_it(
             bookie = bookie_cluster.add_bookie(region=region, zone=ZONES[3 * (i // 2)], start=False,
                                                extra_args=latency.advertise_args(region != REGIONS[0]))
             if region != REGIONS[0]:
-                latency.add_bookie(bookie.bookie_id, bookie.port)
+                latency.add_bookie(bookie.bookie_id, bookie.port, bookie.binary_port)
             bookie.start(60.0)
         api = toxiproxy_client(latency.describe()["api_url"])
-        proxies = [api.get_proxy(name) for name in latency.proxies]
+        proxies = [api.get_proxy(name) for name in latency.proxy_names]
         config = ClientConfig(add_timeout_s=60.0)  # the cut must not turn into ensemble changes
         async with Client.connect(metadata_uri, config=config) as client:
             stretched = await client.create_ledger(
