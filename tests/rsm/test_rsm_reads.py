@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from test_rsm_inprocess import Env, leader_of, until
@@ -188,3 +189,26 @@ async def test_reads_in_flight_when_the_client_closes_do_not_hang(env: Env) -> N
     for task in reads:
         with pytest.raises(UnavailableError):
             await task
+
+
+async def test_a_frame_of_linearizable_reads_confirms_leadership_first(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """READ_MANY with a linearizable read asks for a read index (the leadership proof)
+    before answering; a replica that cannot prove it fails the whole frame, answering
+    nothing from its possibly stale state. Sequential-only frames need no proof."""
+    r = await env.replica("r0")
+    await leader_of([r])
+    read = wire.read_body("linearizable", None, b"get")
+    asked: list[bool] = []
+
+    async def deposed(*, forwarded: bool) -> Any:
+        asked.append(forwarded)
+        raise RsmNotLeaderError("deposed meanwhile")
+
+    monkeypatch.setattr(r, "read_index", deposed)
+    with pytest.raises(RsmNotLeaderError):
+        await r.read_many([wire.parse_read(read)])
+    assert asked == [False]
+    assert await r.read_many([("sequential", None, b"get")]) == [(True, b"0")]
+    assert asked == [False]  # not asked again for a sequential-only frame
