@@ -35,6 +35,7 @@ import concurrent.futures
 import dataclasses
 import difflib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,15 +137,16 @@ class Workspace:
         env["SCRIBA_MUTATION_RUN"] = "1"
         return env
 
-    def pytest(self, args: Sequence[str], timeout_s: float) -> tuple[int, str]:
+    def pytest(self, args: Sequence[str], timeout_s: float, *, first_failure: bool = True,
+               tail_lines: int = 15) -> tuple[int, str]:
         # The package view is the working directory, so ``python -m`` here and in every
         # child puts the mutated package first on sys.path (the tree's own ``scriba/``
         # folder lacks the layers and would fall through to the installed package).
         paths = [str(self.tree / a) if (self.tree / a.split("::")[0]).exists() else a
                  for a in args]
         cmd = [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
-            "--no-header", f"--rootdir={self.tree}", "-c", str(self.tree / "pyproject.toml"),
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+            *(["-x"] if first_failure else []), "--no-header", f"--rootdir={self.tree}", "-c", str(self.tree / "pyproject.toml"),
             "-o", "addopts=--strict-markers", "-o", "timeout=60", *paths,
         ]
         try:
@@ -154,7 +156,7 @@ class Workspace:
             )
         except subprocess.TimeoutExpired:
             return -1, f"timed out after {timeout_s:.0f} s"
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-tail_lines:])
         return proc.returncode, tail
 
     def run(self, mutant: Mutant, timeout_s: float) -> Outcome:
@@ -189,6 +191,32 @@ def mutant_diff(m: Mutant, tree: Path) -> str:
     ))
 
 
+def failed_tests(output: str) -> list[str]:
+    """The node ids of pytest's ``FAILED``/``ERROR`` summary lines, each once, in order."""
+    found = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", output, flags=re.MULTILINE)
+    return list(dict.fromkeys(found))
+
+
+def check_baseline_passes(ws: Workspace, files: Sequence[str], timeout_s: float) -> None:
+    """Every test the mutants name passes unmutated, or the gate cannot judge a kill.
+
+    A test that fails once and then passes alone is reported as flaky (the suite that
+    ran before the gate judges flakiness; the gate needs only a tree in which the tests
+    can pass). One that fails twice, or a run that fails outside any test, ends the gate.
+    """
+    code, tail = ws.pytest(files, timeout_s * 4, first_failure=False, tail_lines=400)
+    if code == 0:
+        return
+    failed = failed_tests(tail)
+    if code != _PYTEST_EXIT_TESTS_FAILED or not failed:
+        raise SystemExit(f"mutation gate: the unmutated tests fail (exit {code}):\n{tail}")
+    code, again = ws.pytest(failed, timeout_s * 2, first_failure=False)
+    if code != 0:
+        raise SystemExit(f"mutation gate: the unmutated tests fail twice (exit {code}):\n{again}")
+    print("mutation gate: flaky unmutated tests (failed once, passed alone):", *failed, sep="\n  ",
+          flush=True)
+
+
 def run_gate(
     repo: Path, mutants: Sequence[Mutant], *, jobs: int, timeout_s: float, check_baseline: bool
 ) -> list[Outcome]:
@@ -199,9 +227,7 @@ def run_gate(
             # but the baseline runs the whole files: every test there must pass unmutated)
             union = sorted({t.split("::")[0] for m in mutants for t in m.tests
                             if (repo / t.split("::")[0]).exists()})
-            code, tail = workspaces[0].pytest(union, timeout_s * 4)
-            if code != 0:
-                raise SystemExit(f"mutation gate: the unmutated tests fail (exit {code}):\n{tail}")
+            check_baseline_passes(workspaces[0], union, timeout_s)
         free: list[Workspace] = list(workspaces)
         outcomes: list[Outcome] = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(workspaces)) as pool:

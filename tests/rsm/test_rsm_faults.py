@@ -145,7 +145,10 @@ class Probe:
         self.tasks.append(asyncio.create_task(self.work._write(self.client, self.session,
                                                                f"probe-{next(work.probes)}")))
         peer = self.client._pool.get(self.r.address)
-        await eventually(lambda: len(peer._pending) >= 2, 60, what="the read frame and the write on the socket")
+        # both on the socket, or already answered (an old leader that saw its lease end
+        # refuses at once, and the client retries elsewhere before this wait looks)
+        await eventually(lambda: len(peer._pending) >= 2 or any(t.done() for t in self.tasks), 60,
+                         what="the read frame and the write on the socket, or an answer")
 
     async def finish(self) -> None:
         try:

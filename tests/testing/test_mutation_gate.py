@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scriba.testing.mutation import Mutant, load_mutants, main, mutant_diff, run_gate
+from scriba.testing.mutation import Mutant, failed_tests, load_mutants, main, mutant_diff, run_gate
 
 _RULE = "def confirmed(acks: int, quorum: int) -> bool:\n    return acks >= quorum\n"
 _TEST = textwrap.dedent("""
@@ -88,6 +88,34 @@ def test_gate_refuses_a_failing_baseline(repo: Path) -> None:
     with pytest.raises(SystemExit, match="unmutated tests fail"):
         run_gate(repo, load_mutants(repo / "mutants.toml"), jobs=1, timeout_s=60,
                  check_baseline=True)
+
+
+def test_gate_reruns_a_baseline_test_that_fails_once(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # fails on its first run only (a marker outside the copied tree remembers it ran)
+    marker = repo.parent / "ran-once"
+    (repo / "tests" / "test_flaky.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+
+        def test_flaky() -> None:
+            marker = Path({str(marker)!r})
+            first = not marker.exists()
+            marker.touch()
+            assert not first
+    """))
+    toml = (repo / "mutants.toml").read_text().replace(
+        'tests = ["tests/test_rule.py"]\nwhy = "one ack too few"',
+        'tests = ["tests/test_rule.py", "tests/test_flaky.py"]\nwhy = "one ack too few"')
+    (repo / "mutants.toml").write_text(toml)
+    outcomes = run_gate(repo, load_mutants(repo / "mutants.toml")[:1], jobs=1, timeout_s=60,
+                        check_baseline=True)
+    assert [o.verdict for o in outcomes] == ["killed"]
+    assert "flaky unmutated tests" in capsys.readouterr().out and marker.exists()
+
+
+def test_failed_tests_parses_the_summary() -> None:
+    out = ("FAILED ../tree/tests/a.py::test_x - Error: boom\nERROR ../tree/tests/b.py::test_y[p1]\n"
+           "FAILED ../tree/tests/a.py::test_x - again\n1 failed")
+    assert failed_tests(out) == ["../tree/tests/a.py::test_x", "../tree/tests/b.py::test_y[p1]"]
 
 
 def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
