@@ -9,7 +9,9 @@ goes, the watches below it stop and their records go too. Each watch delivers th
 current records, then ``SYNCED``, then every change; the mirror applies them to a dict
 per section (:data:`PREFIXES`), so a page view reads memory and never the store. At
 each (re)``SYNCED`` a watch drops the keys it had that the store no longer has: a
-record deleted while the store was away does not linger.
+record deleted while the store was away does not linger. Whoever keeps something per
+key (the views' decode cache) registers with :meth:`Mirror.on_forget` and is told of
+every key the mirror drops, whichever of these ways it goes.
 
 If the store goes away (a watch raises, or connecting fails) the mirror keeps the last
 copy, says so in :attr:`Mirror.error` (the pages show it), and reconnects with a capped
@@ -81,6 +83,11 @@ class Mirror:
         self.error: str | None = None
         self.changes = 0  # bumped on every applied event (views cache on it)
         self._task: asyncio.Task[None] | None = None
+        self._forget_listeners: list[Callable[[str], None]] = []
+
+    def on_forget(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(key)`` whenever a key leaves the mirror."""
+        self._forget_listeners.append(listener)
 
     # --- reading ---------------------------------------------------------------
     def records(self, prefix: str) -> Mapping[str, tuple[int, bytes]]:
@@ -160,7 +167,9 @@ class Mirror:
             self._start_watch(store, child)
 
     def _forget(self, key: str) -> None:
-        self._records[section_of(key)].pop(key, None)
+        if self._records[section_of(key)].pop(key, None) is not None:
+            for listener in self._forget_listeners:
+                listener(key)
         for child in children(key):
             self._stop_watch(child)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scriba.console.cli import Console, ConsoleConfig
-from scriba.console.views import CACHE_SLACK, LedgerQuery
+from scriba.console.views import LedgerQuery
 from scriba.meta import connect
 from scriba.meta.records import LedgerMetadata, ledger_key
 from scriba.meta.store import MetadataStore
@@ -96,17 +96,3 @@ async def test_ledgers_appear_and_bad_records_are_skipped(env: tuple[MetadataSto
     ledger = model.ledger(1)
     assert [b["state"] for b in ledger["fragments"][0]["bookies"]] == ["down"] * 3  # none registered
 
-
-async def test_decode_cache_stays_bounded_under_churn(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
-    model = console.model
-    for batch in range(3):  # 1800 ledgers seen and deleted: more than the cache's slack
-        ids = range(batch * 600 + 1, batch * 600 + 601)
-        for lid in ids:
-            await store.create(ledger_key(lid), LedgerMetadata(lid, 1, 1, 1, ((0, ("b1",)),)).to_bytes())
-        await _until(f"batch {batch} seen", lambda ids=ids: [r["ledger_id"] for r in model.ledgers(
-            LedgerQuery(per_page=500))["ledgers"]] == list(ids)[:500])
-        for lid in ids:
-            await store.delete(ledger_key(lid))
-    await _until("all gone", lambda: model.ledgers(LedgerQuery())["total"] == 0)
-    assert len(model._decoded) <= CACHE_SLACK + 1
