@@ -1,4 +1,5 @@
-"""``scriba sandbox`` starts the console by default and lists it in sandbox.json; --no-console skips it."""
+"""``scriba sandbox`` starts the console by default and lists it in sandbox.json; --no-console skips it;
+its actions are off unless the sandbox is started with --console-allow-actions."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +22,23 @@ def _cluster(url: str) -> dict[str, object]:
         return doc
 
 
+def _act(url: str, kind: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(url + f"api/actions/{kind}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+def _stop(data: Path) -> None:
+    stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True,
+                             text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
 @pytest.mark.slow
 def test_sandbox_starts_the_console(tmp_path: Path) -> None:
     data = tmp_path / "sb"
@@ -30,14 +49,15 @@ def test_sandbox_starts_the_console(tmp_path: Path) -> None:
         doc = json.loads((data / "sandbox.json").read_text())
         url = doc["console"]["url"]
         assert f"console:  {url}" in started.stdout
+        assert doc["console"]["actions"] is False
+        status, refused = _act(url, "audit", {"full": True})  # read-only by default
+        assert status == 403 and "--allow-actions" in str(refused["error"]), refused
         deadline = time.monotonic() + 20
         while (counts := _cluster(url)["counts"]) != {"writable": 3, "read-only": 0, "down": 0}:
             assert time.monotonic() < deadline, counts
             time.sleep(0.2)
     finally:
-        stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True,
-                                 text=True, timeout=60)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        _stop(data)
     deadline = time.monotonic() + 10
     while Path(f"/proc/{doc['console']['pid']}").exists():  # stopped with the sandbox
         assert time.monotonic() < deadline, "the console outlived its sandbox"
@@ -51,3 +71,25 @@ def test_sandbox_without_console(tmp_path: Path) -> None:
                            "--simple-test"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "console:" not in done.stdout
+
+
+@pytest.mark.slow
+def test_sandbox_console_allow_actions(tmp_path: Path) -> None:
+    data = tmp_path / "sb"
+    refused = subprocess.run([*SCRIBA, "sandbox", "--data", str(data), "--no-console", "--console-allow-actions"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--console-allow-actions with --no-console" in refused.stderr, refused
+    assert not (data / "sandbox.json").exists()  # refused before starting anything
+    started = subprocess.run([*SCRIBA, "sandbox", "--data", str(data), "--bookies", "1", "--no-autorecovery",
+                              "--console-allow-actions", "--detach"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        doc = json.loads((data / "sandbox.json").read_text())
+        url = doc["console"]["url"]
+        assert doc["console"]["actions"] is True
+        status, asked = _act(url, "audit", {"full": True})  # the first POST asks for a confirmation
+        assert status == 200 and asked["confirm"], asked
+        status, done = _act(url, "audit", {"full": True, "confirm": asked["confirm"]})
+        assert status == 200 and done["done"] is True and done["result"] == {"sequence": 1, "full": True}, done
+    finally:
+        _stop(data)
