@@ -1,5 +1,7 @@
 """``scriba sandbox`` starts the console by default and lists it in sandbox.json; --no-console skips it;
-its actions are off unless the sandbox is started with --console-allow-actions."""
+its actions are off unless the sandbox is started with --console-allow-actions. The KV and
+NameNode examples' RSM groups (``--with kv --with namenode``) appear on its RSM page with no
+code of theirs for it: they register as every RSM group does."""
 
 from __future__ import annotations
 
@@ -10,16 +12,28 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SCRIBA = [sys.executable, "-m", "scriba.cli"]
 
 
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
 def _cluster(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url + "api/cluster", timeout=5) as reply:
-        doc: dict[str, object] = json.loads(reply.read())
-        return doc
+    doc: dict[str, object] = _get(url + "api/cluster")
+    return doc
+
+
+def _groups_led(url: str) -> dict[str, dict[str, Any]]:
+    """RSM groups shown with a leader that says it leads and every member answering its STATUS."""
+    return {f"{g['namespace']}/{g['name']}": g for g in _get(url + "api/rsm")
+            if g["leader"] and all(m["answered"] for m in g["members"])
+            and [m["role"] for m in g["members"] if m["replica_id"] == g["leader"]] == ["leader"]}
 
 
 def _act(url: str, kind: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -42,8 +56,9 @@ def _stop(data: Path) -> None:
 @pytest.mark.slow
 def test_sandbox_starts_the_console(tmp_path: Path) -> None:
     data = tmp_path / "sb"
-    started = subprocess.run([*SCRIBA, "sandbox", "--data", str(data), "--bookies", "3", "--detach"],
-                             capture_output=True, text=True, timeout=120)
+    started = subprocess.run([*SCRIBA, "sandbox", "--data", str(data), "--bookies", "3", "--no-autorecovery",
+                              "--with", "kv", "--with", "namenode", "--detach"],
+                             capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         doc = json.loads((data / "sandbox.json").read_text())
@@ -52,10 +67,25 @@ def test_sandbox_starts_the_console(tmp_path: Path) -> None:
         assert doc["console"]["actions"] is False
         status, refused = _act(url, "audit", {"full": True})  # read-only by default
         assert status == 403 and "--allow-actions" in str(refused["error"]), refused
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while (counts := _cluster(url)["counts"]) != {"writable": 3, "read-only": 0, "down": 0}:
             assert time.monotonic() < deadline, counts
             time.sleep(0.2)
+        # the examples' groups, each replica where sandbox.json says it runs
+        deadline = time.monotonic() + 60
+        while set(groups := _groups_led(url)) != {"kv/store", "namenode/namenode"}:
+            assert time.monotonic() < deadline, _get(url + "api/rsm")
+            time.sleep(0.5)
+        kv = {r["replica_id"]: r["zone"] for r in doc["kv"]}
+        namenodes = {n["id"]: n["zone"] for n in doc["namenodes"]}
+        assert {m["replica_id"]: m["zone"] for m in groups["kv/store"]["members"]} == kv and len(kv) == 3
+        assert {m["replica_id"]: m["zone"] for m in groups["namenode/namenode"]["members"]} == namenodes
+        with urllib.request.urlopen(url + "rsm", timeout=10) as reply:
+            page = reply.read().decode()
+        for group in ("kv/store", "namenode/namenode"):
+            leader = groups[group]["leader"]
+            assert f'data-group="{group}" data-leader="{leader}"' in page, page
+        assert all(f'data-replica="{r}"' in page for r in (*kv, *namenodes)), page
     finally:
         _stop(data)
     deadline = time.monotonic() + 10
