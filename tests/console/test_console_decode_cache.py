@@ -7,15 +7,9 @@ entries) grows by one decode per deleted record."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
-import pytest
-
-from scriba.console.cli import Console, ConsoleConfig
+from scriba.console.cli import Console
 from scriba.console.decode_cache import MISS, DecodeCache
 from scriba.console.mirror import Mirror
 from scriba.console.views import LedgerQuery, Model
@@ -31,34 +25,11 @@ from scriba.stream.segments import (
     namespace_key,
     stream_key,
 )
+from tests.console.conftest import until
 
 LIVE = 20  # ledgers alive at any time
 CYCLES = 60  # each creates BATCH ledgers, shows them, deletes BATCH older ones
 BATCH = 10
-
-
-async def _until(what: str, check: Callable[[], Any], deadline_s: float = 30.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{what}: not within {deadline_s} s (last: {check()!r})")
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[tuple[MetadataStore, Console]]:
-    uri = f"memory://console-cache-{uuid.uuid4().hex[:8]}"
-    store = await connect(uri)
-    console = Console(ConsoleConfig(uri, "127.0.0.1:0"))
-    await console.start()
-    try:
-        await console.mirror.wait_synced(30.0)
-        yield store, console
-    finally:
-        await console.stop()
-        await store.close()
 
 
 def _ledger(lid: int) -> bytes:
@@ -79,8 +50,8 @@ def test_a_decode_is_good_for_its_version_and_goes_with_its_key() -> None:
     cache.forget("never there")  # harmless
 
 
-async def test_cache_stays_within_the_live_records_over_many_cycles(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_cache_stays_within_the_live_records_over_many_cycles(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     deaf = Model(console.mirror)  # the negative control: a cache the mirror does not tell of deletions
     deaf.decoded = DecodeCache()
@@ -94,13 +65,13 @@ async def test_cache_stays_within_the_live_records_over_many_cycles(env: tuple[M
             await store.create(ledger_key(lid), _ledger(lid))
         next_id += BATCH
         want = list(range(next_id - LIVE - BATCH, next_id))
-        doc = await _until(f"cycle {cycle}: the new ledgers shown", lambda want=want: (
+        doc = await until(f"cycle {cycle}: the new ledgers shown", lambda want=want: (
             d := model.ledgers(LedgerQuery(per_page=500))) and [r["ledger_id"] for r in d["ledgers"]] == want and d)
         assert doc["total"] == LIVE + BATCH
         deaf.ledgers(LedgerQuery(per_page=500))
         for lid in want[:BATCH]:
             await store.delete(ledger_key(lid))
-        await _until(f"cycle {cycle}: the old ledgers gone", lambda: len(console.mirror.records(LEDGERS_PREFIX)) == LIVE)
+        await until(f"cycle {cycle}: the old ledgers gone", lambda: len(console.mirror.records(LEDGERS_PREFIX)) == LIVE)
         live = set(console.mirror.records(LEDGERS_PREFIX))
         assert model.decoded.keys() <= live, "a deleted ledger's decode is still cached"
         sizes.append(len(model.decoded))
@@ -113,20 +84,20 @@ async def test_cache_stays_within_the_live_records_over_many_cycles(env: tuple[M
     assert deaf_sizes == sorted(deaf_sizes) and deaf_sizes[-1] > deaf_sizes[0] + deleted - 2 * BATCH
 
 
-async def test_records_below_a_deleted_stream_leave_the_cache(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_records_below_a_deleted_stream_leave_the_cache(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
     await store.create(stream_key("apps", "s"), StreamRecord("s").to_bytes())
     for name in ("c1", "c2"):
         await store.create(cursor_key("apps", "s", name), CursorRecord(name, Position(0, 3)).to_bytes())
     cursor_keys = {cursor_key("apps", "s", n) for n in ("c1", "c2")}
-    await _until("the stream with its two cursors", lambda: [
+    await until("the stream with its two cursors", lambda: [
         s for ns in model.streams()["namespaces"] for s in ns["streams"] if len(s["cursors"]) == 2])
     assert cursor_keys <= model.decoded.keys()
     # only the stream is deleted: its cursors' watch stops and takes their records (and decodes) along
     await store.delete(stream_key("apps", "s"))
-    await _until("the stream gone", lambda: not [s for ns in model.streams()["namespaces"] for s in ns["streams"]])
+    await until("the stream gone", lambda: not [s for ns in model.streams()["namespaces"] for s in ns["streams"]])
     assert not (cursor_keys | {stream_key("apps", "s")}) & model.decoded.keys()
     assert model.decoded.keys() == {namespace_key("apps")}
 
@@ -156,7 +127,7 @@ async def test_keys_gone_while_the_store_was_away_leave_the_cache() -> None:
         await store.delete(ledger_key(2))
         assert ledger_key(2) in model.decoded.keys()  # the last copy is kept while away
         mirror.start()
-        await _until("resynced without ledger 2", lambda: connects == 2 and mirror.synced
+        await until("resynced without ledger 2", lambda: connects == 2 and mirror.synced
                      and ledger_key(2) not in mirror.records(LEDGERS_PREFIX))
         assert model.decoded.keys() == {ledger_key(1), ledger_key(3)}
     finally:

@@ -4,54 +4,23 @@ takes them along), and the pages change without the console reading the store pe
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
-import pytest
-
-from scriba.console.cli import Console, ConsoleConfig
+from scriba.console.cli import Console
 from scriba.console.views import LedgerQuery
-from scriba.meta import connect
 from scriba.meta.records import LedgerMetadata, ledger_key
 from scriba.meta.store import MetadataStore
 from scriba.rsm import membership as mb
 from scriba.stream.segments import NamespaceRecord, StreamRecord, namespace_key, stream_key
-
-
-async def _until(what: str, check: Callable[[], Any], deadline_s: float = 5.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not within {deadline_s} s (last: {check()!r})")
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[tuple[MetadataStore, Console]]:
-    uri = f"memory://console-{uuid.uuid4().hex[:8]}"
-    store = await connect(uri)
-    console = Console(ConsoleConfig(uri, "127.0.0.1:0"))
-    await console.start()
-    try:
-        await console.mirror.wait_synced(5.0)
-        yield store, console
-    finally:
-        await console.stop()
-        await store.close()
+from tests.console.conftest import until
 
 
 def _claim(candidate: str) -> bytes:
     return json.dumps({"candidate": candidate, "nonce": "n", "value": ""}).encode()
 
 
-async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_rsm_group_members_and_leader_follow_the_store(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
     await store.create(stream_key("apps", "counter"), StreamRecord("counter").to_bytes())
@@ -62,7 +31,7 @@ async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[Metadata
     election = f"elections/{mb.election_name(group)}/leader"
     version = await store.create(election, _claim("r0"))
 
-    groups = await _until("the group with its leader", lambda: [
+    groups = await until("the group with its leader", lambda: [
         g for g in model.rsm_groups() if g["leader"] == "r0" and len(g["members"]) == 2])
     [g] = groups
     assert (g["namespace"], g["name"]) == ("apps", "counter")
@@ -72,27 +41,27 @@ async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[Metadata
     # the leader moves: r0's registration goes (it died), r1 wins the election
     await store.delete(mb.member_key(group, "r0"))
     await store.set(election, _claim("r1"), expected_version=version)
-    await _until("r1 leads, r0 gone", lambda: [
+    await until("r1 leads, r0 gone", lambda: [
         g for g in model.rsm_groups() if g["leader"] == "r1" and [m["replica_id"] for m in g["members"]] == ["r1"]])
 
     # the stream (the group's log) is deleted: its watches stop and its records go
     await store.delete(stream_key("apps", "counter"))
-    await _until("the group gone", lambda: model.rsm_groups() == [])
+    await until("the group gone", lambda: model.rsm_groups() == [])
     assert console.mirror.status()["watches"] == 7  # the six roots and the namespace's streams
 
 
-async def test_ledgers_appear_and_bad_records_are_skipped(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_ledgers_appear_and_bad_records_are_skipped(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     for lid in (3, 1, 2):
         md = LedgerMetadata(lid, 3, 2, 2, ((0, ("b1", "b2", "b3")),))
         await store.create(ledger_key(lid), md.to_bytes())
     await store.create(ledger_key(9), b"not a ledger")  # malformed: not shown, nothing breaks
-    doc = await _until("three ledgers", lambda: (d := model.ledgers(LedgerQuery())) and d["total"] == 3 and d)
+    doc = await until("three ledgers", lambda: (d := model.ledgers(LedgerQuery())) and d["total"] == 3 and d)
     assert [row["ledger_id"] for row in doc["ledgers"]] == [1, 2, 3]
     assert model.ledgers(LedgerQuery(per_page=2, page=2))["ledgers"][0]["ledger_id"] == 3
     await store.delete(ledger_key(2))
-    await _until("ledger 2 gone", lambda: model.ledgers(LedgerQuery())["total"] == 2)
+    await until("ledger 2 gone", lambda: model.ledgers(LedgerQuery())["total"] == 2)
     ledger = model.ledger(1)
     assert [b["state"] for b in ledger["fragments"][0]["bookies"]] == ["down"] * 3  # none registered
 
