@@ -138,7 +138,7 @@ class Model:
             reg = regs.get(bookie_id) or self._last_seen.get(bookie_id)
             probe = probes.get(bookie_id)
             registered = bookie_id in regs
-            if not registered or (probe is not None and probe.probed_s and not probe.up):
+            if not registered or (probe is not None and probe.failed):
                 state = "down"
             elif reg is not None and reg.mode is BookieMode.READ_ONLY:
                 state = "read-only"

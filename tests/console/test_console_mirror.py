@@ -5,10 +5,13 @@ takes them along), and the pages change without the console reading the store pe
 from __future__ import annotations
 
 import json
+import time
 
 from scriba.console.cli import Console
-from scriba.console.views import LedgerQuery
-from scriba.meta.records import LedgerMetadata, ledger_key
+from scriba.console.probe import BookieProbe, Prober
+from scriba.console.views import LedgerQuery, Model
+from scriba.ids import BookieId
+from scriba.meta.records import BookieRegistration, LedgerMetadata, bookie_key, ledger_key
 from scriba.meta.store import MetadataStore
 from scriba.rsm import membership as mb
 from scriba.stream.segments import NamespaceRecord, StreamRecord, namespace_key, stream_key
@@ -65,3 +68,29 @@ async def test_ledgers_appear_and_bad_records_are_skipped(memory_console: tuple[
     ledger = model.ledger(1)
     assert [b["state"] for b in ledger["fragments"][0]["bookies"]] == ["down"] * 3  # none registered
 
+
+
+async def test_a_bookie_is_down_only_once_a_probe_failed(memory_console: tuple[MetadataStore, Console]) -> None:
+    """A registered bookie whose first probe is still in flight is not shown down (the console
+    had shown every bookie down until its first probe answered: the API test's race)."""
+    store, console = memory_console
+    model = Model(console.mirror)
+    model.prober = Prober(dict, interval_s=1.0)  # never started: the test sets its probes
+    await store.create(bookie_key("b1"), BookieRegistration(BookieId("b1"), "127.0.0.1:1", zone="z1",
+                                                            http_address="127.0.0.1:2").to_bytes())
+    await until("b1 registered", lambda: model.registrations())
+
+    def state() -> str:
+        [row] = model.bookies()
+        return str(row["state"])
+
+    assert state() == "writable"  # not probed yet
+    probe = model.prober.probes["b1"] = BookieProbe("127.0.0.1:2")
+    probe.probed_s = time.time()  # the first probe started and has not answered
+    assert state() == "writable"
+    probe.up, probe.error = False, "ClientConnectorError: refused"
+    assert state() == "down"
+    probe.up, probe.error = True, ""  # it answers again
+    assert state() == "writable"
+    await store.delete(bookie_key("b1"))  # its registration goes: down whatever the probe said
+    await until("b1 down once unregistered", lambda: state() == "down")
