@@ -15,7 +15,10 @@ every key the mirror drops, whichever of these ways it goes.
 
 If the store goes away (a watch raises, or connecting fails) the mirror keeps the last
 copy, says so in :attr:`Mirror.error` (the pages show it), and reconnects with a capped
-backoff; the console keeps serving meanwhile.
+backoff; the console keeps serving meanwhile. A driver may also ride out an outage
+itself, its watches silent until the server is back (etcd re-syncs them): then the
+store's session says SUSPENDED (or LOST), and the mirror reports that the same way until
+the session is CONNECTED again.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from scriba.autorecovery.records import DECOMMISSION_PREFIX, UNDERREPLICATED_PRE
 from scriba.errors import ScribaError
 from scriba.log import get_logger
 from scriba.meta.records import BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX
-from scriba.meta.store import EventKind, MetadataStore
+from scriba.meta.store import EventKind, MetadataStore, SessionState
 from scriba.stream.segments import STREAMS_PREFIX
 
 log = get_logger(__name__)
@@ -84,6 +87,7 @@ class Mirror:
         self.changes = 0  # bumped on every applied event (views cache on it)
         self._task: asyncio.Task[None] | None = None
         self._forget_listeners: list[Callable[[str], None]] = []
+        self._session_error: str | None = None  # set while the store's session is not CONNECTED
 
     def on_forget(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(key)`` whenever a key leaves the mirror."""
@@ -95,8 +99,8 @@ class Mirror:
 
     @property
     def synced(self) -> bool:
-        """Every running watch has delivered its current state."""
-        return bool(self._tasks) and self._synced.issuperset(self._tasks)
+        """Every running watch has delivered its current state, and the store's session is up."""
+        return bool(self._tasks) and self._synced.issuperset(self._tasks) and self._session_error is None
 
     def status(self) -> dict[str, object]:
         return {"uri": self.uri, "synced": self.synced, "error": self.error, "watches": len(self._tasks)}
@@ -125,6 +129,7 @@ class Mirror:
             except (ScribaError, OSError) as exc:
                 self._failed(exc)
             else:
+                store.session.add_listener(self._on_session)
                 try:
                     async with asyncio.TaskGroup() as group:
                         self._group = group
@@ -133,6 +138,8 @@ class Mirror:
                 except* (ScribaError, OSError) as excs:
                     self._failed(excs.exceptions[0])
                 finally:
+                    store.session.remove_listener(self._on_session)
+                    self._session_error = None
                     self._group = None
                     self._tasks.clear()
                     self._synced.clear()
@@ -142,6 +149,16 @@ class Mirror:
                 backoff = RETRY_MIN_S  # it ran a good while: a fresh failure
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RETRY_MAX_S)
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            if self._session_error is not None and self.error == self._session_error:
+                self.error = None
+            self._session_error = None
+            return
+        self._session_error = self.error = (f"metadata store {self.uri}: session {state.value} "
+                                            "(the store does not answer)")
+        log.warning("console_store_unavailable", error=self.error)
 
     def _failed(self, exc: BaseException) -> None:
         self.error = f"metadata store {self.uri}: {type(exc).__name__}: {exc}"
