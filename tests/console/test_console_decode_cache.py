@@ -8,6 +8,7 @@ entries) grows by one decode per deleted record."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from scriba.console.cli import Console
 from scriba.console.decode_cache import MISS, DecodeCache
@@ -25,15 +26,24 @@ from scriba.stream.segments import (
     namespace_key,
     stream_key,
 )
-from tests.console.conftest import until
+from scriba.testing.waiting import eventually
 
 LIVE = 20  # ledgers alive at any time
 CYCLES = 60  # each creates BATCH ledgers, shows them, deletes BATCH older ones
 BATCH = 10
+DEADLINE_S = 30.0
 
 
 def _ledger(lid: int) -> bytes:
     return LedgerMetadata(lid, 1, 1, 1, ((0, ("b1",)),)).to_bytes()
+
+
+def _shown(model: Model) -> list[int]:
+    return [row["ledger_id"] for row in model.ledgers(LedgerQuery(per_page=500))["ledgers"]]
+
+
+def _streams(model: Model) -> list[dict[str, Any]]:
+    return [s for ns in model.streams()["namespaces"] for s in ns["streams"]]
 
 
 def test_a_decode_is_good_for_its_version_and_goes_with_its_key() -> None:
@@ -65,13 +75,13 @@ async def test_cache_stays_within_the_live_records_over_many_cycles(memory_conso
             await store.create(ledger_key(lid), _ledger(lid))
         next_id += BATCH
         want = list(range(next_id - LIVE - BATCH, next_id))
-        doc = await until(f"cycle {cycle}: the new ledgers shown", lambda want=want: (
-            d := model.ledgers(LedgerQuery(per_page=500))) and [r["ledger_id"] for r in d["ledgers"]] == want and d)
-        assert doc["total"] == LIVE + BATCH
+        await eventually(lambda want=want: _shown(model) == want, DEADLINE_S, what=f"cycle {cycle}: new ledgers shown")
+        assert model.ledgers(LedgerQuery(per_page=500))["total"] == LIVE + BATCH
         deaf.ledgers(LedgerQuery(per_page=500))
         for lid in want[:BATCH]:
             await store.delete(ledger_key(lid))
-        await until(f"cycle {cycle}: the old ledgers gone", lambda: len(console.mirror.records(LEDGERS_PREFIX)) == LIVE)
+        await eventually(lambda: len(console.mirror.records(LEDGERS_PREFIX)) == LIVE, DEADLINE_S,
+                         what=f"cycle {cycle}: the old ledgers gone")
         live = set(console.mirror.records(LEDGERS_PREFIX))
         assert model.decoded.keys() <= live, "a deleted ledger's decode is still cached"
         sizes.append(len(model.decoded))
@@ -92,12 +102,12 @@ async def test_records_below_a_deleted_stream_leave_the_cache(memory_console: tu
     for name in ("c1", "c2"):
         await store.create(cursor_key("apps", "s", name), CursorRecord(name, Position(0, 3)).to_bytes())
     cursor_keys = {cursor_key("apps", "s", n) for n in ("c1", "c2")}
-    await until("the stream with its two cursors", lambda: [
-        s for ns in model.streams()["namespaces"] for s in ns["streams"] if len(s["cursors"]) == 2])
+    await eventually(lambda: [len(s["cursors"]) for s in _streams(model)] == [2], DEADLINE_S,
+                     what="the stream with its two cursors")
     assert cursor_keys <= model.decoded.keys()
     # only the stream is deleted: its cursors' watch stops and takes their records (and decodes) along
     await store.delete(stream_key("apps", "s"))
-    await until("the stream gone", lambda: not [s for ns in model.streams()["namespaces"] for s in ns["streams"]])
+    await eventually(lambda: not _streams(model), DEADLINE_S, what="the stream gone")
     assert not (cursor_keys | {stream_key("apps", "s")}) & model.decoded.keys()
     assert model.decoded.keys() == {namespace_key("apps")}
 
@@ -127,8 +137,8 @@ async def test_keys_gone_while_the_store_was_away_leave_the_cache() -> None:
         await store.delete(ledger_key(2))
         assert ledger_key(2) in model.decoded.keys()  # the last copy is kept while away
         mirror.start()
-        await until("resynced without ledger 2", lambda: connects == 2 and mirror.synced
-                     and ledger_key(2) not in mirror.records(LEDGERS_PREFIX))
+        await eventually(lambda: connects == 2 and mirror.synced and ledger_key(2) not in mirror.records(LEDGERS_PREFIX),
+                         DEADLINE_S, what="resynced without ledger 2")
         assert model.decoded.keys() == {ledger_key(1), ledger_key(3)}
     finally:
         await mirror.stop()
