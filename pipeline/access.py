@@ -18,7 +18,7 @@ from scriba.client.sync import SyncClient
 from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
-from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
+from scriba.meta.records import LEDGERS_PREFIX
 from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
 from scriba.stream import Namespace, Position, Record, open_namespace
 from scriba.stream.ledgers import delete_ledgers, read_entry, records_of
@@ -240,16 +240,6 @@ class Access:
     def adopt(self, full_name: str, ledger_ids: list[int]) -> None:
         ns_name, stream = split_stream(full_name)
         self.run(self.namespace(ns_name).adopt(stream, ledger_ids))
-
-    def staged_ledgers(self, job: str) -> list[int]:
-        """Every ledger staged by ``job`` (a scan of the ledger records)."""
-        async def scan() -> list[int]:
-            found = []
-            async for key, raw in self._sync.client.store.scan(LEDGERS_PREFIX):
-                if LedgerMetadata.from_bytes(raw.value).custom_metadata.get("staged") == job:
-                    found.append(int(key.rsplit("/", 1)[-1]))
-            return sorted(found)
-        return self.run(scan())
 
     def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         self.run(delete_ledgers(self._sync.client, tuple(ledger_ids)))

@@ -14,8 +14,13 @@ Write guarantee (``mode("append")``), by ``option("delivery", ...)``:
   ledger the job staged (failed, retried or speculative attempts). A repeated commit
   adopts nothing twice; ``abort`` deletes every ledger of the job: nothing of an
   aborted job is ever visible. Readers see the job's records all at once, after the
-  stream's earlier records. Left: a driver that dies between staging and commit leaves
-  staged ledgers no stream names (tagged ``staged=<job>``); nothing deletes them yet.
+  stream's earlier records. The job is recorded before its tasks run (a staging record
+  in the metadata store, :mod:`scriba.pipeline.staging`); ``commit`` passes its commit
+  point by one CAS on that record before it adopts. A driver that dies before that
+  point leaves staged ledgers that the next exactly-once job on the stream (or
+  ``scriba pipeline gc-staged``) deletes once the record is older than
+  ``stagingGraceS`` (default one day); after it, they are adopted (rolled forward). A
+  commit that loses the race to the collector fails and adopts nothing.
 - ``at-least-once`` (the default): each task takes the stream's writer lock for
   its whole partition and appends its rows in order, as one contiguous run of
   records in a fresh segment, and returns only once every record is confirmed by an
@@ -50,8 +55,10 @@ from pyspark.sql.streaming.datasource import (  # Spark >= 4.2
 )
 from pyspark.sql.types import StructType
 
-from scriba.errors import ConfigError
+from scriba.errors import ConfigError, ScribaError
+from scriba.log import get_logger
 from scriba.pipeline.access import Access, StreamView
+from scriba.pipeline.commit import abort_job, collect_staged, commit_job, start_job
 from scriba.pipeline.plan import (
     SCHEMA_DDL,
     ReadTask,
@@ -61,10 +68,12 @@ from scriba.pipeline.plan import (
     parse_options,
     plan_ledger,
     plan_stream,
+    split_stream,
     starting_positions,
 )
 from scriba.stream import Position
 
+log = get_logger(__name__)
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -125,8 +134,11 @@ class ScribaDataSource(DataSource):
         delivery = opts.get("delivery", "at-least-once").strip().lower()
         if delivery not in ("at-least-once", "exactly-once"):
             raise ConfigError(f"option delivery={delivery!r}: expected at-least-once or exactly-once")
-        return ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames(),
-                            delivery == "exactly-once", uuid.uuid4().hex)
+        writer = ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames(),
+                              delivery == "exactly-once", uuid.uuid4().hex)
+        if writer.exactly_once:
+            writer.start()
+        return writer
 
 
 class ScribaBatchReader(DataSourceReader):
@@ -241,6 +253,20 @@ class ScribaWriter(DataSourceWriter):
         self.exactly_once = exactly_once
         self.job = job  # made on the driver, pickled to every task: tags the staged ledgers
 
+    def _access(self) -> Access:
+        return Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s)
+
+    def start(self) -> None:
+        """Exactly-once, on the driver before any task: collect the stream's orphaned staging
+        sets (older than ``stagingGraceS``), then record this job's."""
+        split_stream(self.stream)
+        with self._access() as access:
+            try:
+                collect_staged(access, stream=self.stream, grace_s=self.opts.staging_grace_s)
+            except ScribaError as exc:  # someone else's leftovers must not stop this job
+                log.warning("pipeline_staged_gc_failed", stream=self.stream, error=repr(exc))
+            start_job(access, self.stream, self.job)
+
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         def rows() -> Iterator[tuple[bytes, dict[str, bytes] | None]]:
             for row in iterator:
@@ -268,19 +294,16 @@ class ScribaWriter(DataSourceWriter):
         if not self.exactly_once:
             return
         adopted = [i for m in messages if isinstance(m, ScribaCommit) for i in m.staged]
-        opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
-            access.adopt(self.stream, adopted)
-            access.delete_ledgers(set(access.staged_ledgers(self.job)) - set(adopted))
+        with self._access() as access:
+            commit_job(access, self.stream, self.job, adopted)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Exactly-once: every ledger the job staged is deleted (nothing was adopted).
         At-least-once: confirmed records cannot be withdrawn (see the module docstring)."""
         if not self.exactly_once:
             return
-        opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
-            access.delete_ledgers(access.staged_ledgers(self.job))
+        with self._access() as access:
+            abort_job(access, self.stream, self.job)
 
 
 class _Counted:

@@ -9,6 +9,8 @@ from typing import Any
 
 from scriba.cli import build_parser
 from scriba.client import Client
+from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
+from scriba.pipeline.staging import StagingRecord, staging_prefix
 from scriba.stream import Position, open_namespace
 
 Rec = tuple[str, bytes, dict[str, bytes]]
@@ -45,6 +47,26 @@ async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list
                 out.append((str(rec.position), rec.payload, dict(rec.headers)))
         assert not out or Position.parse(out[-1][0]) < stop
         return out
+
+
+async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
+    """Ledgers staged for ``ns/stream`` that are not (or no longer) its segments."""
+    async with Client.connect(uri) as client:
+        record = (await (await open_namespace(client, ns)).catalog.read_stream(stream)).value
+        segments = {s.ledger_id for s in record.segments}
+        found = []
+        async for key, raw in client.store.scan(LEDGERS_PREFIX):
+            meta = LedgerMetadata.from_bytes(raw.value).custom_metadata
+            if meta.get("stream") == f"{ns}/{stream}" and meta.get("staged"):
+                found.append(int(key.rsplit("/", 1)[-1]))
+        return sorted(set(found) - segments)
+
+
+async def _staging_jobs(uri: str, stream: str) -> dict[str, str]:
+    """The exactly-once jobs recorded for ``stream`` ("ns/stream"): job -> state."""
+    async with Client.connect(uri) as client:
+        return {StagingRecord.from_bytes(raw.value).job: StagingRecord.from_bytes(raw.value).state
+                async for _, raw in client.store.scan(staging_prefix(stream))}
 
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:

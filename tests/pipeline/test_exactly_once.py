@@ -12,12 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, dying_frame
+from _pipeline_support import _append, _ns, _read, _staged_outside, dying_frame
 
-from scriba.client import Client
-from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.pipeline.source import ScribaCommit, ScribaDataSource
-from scriba.stream import open_namespace
 from scriba.testing.checkers.acked_set import check_acked_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -27,19 +24,6 @@ def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
     result = check_acked_set(wanted, wanted, read)
     assert result.ok and not result.duplicated, result.explain()
     assert read == wanted  # and in order
-
-
-async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
-    """Ledgers staged for ``ns/stream`` that are not (or no longer) its segments."""
-    async with Client.connect(uri) as client:
-        record = (await (await open_namespace(client, ns)).catalog.read_stream(stream)).value
-        segments = {s.ledger_id for s in record.segments}
-        found = []
-        async for key, raw in client.store.scan(LEDGERS_PREFIX):
-            meta = LedgerMetadata.from_bytes(raw.value).custom_metadata
-            if meta.get("stream") == f"{ns}/{stream}" and meta.get("staged"):
-                found.append(int(key.rsplit("/", 1)[-1]))
-        return sorted(set(found) - segments)
 
 
 def test_task_killed_mid_write_then_rerun_is_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:
