@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from scriba.errors import (
     BadVersionError,
+    ConfigError,
     KeyExistsError,
     NamespaceNotFoundError,
     NoSuchKeyError,
@@ -23,19 +24,21 @@ from scriba.errors import (
 )
 from scriba.log import get_logger
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
-from scriba.meta.store import Versioned
+from scriba.meta.store import Check, Delete, Put, Versioned
 from scriba.pipeline.access import Access
 from scriba.pipeline.plan import split_stream
 from scriba.pipeline.staging import (
     Collect,
     GcStep,
     RollForward,
+    SinkRecord,
     StagedLedger,
     StagedWriteCollectedError,
     StagingRecord,
     StagingRow,
     begin_commit,
     plan_gc,
+    sink_key,
     staging_key,
     staging_prefix,
 )
@@ -46,7 +49,7 @@ log = get_logger(__name__)
 
 def start_job(access: Access, stream: str, job: str) -> None:
     """The job's staging record, before any task stages a ledger."""
-    record = StagingRecord(job, stream, int(time.time() * 1000), f"{socket.gethostname()}:{os.getpid()}")
+    record = StagingRecord(job, stream, int(time.time() * 1000), _owner())
     try:
         access.run(access.client.store.create(staging_key(stream, job), record.to_bytes()))
     except KeyExistsError:
@@ -96,8 +99,8 @@ def abort_job(access: Access, stream: str, job: str) -> None:
     store, key = access.client.store, staging_key(stream, job)
     try:
         raw = access.run(store.get(key))
-    except NoSuchKeyError:
-        _delete(access, sorted(set(_staged_by(access, job)) - _held(access, stream)))
+    except NoSuchKeyError:  # (a streaming batch's commit point moves a task's ledgers to the batch's record)
+        _delete(access, sorted(set(_staged_by(access, job)) - _held(access, stream) - _listed(access, stream)))
         return
     row = StagingRow(key, raw.version, StagingRecord.from_bytes(raw.value))
     if row.record.state == "committing":
@@ -105,6 +108,83 @@ def abort_job(access: Access, stream: str, job: str) -> None:
         _roll_forward(access, row, others=None)
         return
     _collect(access, row, _staged_by(access, job))
+
+
+# --- the exactly-once streaming sink: one commit per micro-batch -----------------------------
+BATCH_TASKS_MAX = 60
+"""Task jobs one micro-batch's commit can take in its one transaction (etcd's 128 operations:
+two per task, four for the batch)."""
+
+
+def commit_batch(access: Access, stream: str, sink: str, batch_id: int, parts: list[tuple[str, list[int]]]) -> bool:
+    """Commit micro-batch ``batch_id`` of ``sink``: ``parts`` are its tasks' (job, staged
+    ledgers) in partition order. False: a replayed batch (already committed), whose
+    staged ledgers are deleted. Raises :class:`StagedWriteCollectedError` if the
+    collector took one of its tasks' jobs (nothing of the batch is adopted)."""
+    if len(parts) > BATCH_TASKS_MAX:
+        raise ConfigError(f"an exactly-once micro-batch commits at most {BATCH_TASKS_MAX} tasks in one "
+                          f"transaction, this one has {len(parts)}: coalesce() the stream before writeStream")
+    store, key = access.client.store, sink_key(stream, sink)
+    while True:
+        try:
+            raw = access.run(store.get(key))
+            version: int | None = raw.version
+            progress = SinkRecord.from_bytes(raw.value)
+        except NoSuchKeyError:
+            version, progress = None, SinkRecord()
+        if progress.job:  # the last batch's commit, if its driver died past the commit point
+            _finish_if_committing(access, stream, progress.job)
+        if batch_id <= progress.batch:
+            log.info("pipeline_batch_replayed", stream=stream, sink=sink, batch=batch_id, last=progress.batch)
+            for job, _ in parts:
+                abort_job(access, stream, job)
+            return False
+        checks = [Check(key, version)]
+        writes: list[Put | Delete] = []
+        for job, _ in parts:
+            try:
+                checks.append(Check(staging_key(stream, job), access.run(store.get(staging_key(stream, job))).version))
+            except NoSuchKeyError:
+                raise StagedWriteCollectedError(
+                    f"stream {stream}: batch {batch_id}'s task job {job} is gone (collected after the grace "
+                    "period): nothing of the batch was adopted") from None
+            writes.append(Delete(staging_key(stream, job)))
+        job = f"{sink}-{batch_id}"
+        record = StagingRecord(job, stream, int(time.time() * 1000), _owner(), "committing",
+                               tuple(i for _, ledgers in parts for i in ledgers))
+        checks.append(Check(staging_key(stream, job), None))
+        writes += [Put(staging_key(stream, job), record.to_bytes()), Put(key, SinkRecord(batch_id, job).to_bytes())]
+        try:
+            access.run(store.txn(checks, writes))
+        except BadVersionError:
+            continue  # a collector or a twin commit moved: read again
+        finish_commit(access, StagingRow(staging_key(stream, job), 0, record))
+        return True
+
+
+def abort_batch(access: Access, stream: str, sink: str, batch_id: int, jobs: list[str]) -> None:
+    """Spark gave batch ``batch_id`` up: its tasks' staged ledgers are deleted, unless the
+    batch passed its commit point (then its commit is finished)."""
+    try:
+        progress = SinkRecord.from_bytes(access.run(access.client.store.get(sink_key(stream, sink))).value)
+    except NoSuchKeyError:
+        progress = SinkRecord()
+    if progress.job:
+        _finish_if_committing(access, stream, progress.job)
+    for job in jobs:
+        abort_job(access, stream, job)
+
+
+def _finish_if_committing(access: Access, stream: str, job: str) -> None:
+    try:
+        raw = access.run(access.client.store.get(staging_key(stream, job)))
+    except NoSuchKeyError:
+        return  # finished
+    finish_commit(access, StagingRow(staging_key(stream, job), raw.version, StagingRecord.from_bytes(raw.value)))
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -213,6 +293,12 @@ def _held(access: Access, stream: str) -> set[int]:
     except (NamespaceNotFoundError, StreamNotFoundError):
         return set()
     return {s.ledger_id for s in record.segments} | set(record.deleting)
+
+
+def _listed(access: Access, stream: str) -> set[int]:
+    """The ledgers ``committing`` records of ``stream`` will adopt."""
+    records = [StagingRecord.from_bytes(raw.value) for _, raw in _scan(access, staging_prefix(stream))]
+    return {i for rec in records if rec.state == "committing" for i in rec.ledgers}
 
 
 def _truncated_before(access: Access, stream: str) -> Position:

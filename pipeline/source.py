@@ -34,6 +34,8 @@ Write guarantee (``mode("append")``), by ``option("delivery", ...)``:
 from __future__ import annotations
 
 import datetime
+import hashlib
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -58,7 +61,14 @@ from pyspark.sql.types import StructType
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
 from scriba.pipeline.access import Access, StreamView
-from scriba.pipeline.commit import abort_job, collect_staged, commit_job, start_job
+from scriba.pipeline.commit import (
+    abort_batch,
+    abort_job,
+    collect_staged,
+    commit_batch,
+    commit_job,
+    start_job,
+)
 from scriba.pipeline.plan import (
     SCHEMA_DDL,
     ReadTask,
@@ -123,6 +133,25 @@ class ScribaDataSource(DataSource):
         return ScribaStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        writer = self._writer(schema, overwrite)
+        if writer.exactly_once:
+            writer.start()
+        return writer
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``writeStream.format("scriba")``; exactly-once needs a stable sink id: option
+        ``sinkId``, or the query's ``checkpointLocation`` (the same on every restart)."""
+        writer = self._writer(schema, overwrite)
+        opts = {k.lower(): v for k, v in self.options.items()}
+        sink = opts.get("sinkid", "").strip()
+        if not sink and opts.get("checkpointlocation", "").strip():
+            sink = "cp" + hashlib.sha256(opts["checkpointlocation"].strip().encode()).hexdigest()[:24]
+        if writer.exactly_once and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", sink):
+            raise ConfigError("an exactly-once streaming write needs option('checkpointLocation') or "
+                              f"option('sinkId', [A-Za-z0-9_.-]+): the same on every restart of the query; got {sink!r}")
+        return ScribaStreamWriter(writer, sink)
+
+    def _writer(self, schema: StructType, overwrite: bool) -> ScribaWriter:
         if overwrite:
             raise ConfigError("a scriba stream is append-only: use mode('append')")
         if "payload" not in schema.fieldNames():
@@ -134,11 +163,8 @@ class ScribaDataSource(DataSource):
         delivery = opts.get("delivery", "at-least-once").strip().lower()
         if delivery not in ("at-least-once", "exactly-once"):
             raise ConfigError(f"option delivery={delivery!r}: expected at-least-once or exactly-once")
-        writer = ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames(),
-                              delivery == "exactly-once", uuid.uuid4().hex)
-        if writer.exactly_once:
-            writer.start()
-        return writer
+        return ScribaWriter(parse_options(self.options), stream, "headers" in schema.fieldNames(),
+                            delivery == "exactly-once", uuid.uuid4().hex)
 
 
 class ScribaBatchReader(DataSourceReader):
@@ -242,6 +268,7 @@ class ScribaCommit(WriterCommitMessage):
     first: str | None
     last: str | None
     staged: tuple[int, ...] = ()  # exactly-once: the task's staged ledgers, in order
+    job: str = ""  # exactly-once: the job they are staged under
 
 
 class ScribaWriter(DataSourceWriter):
@@ -268,6 +295,11 @@ class ScribaWriter(DataSourceWriter):
             start_job(access, self.stream, self.job)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return self.write_as(iterator, self.job)
+
+    def write_as(self, iterator: Iterator[Any], job: str, *, record_job: bool = False) -> ScribaCommit:
+        """One task's rows; exactly-once: staged under ``job`` (``record_job``: the task
+        records the job itself, as a streaming sink's tasks do)."""
         def rows() -> Iterator[tuple[bytes, dict[str, bytes] | None]]:
             for row in iterator:
                 payload = row["payload"]
@@ -279,12 +311,13 @@ class ScribaWriter(DataSourceWriter):
                 yield bytes(payload), ({k: bytes(v) for k, v in headers.items()} if headers else None)
 
         opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with self._access() as access:
             if self.exactly_once:
+                if record_job:
+                    start_job(access, self.stream, job)
                 counted = _Counted(rows())
-                staged = access.stage(self.stream, counted, self.job,
-                                      records_per_ledger=opts.max_records_per_partition)
-                return ScribaCommit(counted.count, None, None, tuple(staged))
+                staged = access.stage(self.stream, counted, job, records_per_ledger=opts.max_records_per_partition)
+                return ScribaCommit(counted.count, None, None, tuple(staged), job)
             count, first, last = access.append(self.stream, rows(), create=opts.create_stream)
         return ScribaCommit(count, str(first) if first else None, str(last) if last else None)
 
@@ -304,6 +337,36 @@ class ScribaWriter(DataSourceWriter):
             return
         with self._access() as access:
             abort_job(access, self.stream, self.job)
+
+
+class ScribaStreamWriter(DataSourceStreamWriter):
+    """``writeStream.format("scriba")``: each micro-batch's tasks write as the batch writer's
+    do. Exactly-once: each task stages under a job of its own and the batch's ``commit``
+    adopts them all in one commit point, idempotent per batch id
+    (:func:`~scriba.pipeline.commit.commit_batch`): a batch Spark replays after a
+    restart is discarded if it was committed."""
+
+    def __init__(self, writer: ScribaWriter, sink: str) -> None:
+        self.writer = writer
+        self.sink = sink
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return self.writer.write_as(iterator, uuid.uuid4().hex, record_job=True)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        w = self.writer
+        if not w.exactly_once:
+            return
+        parts = [(m.job, list(m.staged)) for m in messages if isinstance(m, ScribaCommit)]
+        with w._access() as access:
+            commit_batch(access, w.stream, self.sink, batchId, parts)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        w = self.writer
+        if not w.exactly_once:
+            return
+        with w._access() as access:
+            abort_batch(access, w.stream, self.sink, batchId, [m.job for m in messages if isinstance(m, ScribaCommit)])
 
 
 class _Counted:

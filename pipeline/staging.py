@@ -25,7 +25,18 @@ wins, the collector's delete fails and it takes nothing. A ``committing`` record
 than the grace is rolled forward, never collected. A staged ledger whose job has no
 record (written by a task still running after its job was collected, aborted or
 committed) can never be adopted: once older than the grace it is deleted, unless it is
-a segment of its stream (an adopted ledger keeps its tag).
+a segment of its stream (an adopted ledger keeps its tag) or a ``committing`` record
+lists it.
+
+The exactly-once streaming sink (one commit per micro-batch, idempotent per batch id)
+has each task record its own job (the Python Data Source API tells a task nothing of
+its batch); the batch's commit point is ONE transaction that checks every task's
+record at the version read and the sink's record (``pipeline/sinks/<ns>/<stream>/<sink>``:
+the last batch committed and its job), deletes the task records, creates the batch's
+``committing`` record listing all their ledgers and advances the sink's batch. A
+replayed batch (its id not above the sink's) is discarded; a batch whose driver died
+past its commit point is finished by the next batch's commit before its own (order
+kept) or by the collector.
 
 The collector reads in this order: the ledgers (tags, creation times), then the
 records, then each stream. A ledger's job record is created before the ledger, so a
@@ -89,6 +100,30 @@ def staging_prefix(stream: str | None = None) -> str:
 
 def staging_key(stream: str, job: str) -> str:
     return f"{staging_prefix(stream)}{job}"
+
+
+SINKS_PREFIX: Final = "pipeline/sinks/"
+
+
+def sink_key(stream: str, sink: str) -> str:
+    ns, _, name = stream.rpartition("/")
+    return f"{SINKS_PREFIX}{namespace_token(ns)}/{name}/{sink}"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkRecord:
+    """An exactly-once streaming sink's progress: the last micro-batch committed, and its job."""
+
+    batch: int = -1
+    job: str = ""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"batch": self.batch, "job": self.job}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SinkRecord:
+        d = json.loads(data)
+        return cls(int(d["batch"]), str(d.get("job", "")))
 
 
 def begin_commit(record: StagingRecord, ledgers: Sequence[int]) -> StagingRecord:
@@ -162,6 +197,8 @@ def plan_gc(ledgers: Iterable[StagedLedger], records: Iterable[StagingRow], segm
         by_job.setdefault(led.job, []).append(led)
     steps: list[GcStep] = []
     known = set()
+    records = list(records)
+    listed = {i for row in records if row.record.state == "committing" for i in row.record.ledgers}
     for row in records:
         rec = row.record
         known.add(rec.job)
@@ -174,7 +211,8 @@ def plan_gc(ledgers: Iterable[StagedLedger], records: Iterable[StagingRow], segm
         else:
             steps.append(RollForward(row.key, row.version, rec, tuple(i for i in mine if i not in rec.ledgers)))
     loose = sorted(led.ledger_id for job, group in by_job.items() if job not in known for led in group
-                   if led.ledger_id not in segments.get(led.stream, set()) and now_ms - led.ctime_ms >= grace_ms)
+                   if led.ledger_id not in segments.get(led.stream, set()) and led.ledger_id not in listed
+                   and now_ms - led.ctime_ms >= grace_ms)
     if loose:
         steps.append(DeleteLoose(tuple(loose)))
     return steps

@@ -1,0 +1,125 @@
+"""The exactly-once streaming sink (``writeStream.format("scriba")``, ``delivery`` exactly-once),
+on real bookies and etcd: a query from one stream into another delivers every record once
+and in order, across a restart from its checkpoint; a batch Spark replays after a restart
+is discarded; a batch whose driver died past its commit point is finished (by the next
+batch's commit, before its own, or by Spark's abort) and never duplicated."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pipeline_support import _append, _ns, _read, _records, _staged_outside, _staging_jobs
+
+import scriba.pipeline.commit as commit_module
+from scriba.client import Client
+from scriba.errors import InternalError
+from scriba.pipeline.source import ScribaCommit, ScribaDataSource, ScribaStreamWriter
+from scriba.pipeline.staging import SinkRecord, sink_key
+from scriba.testing.checkers.acked_set import check_acked_set
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
+    result = check_acked_set(wanted, wanted, read)
+    assert result.ok and not result.duplicated, result.explain()
+    assert read == wanted
+
+
+def _payloads(uri: str, ns: str, stream: str = "out") -> list[bytes]:
+    return [p for _, p, _ in asyncio.run(_read(uri, ns, stream))]
+
+
+async def _sink_record(uri: str, stream: str, sink: str) -> SinkRecord:
+    async with Client.connect(uri) as client:
+        return SinkRecord.from_bytes((await client.store.get(sink_key(stream, sink))).value)
+
+
+def _copy(spark: Any, uri: str, ns: str, checkpoint: Path) -> None:
+    query = (spark.readStream.format("scriba").option("metadata", uri).option("stream", f"{ns}/s")
+             .option("maxRecordsPerTrigger", "40").load().select("payload", "headers")
+             .writeStream.format("scriba").option("metadata", uri).option("stream", f"{ns}/out")
+             .option("delivery", "exactly-once").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert not query.isActive and query.exception() is None
+
+
+def test_stream_to_stream_exactly_once_across_a_restart(spark: Any, uri: str, tmp_path: Path) -> None:
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "s", _records(120)))
+    asyncio.run(_append(uri, ns, "out", []))
+    checkpoint = tmp_path / "checkpoint"
+    _copy(spark, uri, ns, checkpoint)
+    source = asyncio.run(_read(uri, ns, "s"))
+    out = asyncio.run(_read(uri, ns, "out"))
+    assert [(p, h) for _, p, h in out] == [(p, h) for _, p, h in source]  # payloads and headers, in order
+    asyncio.run(_append(uri, ns, "s", _records(50, "m")))
+    _copy(spark, uri, ns, checkpoint)  # the restarted query: only the new records, once
+    _exactly_once([p for _, p, _ in asyncio.run(_read(uri, ns, "s"))], _payloads(uri, ns))
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == [] and asyncio.run(_staging_jobs(uri, f"{ns}/out")) == {}
+
+
+def _sink_writer(uri: str, ns: str) -> ScribaStreamWriter:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    source = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "delivery": "exactly-once",
+                               "sinkId": "q1", "maxRecordsPerPartition": "30"})
+    writer = source.streamWriter(StructType([StructField("payload", BinaryType())]), False)
+    assert isinstance(writer, ScribaStreamWriter)
+    return writer
+
+
+def _batch(writer: ScribaStreamWriter, tag: str) -> ScribaCommit:
+    message = writer.write(iter([{"payload": b"%s%d" % (tag.encode(), i)} for i in range(40)]))
+    assert isinstance(message, ScribaCommit) and message.staged and message.job
+    return message
+
+
+def _rows(*tags: str) -> list[bytes]:
+    return [b"%s%d" % (t.encode(), i) for t in tags for i in range(40)]
+
+
+def test_replays_and_commits_dying_past_the_commit_point(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", []))
+    w = _sink_writer(uri, ns)
+    w.commit([_batch(w, "a"), _batch(w, "b")], 0)  # two tasks, one batch
+    _exactly_once(_rows("a", "b"), _payloads(uri, ns))
+    replay = _batch(w, "a")  # Spark re-runs batch 0 after a restart (its commit log was lost)
+    w.commit([replay], 0)
+    _exactly_once(_rows("a", "b"), _payloads(uri, ns))
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == []  # the replay's staged ledgers deleted
+
+    real_finish = commit_module.finish_commit
+
+    def dies(*args: Any) -> None:
+        raise InternalError("the driver died past the commit point")
+
+    monkeypatch.setattr(commit_module, "finish_commit", dies)
+    with pytest.raises(InternalError):
+        w.commit([_batch(w, "c")], 1)
+    monkeypatch.setattr(commit_module, "finish_commit", real_finish)
+    assert _payloads(uri, ns) == _rows("a", "b")  # past the commit point, not yet adopted
+    assert asyncio.run(_sink_record(uri, f"{ns}/out", "q1")).batch == 1
+    w.commit([_batch(w, "c")], 1)  # the restarted query replays batch 1: the dead commit is finished
+    _exactly_once(_rows("a", "b", "c"), _payloads(uri, ns))
+    w.commit([_batch(w, "d")], 2)
+    _exactly_once(_rows("a", "b", "c", "d"), _payloads(uri, ns))
+
+    monkeypatch.setattr(commit_module, "finish_commit", dies)
+    late = _batch(w, "e")
+    with pytest.raises(InternalError):
+        w.commit([late], 3)
+    monkeypatch.setattr(commit_module, "finish_commit", real_finish)
+    w.abort([late], 3)  # Spark's abort after a commit that failed past its commit point: finished
+    _exactly_once(_rows("a", "b", "c", "d", "e"), _payloads(uri, ns))
+
+    given_up = _batch(w, "f")
+    w.abort([given_up], 4)  # before the commit point: nothing visible, nothing left
+    _exactly_once(_rows("a", "b", "c", "d", "e"), _payloads(uri, ns))
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == [] and asyncio.run(_staging_jobs(uri, f"{ns}/out")) == {}
+    assert asyncio.run(_sink_record(uri, f"{ns}/out", "q1")).batch == 3
