@@ -25,6 +25,9 @@ from scriba.stream.position import Position
 
 MAX_RECORDS_PER_PARTITION_DEFAULT: Final = 100_000
 CALL_TIMEOUT_S_DEFAULT: Final = 120.0
+WRITER_LOCK_TIMEOUT_S_DEFAULT: Final = 3600.0
+"""How long a write task waits for the stream's writer lock: at-least-once tasks hold it for
+their whole partition and queue behind each other (and an exactly-once commit takes it too)."""
 STAGING_GRACE_S_DEFAULT: Final = 24 * 3600.0
 """How long an exactly-once job's staged ledgers may wait for its commit before a later job
 (or ``scriba pipeline gc-staged``) collects them: see :mod:`scriba.pipeline.staging`."""
@@ -54,6 +57,7 @@ class SourceOptions:
     create_stream: bool = False
     call_timeout_s: float = CALL_TIMEOUT_S_DEFAULT
     staging_grace_s: float = STAGING_GRACE_S_DEFAULT  # exactly-once writes
+    writer_lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT  # writes
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -82,6 +86,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         create_stream=_bool(opts, "createstream", False),
         call_timeout_s=float(_positive(opts, "calltimeouts") or CALL_TIMEOUT_S_DEFAULT),
         staging_grace_s=_seconds(opts, "staginggraces", STAGING_GRACE_S_DEFAULT),
+        writer_lock_timeout_s=_seconds(opts, "writerlocktimeouts", WRITER_LOCK_TIMEOUT_S_DEFAULT),
     )
 
 

@@ -1,4 +1,4 @@
-"""The ``scriba`` PySpark data source: batch and streaming reads, batch writes.
+"""The ``scriba`` PySpark data source: batch and streaming reads and writes.
 
 Everything Spark pickles (the source, readers, partitions) holds only options and
 plain values; connections are opened inside ``read()``/``write()`` on the executor
@@ -21,13 +21,18 @@ Write guarantee (``mode("append")``), by ``option("delivery", ...)``:
   ``scriba pipeline gc-staged``) deletes once the record is older than
   ``stagingGraceS`` (default one day); after it, they are adopted (rolled forward). A
   commit that loses the race to the collector fails and adopts nothing.
+  Streaming (``writeStream.format("scriba")``): the same per micro-batch, idempotent per
+  batch id (:class:`ScribaStreamWriter`): a batch Spark replays after a restart adds
+  nothing if it was committed. The sink is named by ``option("sinkId")`` or, by
+  default, the query's ``checkpointLocation``.
 - ``at-least-once`` (the default): each task takes the stream's writer lock for
   its whole partition and appends its rows in order, as one contiguous run of
   records in a fresh segment, and returns only once every record is confirmed by an
   ack quorum. If a task dies after some of its records were confirmed, those stay in
   the stream and Spark's retry appends the partition again (duplicates of that
   prefix); ``abort`` cannot remove them. Tasks of one job write one after another
-  (they queue on the lock). tests/pipeline/test_kill.py kills a task's Python worker
+  (they queue on the lock, ``writerLockTimeoutS``, default an hour, each).
+  tests/pipeline/test_kill.py kills a task's Python worker
   mid-write and checks exactly this.
 """
 
@@ -281,7 +286,8 @@ class ScribaWriter(DataSourceWriter):
         self.job = job  # made on the driver, pickled to every task: tags the staged ledgers
 
     def _access(self) -> Access:
-        return Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s)
+        return Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s,
+                      lock_timeout_s=self.opts.writer_lock_timeout_s)
 
     def start(self) -> None:
         """Exactly-once, on the driver before any task: collect the stream's orphaned staging

@@ -85,3 +85,32 @@ def test_checker_negative_control_at_least_once_retry_duplicates(uri: str) -> No
     job.commit([job.write(iter(rows))])  # attempt 2
     with pytest.raises(AssertionError, match="read more than once: 20"):
         _exactly_once([r["payload"] for r in rows], [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
+
+
+def test_write_task_waits_for_the_writer_lock_as_long_as_asked(uri: str) -> None:
+    """At-least-once tasks queue on the stream's writer lock (a 1M-row job's second task waited
+    longer than the stream layer's 30 s default and failed): they wait ``writerLockTimeoutS``."""
+    import threading
+
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from scriba.errors import WriterLockedError
+    from scriba.pipeline.access import Access
+
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", []))
+    schema = StructType([StructField("payload", BinaryType())])
+    rows = [{"payload": b"r%d" % i} for i in range(20)]
+    with Access(uri) as holder:
+        held = holder.run(holder.namespace(ns).open_writer("out"))  # an earlier task, still writing
+        short = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "writerLockTimeoutS": "1"})
+        with pytest.raises(WriterLockedError, match=r"not free within 1\.0 s"):
+            short.writer(schema, False).write(iter(rows))
+        release = threading.Thread(target=lambda: holder.run(held.close()))
+        long = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "writerLockTimeoutS": "600"})
+        release.start()  # whenever it lets go, the waiting task takes the lock and writes
+        try:
+            long.writer(schema, False).write(iter(rows))
+        finally:
+            release.join(60)
+    assert [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))] == [r["payload"] for r in rows]

@@ -53,3 +53,11 @@ def test_plan_collects_old_staging_rolls_forward_committing_and_keeps_young() ->
     ]
     # negative control: with a grace longer than everything's age nothing is touched
     assert plan_gc(ledgers, rows, {"a/b/s": {8}}, now_ms=now, grace_ms=now + 1) == []
+
+
+def test_plan_never_deletes_what_a_committing_record_lists() -> None:
+    """A streaming batch's commit point deletes its tasks' records and lists their ledgers in the
+    batch's committing record: those ledgers have no job record but are not loose."""
+    ledgers = [StagedLedger(1, "task1", "a/b/s", 0), StagedLedger(2, "task2", "a/b/s", 0)]
+    batch = _row("q1-0", 10_000, "committing", (1,))  # young: not rolled forward yet
+    assert plan_gc(ledgers, [batch], {"a/b/s": set()}, now_ms=10_000, grace_ms=GRACE_MS) == [DeleteLoose((2,))]
