@@ -25,6 +25,7 @@ from scriba.errors import (
 from scriba.log import get_logger
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.meta.store import Check, Delete, Put, Versioned
+from scriba.meta.update import UPDATE_ATTEMPTS_MAX
 from scriba.pipeline.access import Access
 from scriba.pipeline.plan import split_stream
 from scriba.pipeline.staging import (
@@ -69,7 +70,7 @@ def pass_commit_point(access: Access, stream: str, job: str, ledgers: list[int])
     repeated commit that already finished. Raises :class:`StagedWriteCollectedError` if the
     record is gone and the ledgers are not in the stream."""
     store, key = access.client.store, staging_key(stream, job)
-    while True:
+    for _ in range(UPDATE_ATTEMPTS_MAX):  # a lost CAS is re-read: the record is then gone or committing
         try:
             raw = access.run(store.get(key))
         except NoSuchKeyError:
@@ -86,6 +87,7 @@ def pass_commit_point(access: Access, stream: str, job: str, ledgers: list[int])
             return StagingRow(key, access.run(store.set(key, new.to_bytes(), expected_version=raw.version)), new)
         except (BadVersionError, NoSuchKeyError):
             continue  # the collector (or a twin commit) got there first: read what it did
+    raise BadVersionError(f"stream {stream}: job {job}'s staging record kept changing ({UPDATE_ATTEMPTS_MAX} reads)")
 
 
 def finish_commit(access: Access, row: StagingRow) -> None:
@@ -125,7 +127,7 @@ def commit_batch(access: Access, stream: str, sink: str, batch_id: int, parts: l
         raise ConfigError(f"an exactly-once micro-batch commits at most {BATCH_TASKS_MAX} tasks in one "
                           f"transaction, this one has {len(parts)}: coalesce() the stream before writeStream")
     store, key = access.client.store, sink_key(stream, sink)
-    while True:
+    for _ in range(UPDATE_ATTEMPTS_MAX):  # a lost transaction is re-read: a task job collected, or a replay
         try:
             raw = access.run(store.get(key))
             version: int | None = raw.version
@@ -160,6 +162,7 @@ def commit_batch(access: Access, stream: str, sink: str, batch_id: int, parts: l
             continue  # a collector or a twin commit moved: read again
         finish_commit(access, StagingRow(staging_key(stream, job), 0, record))
         return True
+    raise BadVersionError(f"stream {stream}: sink {sink}'s records kept changing ({UPDATE_ATTEMPTS_MAX} reads)")
 
 
 def abort_batch(access: Access, stream: str, sink: str, batch_id: int, jobs: list[str]) -> None:
