@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from scriba.client import Client
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.pipeline.staging import StagingRecord, staging_prefix
 from scriba.stream import Position, open_namespace
+from scriba.testing.checkers.acked_set import check_acked_set
 
 Rec = tuple[str, bytes, dict[str, bytes]]
 
@@ -67,6 +71,28 @@ async def _staging_jobs(uri: str, stream: str) -> dict[str, str]:
     async with Client.connect(uri) as client:
         return {StagingRecord.from_bytes(raw.value).job: StagingRecord.from_bytes(raw.value).state
                 async for _, raw in client.store.scan(staging_prefix(stream))}
+
+
+def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
+    """The acked-set checker (nothing lost, nothing unexpected, nothing twice) and the order."""
+    result = check_acked_set(wanted, wanted, read)
+    assert result.ok and not result.duplicated, result.explain()
+    assert read == wanted  # and in order
+
+
+def _payloads(uri: str, ns: str, stream: str = "out") -> list[bytes]:
+    return [p for _, p, _ in asyncio.run(_read(uri, ns, stream))]
+
+
+def _until(cond: Any, what: str, bound_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Wait for ``cond()`` while the child ``proc`` lives, at most ``bound_s``."""
+    deadline = time.monotonic() + bound_s
+    while not cond():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {bound_s} s: {what}")
+        time.sleep(0.1)
 
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:

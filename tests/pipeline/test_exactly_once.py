@@ -12,18 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, _staged_outside, dying_frame
+from _pipeline_support import _append, _exactly_once, _ns, _read, _staged_outside, dying_frame
 
 from scriba.pipeline.source import ScribaCommit, ScribaDataSource
-from scriba.testing.checkers.acked_set import check_acked_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
-    result = check_acked_set(wanted, wanted, read)
-    assert result.ok and not result.duplicated, result.explain()
-    assert read == wanted  # and in order
 
 
 def test_task_killed_mid_write_then_rerun_is_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:

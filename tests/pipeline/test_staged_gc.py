@@ -16,12 +16,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, _staged_outside, _staging_jobs, main
+from _pipeline_support import (
+    _append,
+    _exactly_once,
+    _ns,
+    _payloads,
+    _staged_outside,
+    _staging_jobs,
+    _until,
+    main,
+)
 
 from scriba.client import Client
 from scriba.errors import NoSuchLedgerError
@@ -36,14 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 CHILD = Path(__file__).with_name("_write_child.py")
 
 
-def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
-    result = check_acked_set(wanted, wanted, read)
-    assert result.ok and not result.duplicated, result.explain()
-    assert read == wanted
 
 
-def _payloads(uri: str, ns: str) -> list[bytes]:
-    return [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))]
 
 
 async def _exists(uri: str, ledger_id: int) -> bool:
@@ -62,14 +64,6 @@ def _gc(uri: str, stream: str, capsys: pytest.CaptureFixture[str], *grace: str) 
     return report
 
 
-def _until(cond: Any, what: str, bound_s: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + bound_s
-    while not cond():
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {bound_s} s: {what}")
-        time.sleep(0.2)
 
 
 def test_driver_killed_before_commit_is_collected_by_the_next_job(

@@ -11,26 +11,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, _records, _staged_outside, _staging_jobs
+from _pipeline_support import (
+    _append,
+    _exactly_once,
+    _ns,
+    _payloads,
+    _read,
+    _records,
+    _staged_outside,
+    _staging_jobs,
+)
 
 import scriba.pipeline.commit as commit_module
 from scriba.client import Client
 from scriba.errors import InternalError
 from scriba.pipeline.source import ScribaCommit, ScribaDataSource, ScribaStreamWriter
 from scriba.pipeline.staging import SinkRecord, sink_key
-from scriba.testing.checkers.acked_set import check_acked_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
-    result = check_acked_set(wanted, wanted, read)
-    assert result.ok and not result.duplicated, result.explain()
-    assert read == wanted
 
 
-def _payloads(uri: str, ns: str, stream: str = "out") -> list[bytes]:
-    return [p for _, p, _ in asyncio.run(_read(uri, ns, stream))]
 
 
 async def _sink_record(uri: str, stream: str, sink: str) -> SinkRecord:
