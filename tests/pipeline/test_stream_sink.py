@@ -2,11 +2,17 @@
 on real bookies and etcd: a query from one stream into another delivers every record once
 and in order, across a restart from its checkpoint; a batch Spark replays after a restart
 is discarded; a batch whose driver died past its commit point is finished (by the next
-batch's commit, before its own, or by Spark's abort) and never duplicated."""
+batch's commit, before its own, or by Spark's abort) and never duplicated; a query whose
+driver is SIGKILLed mid-batch and restarted from its checkpoint delivers every record
+once, and its dead task's staging set is collected."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,8 @@ from _pipeline_support import (
     _records,
     _staged_outside,
     _staging_jobs,
+    _until,
+    main,
 )
 
 import scriba.pipeline.commit as commit_module
@@ -29,6 +37,8 @@ from scriba.pipeline.source import ScribaCommit, ScribaDataSource, ScribaStreamW
 from scriba.pipeline.staging import SinkRecord, sink_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+SINK_CHILD = Path(__file__).with_name("_sink_child.py")
 
 
 
@@ -125,3 +135,35 @@ def test_replays_and_commits_dying_past_the_commit_point(uri: str, monkeypatch: 
     _exactly_once(_rows("a", "b", "c", "d", "e"), _payloads(uri, ns))
     assert asyncio.run(_staged_outside(uri, ns, "out")) == [] and asyncio.run(_staging_jobs(uri, f"{ns}/out")) == {}
     assert asyncio.run(_sink_record(uri, f"{ns}/out", "q1")).batch == 3
+
+
+def test_driver_killed_mid_batch_restarts_exactly_once(spark: Any, uri: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from _sink_child import query
+
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "s", _records(120)))
+    asyncio.run(_append(uri, ns, "out", []))
+    checkpoint, marker = tmp_path / "checkpoint", tmp_path / "hanging"
+    log = open(tmp_path / "child.log", "wb")
+    proc = subprocess.Popen([sys.executable, str(SINK_CHILD), uri, f"{ns}/s", f"{ns}/out", str(checkpoint),
+                             str(marker)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        _until(marker.exists, "the child hung inside batch 1", 300, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers: one group
+        proc.wait()
+        log.close()
+    source = asyncio.run(_read(uri, ns, "s"))
+    assert _payloads(uri, ns) == [p for _, p, _ in source[:40]]  # batch 0 committed, batch 1 not
+    assert set(asyncio.run(_staging_jobs(uri, f"{ns}/out")).values()) <= {"staging"}  # the dead task's, if any
+    restarted = query(spark, uri, f"{ns}/s", f"{ns}/out", str(checkpoint), None, None)
+    restarted.awaitTermination(300)
+    assert not restarted.isActive and restarted.exception() is None
+    out = asyncio.run(_read(uri, ns, "out"))
+    _exactly_once([p for _, p, _ in source], [p for _, p, _ in out])
+    assert [h for _, _, h in out] == [h for _, _, h in source]
+    capsys.readouterr()
+    assert main(["pipeline", "gc-staged", "--metadata", uri, "--stream", f"{ns}/out", "--grace-s", "0"]) == 0
+    assert asyncio.run(_staged_outside(uri, ns, "out")) == [] and asyncio.run(_staging_jobs(uri, f"{ns}/out")) == {}
+    _exactly_once([p for _, p, _ in source], _payloads(uri, ns))
