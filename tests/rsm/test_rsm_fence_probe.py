@@ -119,7 +119,7 @@ def _fields(config: RsmConfig) -> dict[str, object]:
 async def test_a_deposed_leader_serves_no_stale_read_unless_the_check_is_skipped(
     env: Env, monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
-    """r0 leads and confirms ``set:1``; it then stops noticing deposition (its role core
+    """r0 leads, confirms ``set:1`` and serves a read (proven); it then stops noticing deposition (its role core
     ignores every reason) and gives up its election and stream lock, while one bookie of
     its ledger is down. r1 takes over — fencing r0's ledger on the two bookies it reaches,
     enough (``Qw - Qa + 1``) — and confirms ``set:2``; the bookie comes back, unfenced. A
@@ -140,6 +140,11 @@ async def test_a_deposed_leader_serves_no_stale_read_unless_the_check_is_skipped
     await write(r0, 1)
     term = r0._term
     assert term is not None and r0.role.accepts(term.token)
+    call = time.monotonic()
+    assert await r0.read(b"get") == b"1"  # while it leads: proven by the probe
+    history.append(Operation("reader", "read", None, 1, call, time.monotonic()))
+    proven = term.probes_proven
+    assert proven >= 1
     ledger = term.writer.current_ledger
     assert ledger is not None
     down = BookieId(ledger.metadata.current_ensemble[0])
@@ -167,7 +172,7 @@ async def test_a_deposed_leader_serves_no_stale_read_unless_the_check_is_skipped
     result = check_register(history)
     if check == "probe":
         assert out is None, f"the deposed leader answered {out!r}"
-        assert term.probes_unproven >= 1 and term.probes_proven == 0
+        assert term.probes_unproven >= 1 and term.probes_proven == proven
         assert result.ok, result.explain()
     else:
         assert out == b"1"  # stale: set:2 was confirmed before the read was sent
