@@ -52,9 +52,12 @@ ledger's bookies stand in for the voters):
 3. The index is taken after every read of the round arrived and before the requests
    are sent (``t``). Every write confirmed before a read arrived was either this
    leader's — applied before its caller was answered (``confirm``), so at or below the
-   index — or an older leader's, which this leader replayed before serving; by 2 none
-   was a newer leader's. So the index is at or after every write confirmed before the
-   read arrived: answering from state applied up to it is linearizable.
+   index — or an older leader's, which this leader replayed before serving (it serves
+   only after applying up to the recovered, closed end of every earlier segment: the
+   part Raft's rule "a committed entry of the leader's own term first" plays in etcd's
+   ``committedEntryInCurrentTerm`` and Ratis' read index); by 2 none was a newer
+   leader's. So the index is at or after every write confirmed before the read arrived:
+   answering from state applied up to it is linearizable.
 
 The proof, like the barrier's, needs no clock. It shares the barrier's assumptions:
 fencing is durable on a bookie (a wiped disk refuses to start: cookie), and the
