@@ -30,9 +30,9 @@ stream, like any follower's.
 
 Proposals on a follower are forwarded to the leader over the replica service
 (``forward_proposals``; else ``RsmNotLeaderError`` names the leader's address).
-Linearizable reads on the leader share a barrier append; on a follower they share a
-round trip asking the leader for the barrier's position (a read index) and wait to apply
-up to it (``reading``, ``read_index``).
+Linearizable reads on the leader share a leadership check (a fence probe of its ledger's
+bookies, no fsync; or a barrier append: ``term``); on a follower they share a round trip
+asking the leader for a read index, and wait to apply up to it (``reading``, ``read_index``).
 
 The class is assembled from mixins named for what they hold: ``leading`` (campaign,
 term start, leader watch, transfer), ``reading`` (the three read levels, read index),
