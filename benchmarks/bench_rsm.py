@@ -269,7 +269,13 @@ async def read_checks_side(args: argparse.Namespace, base: Path) -> dict[str, An
             for mode in modes:
                 n, _lat = await timed_load(lambda c=clients[mode]: c.read(b"get"), args.concurrency, args.seconds)
                 out["reads_per_s"][mode].append(round(n / args.seconds))
-        for client in clients.values():
+        out["leader_status"] = {}
+        for mode, client in clients.items():
+            for address in groups[mode].addresses.values():
+                status = await client.status(address)
+                if status["role"] == "leader":
+                    out["leader_status"][mode] = {k: status[k] for k in (
+                        "batches_sent", "read_probes_proven", "read_probes_unproven")}
             await client.close()
         median = {mode: sorted(v)[len(v) // 2] for mode, v in out["reads_per_s"].items()}
         out["median_reads_per_s"] = median

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from rsm_machines import Register
-from test_rsm_inprocess import FAST, Env, leader_of, until
+from test_rsm_inprocess import FAST, Env, _fields, leader_of, until
 
 from scriba.client import LedgerWriter
 from scriba.client.fence_probe import UnfencedProbe, Verdict
@@ -108,10 +108,6 @@ async def test_an_empty_ledger_proves_nothing_and_the_barrier_answers(env: Env) 
     assert term is not None
     assert await r.read(b"get") == b"0"  # no entry yet: the bookies do not know the ledger
     assert term.probes_unproven >= 1 and term.batches_sent >= 1
-
-
-def _fields(config: RsmConfig) -> dict[str, object]:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
 # --- a deposed leader that does not know it -----------------------------------------------
