@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from rsm_machines import Register
@@ -64,19 +62,6 @@ def test_a_timeout_leaves_it_unproven() -> None:
 
 
 # --- against in-process bookies ----------------------------------------------------------
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    e = Env(f"memory://rsm-probe-{uuid.uuid4().hex[:10]}")
-    await e.start()
-    try:
-        yield e
-    finally:
-        for r in e.replicas:
-            if r._stopped is None:
-                await asyncio.wait_for(r.stop(), 10)
-        await e.close()
-
-
 async def test_leader_reads_are_proven_by_the_probe_without_appending(env: Env) -> None:
     r = await env.replica("r0")
     await leader_of([r])
