@@ -3,9 +3,13 @@
     scriba-kv serve --metadata etcd://127.0.0.1:2379/scriba --replica-id r1 \\
         --listen 127.0.0.1:23790 [--peer 127.0.0.1:23800] [--namespace kv --name store]
 
-Starts one RSM replica of the store (its replica service on ``--peer``, by default
+    scriba-kv follow --metadata etcd://127.0.0.1:2479/scriba --replica-id f1 \\
+        --listen 127.0.0.1:23890 [--origin a] [--max-staleness-s 30]
+
+``serve`` starts one RSM replica of the store (its replica service on ``--peer``, by default
 the listen port + 10) and serves etcd's API on ``--listen``. Prints ``READY`` on
-stdout once serving; SIGTERM / SIGINT stop it cleanly.
+stdout once serving; SIGTERM / SIGINT stop it cleanly. ``follow`` starts a read-only
+follower of the store's geo-replicated command stream in another cluster (``follower``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import sys
 
 from scriba.client import Client, ClientConfig
+from scriba.examples.kvstore.follower import add_follow_arguments, follow
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import KvServer
 from scriba.log import configure
@@ -42,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
                        help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
     add_tls_arguments(serve)  # one certificate for etcd clients, peer replicas and the bookies
+    add_follow_arguments(sub.add_parser("follow", help="run a read-only follower of a geo-replicated copy"))
     return parser.parse_args(argv)
 
 
@@ -80,7 +86,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return asyncio.run(serve(args))
+    return asyncio.run(follow(args) if args.command == "follow" else serve(args))
 
 
 if __name__ == "__main__":
