@@ -1,0 +1,209 @@
+"""``StreamFollower`` on a geo-replicated copy of an RSM's command stream (in-process clusters).
+
+Cluster ``a`` runs an RSM replica whose state machine journals every ``(position,
+command)`` it applies; a :class:`~scriba.geo.Replicator` copies its stream into cluster
+``b``; a follower in ``b`` applies the copy. Checked:
+
+- the follower applies exactly what the replica applied, at the replica's positions
+  (its whole replicated state — journal, session table, clock, token — equals the
+  replica's at the same position: the RSM convergence rule across clusters);
+- its staleness bound is exact: while the copy is stopped and ``a`` confirms a command
+  the follower has not applied, ``caught_up_ms`` stays before that confirmation; once
+  the copy resumes it passes it;
+- a record that is not the group's history (written in ``b``, or copied from another
+  cluster than the one named) stops the follower with ``StateMachineError`` before it
+  is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from scriba.client import ClientConfig
+from scriba.client.driver import DriverConfig
+from scriba.errors import StateMachineError
+from scriba.examples.kvstore.follower import geo_locate
+from scriba.geo import Cluster, Replicator
+from scriba.rsm import ReplicatedStateMachine, RsmConfig, SnapshotReader, SnapshotWriter
+from scriba.rsm.envelope import Envelope, Kind
+from scriba.rsm.follower import StreamFollower
+from scriba.stream import Namespace, Position, WriterOptions, open_namespace
+from scriba.testing.sim import InProcessSite
+
+BOOKIES = [f"bk{i}" for i in range(3)]
+CONFIG = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                      driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=0.05))
+RSM = RsmConfig(campaign_backoff_s=0.05, writer_lock_timeout_s=5.0, propose_timeout_s=10.0, read_timeout_s=10.0,
+                snapshot_every_commands=None, snapshot_every_bytes=None)
+NAMESPACE, STREAM = "apps", "journal"
+
+
+class Journal:
+    """Records every command with the position it was applied at."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, str]] = []
+
+    def apply(self, command: bytes, position: Position) -> bytes:
+        self.entries.append((str(position), command.decode()))
+        return str(len(self.entries)).encode()
+
+    def query(self, request: bytes) -> bytes:
+        return json.dumps(self.entries).encode()
+
+    def snapshot(self, out: SnapshotWriter) -> None:
+        out.write(json.dumps(self.entries).encode())
+
+    def restore(self, src: SnapshotReader) -> None:
+        self.entries = [tuple(e) for e in json.loads(src.read())]  # type: ignore[misc]
+
+
+@dataclass
+class World:
+    replica: ReplicatedStateMachine
+    source: Namespace
+    target: Namespace
+    replicator: Replicator | None = None
+    task: asyncio.Task[None] | None = None
+
+    async def start_copy(self) -> None:
+        self.replicator = Replicator(Cluster("b", self.target), STREAM, [Cluster("a", self.source)])
+        self.task = asyncio.create_task(self.replicator.run())
+        await self.replicator.wait_ready(20)
+
+    async def stop_copy(self) -> None:
+        if self.replicator is not None:
+            await self.replicator.stop()
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        self.replicator = self.task = None
+
+    def follower(self, origin: str = "a") -> StreamFollower:
+        async def reference() -> Namespace:
+            return self.source
+        return StreamFollower(self.target, STREAM, Journal(), config=RSM, locate=geo_locate(origin),
+                              reference=reference, check_s=0.05, retry_s=0.05)
+
+
+@contextlib.asynccontextmanager
+async def world() -> AsyncIterator[World]:
+    a = InProcessSite(f"memory://fa-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
+    b = InProcessSite(f"memory://fb-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
+    await a.start()
+    await b.start()
+    replica = ReplicatedStateMachine(await a.client(), namespace=NAMESPACE, name=STREAM, state_machine=Journal(),
+                                     replica_id="r1", config=RSM)
+    w: World | None = None
+    try:
+        await replica.start()
+        source = await open_namespace(await a.client(), NAMESPACE)
+        target = await open_namespace(await b.client(), NAMESPACE, create=True)
+        w = World(replica, source, target)
+        await w.start_copy()
+        yield w
+    finally:
+        if w is not None:
+            await w.stop_copy()
+        await replica.stop()
+        await a.close()
+        await b.close()
+
+
+async def wait_for(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if await got if isinstance(got, Awaitable) else got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def propose(replica: ReplicatedStateMachine, n: int, tag: str) -> None:
+    session = await replica.open_session()
+    for i in range(n):
+        await replica.propose(f"{tag}-{i}".encode(), session=session)
+
+
+async def test_the_follower_applies_the_replicas_history_at_its_positions() -> None:
+    async with world() as w:
+        follower = await w.follower().start()
+        try:
+            await propose(w.replica, 25, "x")
+            await w.replica.read(b"", "linearizable")  # a barrier record too
+            await wait_for(lambda: follower.applied == w.replica.state.applied, "follower at the replica's position")
+            mine, theirs = follower.state, w.replica.state
+            assert mine.machine.entries == theirs.machine.entries  # type: ignore[attr-defined]
+            assert len(mine.machine.entries) == 25  # type: ignore[attr-defined]
+            assert mine.snapshot(1 << 20) == theirs.snapshot(1 << 20)  # sessions, clock, token, counts too
+            assert json.loads(follower.query(b"")) == [list(e) for e in theirs.machine.entries]  # type: ignore[attr-defined]
+            assert follower.stream_applied is not None
+            await wait_for(lambda: follower.caught_up_ms > 0, "a freshness sample settled")
+            assert follower.status()["error"] is None
+        finally:
+            await follower.stop()
+
+
+async def test_the_staleness_bound_holds_while_the_copy_is_stopped() -> None:
+    async with world() as w:
+        follower = await w.follower().start()
+        try:
+            await propose(w.replica, 5, "before")
+            await wait_for(lambda: follower.applied == w.replica.state.applied, "caught up")
+            await w.stop_copy()
+            await propose(w.replica, 3, "during")
+            confirmed_ms = int(time.time() * 1000)  # a is now ahead of anything the follower can apply
+            newest = w.replica.state.applied
+            assert newest is not None
+            await wait_for(lambda: follower.reference_last == newest, "the follower saw the source's new end")
+            for _ in range(20):  # observe: the bound never claims a time after the unapplied confirmation
+                assert follower.applied is not None and follower.applied < newest
+                assert follower.caught_up_ms < confirmed_ms, (follower.caught_up_ms, confirmed_ms)
+                await asyncio.sleep(0.02)
+            assert follower.status()["stale_s"] > 0
+            await w.start_copy()
+            await wait_for(lambda: follower.caught_up_ms > confirmed_ms, "fresh again once the copy resumed")
+            assert follower.applied == newest
+        finally:
+            await follower.stop()
+
+
+@pytest.mark.parametrize("case", ["written-in-b", "other-origin"])
+async def test_a_record_outside_the_groups_history_stops_the_follower(case: str) -> None:
+    async with world() as w:
+        await propose(w.replica, 4, "ok")
+        await wait_for(lambda: _copied(w), "the copy holds the replica's records")
+        if case == "written-in-b":
+            await w.stop_copy()
+            async with await w.target.open_writer(STREAM, options=WriterOptions(lock_timeout_s=5)) as writer:
+                await writer.append(Envelope(Kind.COMMAND, token=10**6, time_ms=0, payload=b"rogue").encode())
+        follower = await w.follower(origin="a" if case == "written-in-b" else "elsewhere").start()
+        try:
+            await wait_for(lambda: follower.error is not None, "the follower stopped")
+            assert isinstance(follower.error, StateMachineError)
+            if case == "written-in-b":
+                assert "no replication mark" in str(follower.error)
+                entries = follower.state.machine.entries  # type: ignore[attr-defined]
+                assert [c for _p, c in entries] == [f"ok-{i}" for i in range(4)]  # the rogue record not applied
+            else:
+                assert "copied from cluster 'a'" in str(follower.error) and follower.applied is None
+            with pytest.raises(StateMachineError):
+                follower.query(b"")
+        finally:
+            await follower.stop()
+
+
+async def _copied(w: World) -> bool:
+    last = await w.target.last_position(STREAM)
+    links = w.replicator.links() if w.replicator is not None else {}
+    return last is not None and "a" in links and links["a"].lag(0).confirmed == w.replica.state.applied
