@@ -2,7 +2,8 @@
 
     scriba geo replicate --source etcd://A/scriba --target etcd://B/scriba --stream kv/store \\
         --source-name a --target-name b
-    scriba-kv follow --metadata etcd://B/scriba --replica-id f1 --listen 127.0.0.1:23890 --origin a
+    scriba-kv follow --metadata etcd://B/scriba --replica-id f1 --listen 127.0.0.1:23890 --origin a \\
+        [--source-metadata etcd://A/scriba] [--max-staleness-s 30]
     etcdctl --endpoints 127.0.0.1:23890 get --consistency=s --prefix ''
 
 The store's replicas in cluster A write their command stream (``kv/store``); the
@@ -27,10 +28,21 @@ writes):
 - ``Status``: ``isLearner``, ``raftTerm`` the source leader's term applied,
   ``raftAppliedIndex`` the commands applied (A's replicas count the same), and in
   ``errors`` a line saying how far behind it is once that exceeds ``stale_after_s``.
-- With ``max_staleness_s`` a follower that has not been caught up with its copy for
-  that long refuses reads (UNAVAILABLE ``etcdserver: learner is too far behind``).
-  The bound is on the follower's lag behind the copy in B; the copy's own lag behind A
-  is the replicator's (``scriba geo status``): the follower cannot see A.
+- With ``max_staleness_s`` a follower that cannot show it is that fresh refuses reads
+  (UNAVAILABLE ``etcdserver: learner is too far behind``: clients move to another
+  endpoint).
+
+How stale, exactly (``scriba.rsm.follower``): with ``--source-metadata`` (read access
+to cluster A) the follower samples the end of A's stream and counts itself fresh as of
+a sample's time only once it has applied up to that position, so the bound covers the
+replicator's lag as well, and grows while A cannot be reached or the copy is stopped.
+Without it the samples come from the copy in B: the bound then covers only the
+follower's own lag behind the copy (the copy's lag is ``scriba geo status``'s).
+
+Limits: a follower replays its copy from the first record on every start (it restores
+no snapshot, so the copy must hold the store's history from its start: replicate from
+the store's creation, before A's snapshots truncate its stream); no TLS on its etcd
+port yet; watches are refused (as on an etcd learner), not served from the copy.
 """
 
 from __future__ import annotations
