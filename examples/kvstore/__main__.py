@@ -35,20 +35,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scriba-kv", description="an HA key-value store speaking etcd's v3 API")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one replica")
-    serve.add_argument("--metadata", required=True, help="metadata URI (etcd://, zk://, memory://)")
-    serve.add_argument("--replica-id", required=True)
-    serve.add_argument("--listen", required=True, help="host:port for etcd clients")
+    add_store_arguments(serve, "metadata URI (etcd://, zk://, memory://)")
     serve.add_argument("--peer", help="host:port of the RSM replica service (default: listen port + 10)")
-    serve.add_argument("--namespace", default="kv")
-    serve.add_argument("--name", default="store")
     serve.add_argument("--zone", default="")
     serve.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
     serve.add_argument("--session-timeout-s", type=float, default=2.0)
     serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
                        help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
     add_tls_arguments(serve)  # one certificate for etcd clients, peer replicas and the bookies
-    add_follow_arguments(sub.add_parser("follow", help="run a read-only follower of a geo-replicated copy"))
+    follow = sub.add_parser("follow", help="run a read-only follower of a geo-replicated copy")
+    add_store_arguments(follow, "metadata URI of the cluster holding the copy")
+    add_follow_arguments(follow)
     return parser.parse_args(argv)
+
+
+def add_store_arguments(command: argparse.ArgumentParser, metadata_help: str) -> None:
+    """What every process of the store is told: where, who, which group."""
+    command.add_argument("--metadata", required=True, help=metadata_help)
+    command.add_argument("--replica-id", required=True)
+    command.add_argument("--listen", required=True, help="host:port for etcd clients")
+    command.add_argument("--namespace", default="kv")
+    command.add_argument("--name", default="store")
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -228,11 +228,7 @@ class FollowerServer:
 
 
 def add_follow_arguments(follow: argparse.ArgumentParser) -> None:
-    follow.add_argument("--metadata", required=True, help="metadata URI of the cluster holding the copy")
-    follow.add_argument("--replica-id", required=True)
-    follow.add_argument("--listen", required=True, help="host:port for etcd clients")
-    follow.add_argument("--namespace", default="kv")
-    follow.add_argument("--name", default="store")
+    """The follower's own options (beside the store's common ones, ``__main__``)."""
     follow.add_argument("--origin", help="the store's own cluster name (records copied from elsewhere stop it)")
     follow.add_argument("--source-metadata", help="metadata URI of the store's own cluster: staleness is then "
                                                   "measured against its stream (else against the copy)")

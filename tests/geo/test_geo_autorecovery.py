@@ -43,6 +43,7 @@ from scriba.meta.records import (
 from scriba.meta.store import MetadataStore
 from scriba.placement import BookieNode, Topology, make_policy
 from scriba.testing.sim import StorageTransport
+from scriba.testing.waiting import eventually
 
 PASSWORD = b"pw"
 REGION_OF = {"e1": "east", "e2": "east", "e3": "east", "w1": "west", "w2": "west", "w3": "west"}
@@ -109,12 +110,7 @@ def test_a_segment_already_short_of_regions_can_still_move_off_a_lost_bookie() -
 
 # --- auditor and worker end to end (in-process bookies) ---------------------------------
 async def wait_async(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await cond():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
+    await eventually(cond, timeout_s, what=what, interval_s=0.02)
 
 
 @contextlib.asynccontextmanager
@@ -148,8 +144,7 @@ async def lose(store: MetadataStore, transport: StorageTransport, client: Client
 async def write_region_ledger(client: Client) -> tuple[LedgerMetadata, str]:
     """A closed region-aware ledger, and the bookie of its ensemble alone in its region."""
     writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
-    for i in range(40):
-        writer.append_async(b"entry-%d" % i)
+    await asyncio.gather(*[writer.append_async(b"entry-%d" % i) for i in range(40)])  # pipelined, in order
     await writer.append(b"last")
     await writer.close()
     md = await client.ledger_metadata(writer.ledger_id)

@@ -42,6 +42,7 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 from scriba.embedded.kvstore import KvCluster
 from scriba.embedded.process import ServerProcess, free_port, python_module_argv
 from scriba.testing.cluster import LocalCluster
+from scriba.testing.waiting import eventually
 
 _KV_TESTS = str(Path(__file__).resolve().parents[1] / "examples" / "kvstore")
 if _KV_TESTS not in sys.path:
@@ -177,11 +178,8 @@ def check_prefix(geo: GeoKv, sample: tuple[int, list[tuple[str, str, int, int, i
 
 
 async def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = CATCH_UP_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await asyncio.to_thread(cond):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.2)
+    """``cond`` runs etcdctl (blocking): off the loop, every 0.2 s, until a deadline."""
+    await eventually(lambda: asyncio.to_thread(cond), timeout_s, what=what, interval_s=0.2)
 
 
 def caught_up(geo: GeoKv, name: str, revision: int) -> bool:

@@ -37,6 +37,7 @@ from scriba.rsm.envelope import Envelope, Kind
 from scriba.rsm.follower import StreamFollower
 from scriba.stream import Namespace, Position, WriterOptions, open_namespace
 from scriba.testing.sim import InProcessSite
+from scriba.testing.waiting import eventually
 
 BOOKIES = [f"bk{i}" for i in range(3)]
 CONFIG = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
@@ -119,14 +120,7 @@ async def world() -> AsyncIterator[World]:
 
 
 async def wait_for(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if await got if isinstance(got, Awaitable) else got:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.02)
+    await eventually(cond, timeout_s, what=what, interval_s=0.02)
 
 
 async def propose(replica: ReplicatedStateMachine, n: int, tag: str) -> None:
