@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,7 @@ from scriba.autorecovery.records import UNDERREPLICATED_PREFIX, UnderReplicated
 from scriba.autorecovery.replicas import check_replicas
 from scriba.autorecovery.worker import ReplicationWorker
 from scriba.client import Client
+from scriba.embedded.process import ServerProcess, python_module_argv
 from scriba.entry import make_digest
 from scriba.errors import NotEnoughBookiesError
 from scriba.ids import BookieId, EntryId, LedgerId
@@ -42,6 +44,7 @@ from scriba.meta.records import (
 )
 from scriba.meta.store import MetadataStore
 from scriba.placement import BookieNode, Topology, make_policy
+from scriba.testing.cluster import LocalCluster
 from scriba.testing.sim import StorageTransport
 from scriba.testing.waiting import eventually
 
@@ -235,3 +238,64 @@ async def test_a_replacement_that_would_break_the_rule_is_refused_and_the_mark_k
         with pytest.raises(NotEnoughBookiesError, match="min_regions_for_durability"):
             plan_repair(after, 0, {BookieId(victim)}, topology=client.registry.topology(),
                         policy=make_policy("region-aware", RULE))
+
+
+# --- real processes: bookies in two regions, a ``scriba autorecovery run`` process -------
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_real_processes_replace_a_lost_bookie_within_its_region(tmp_path: Path) -> None:
+    """Six bookie processes over two regions; the bookie alone in its region in a
+    region-aware ledger's ensemble is SIGKILLed: the autorecovery process re-replicates
+    the ledger onto a bookie of that region and records it. Then that region loses every
+    bookie but the new one, and the new one too: the only spares left are in the other
+    region, so the repair is refused naming the rule (the worker's log says so) and the
+    ledger keeps its ensemble and its mark."""
+    session_s = "2"
+    with LocalCluster(tmp_path / "cluster") as cluster:
+        procs = cluster.bookies.start_bookies(6, regions=["east", "west"], zones=["z1", "z2", "z3"],
+                                              extra_args=["--session-timeout-s", session_s])
+        region_of = {p.bookie_id: p.region for p in procs}
+        by_id = {p.bookie_id: i for i, p in enumerate(procs)}
+        argv = python_module_argv(
+            "scriba.cli", "--log-level", "info", "autorecovery", "--metadata", cluster.uri, "run", "--id", "w1",
+            "--password", PASSWORD.decode(), "--delay-s", "1", "--tick-s", "0.2", "--claim-ttl-s", session_s,
+            "--open-ledger-grace-s", "3", "--check-interval-s", "3600")
+        worker = ServerProcess("autorecovery w1", argv, tmp_path / "w1.log")
+        worker.start()
+        try:
+            async with Client.connect(cluster.uri, placement="region-aware", placement_options=RULE) as client:
+                writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
+                await asyncio.gather(*[writer.append_async(b"p-%d" % i) for i in range(100)])
+                await writer.close()
+                md = await client.ledger_metadata(writer.ledger_id)
+                ensemble = md.current_ensemble
+                (victim,) = [b for b in ensemble if sum(region_of[x] == region_of[b] for x in ensemble) == 1]
+                cluster.bookies.kill(by_id[victim])
+
+                async def repaired() -> bool:
+                    now = await client.ledger_metadata(md.ledger_id)
+                    return not references(now, BookieId(victim)) and not await client.store.list(UNDERREPLICATED_PREFIX)
+                await eventually(repaired, 120, what="the ledger re-replicated off the SIGKILLed bookie")
+                after = await client.ledger_metadata(md.ledger_id)
+                (added,) = set(after.current_ensemble) - set(ensemble)
+                assert region_of[added] == region_of[victim]
+                assert after.bookie_regions == {b: region_of[b] for b in after.current_ensemble}
+                assert await check_replicas(client.transport, after, digest=make_digest("crc32c", PASSWORD)) == []
+                # negative control: the region's last bookies go too; only the other region has spares
+                doomed = [b for b in region_of if region_of[b] == region_of[victim] and b != victim]
+                refusals = _refusals(worker.log_path)
+                for b in doomed:
+                    cluster.bookies.kill(by_id[b])
+                await eventually(lambda: _refusals(worker.log_path) > refusals, 120,
+                                 what="the worker refused a repair naming min_regions_for_durability")
+                kept = await client.ledger_metadata(md.ledger_id)
+                assert kept.ensembles == after.ensembles and kept.bookie_regions == after.bookie_regions
+                assert await client.store.list(UNDERREPLICATED_PREFIX)  # the mark waits for a bookie
+        finally:
+            worker.stop()
+
+
+def _refusals(path: Path) -> int:
+    """The worker's deferred repairs that name the region rule, so far."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return sum("deferred" in line and "min_regions_for_durability" in line for line in text.splitlines())
