@@ -17,10 +17,13 @@ geo copy: its source position, from the record's replication mark), so the follo
 snapshots would be A's.
 
 It takes part in no election, opens no session and appends nothing: it cannot change
-the group's history, and a command for it is the caller's to refuse. It restores no
-snapshot either: the followed stream must hold the group's history from its first
-record (a geo copy started with the group does; a follower whose stream starts later
-stops with :class:`~scriba.errors.PositionTruncatedError` as its ``error``).
+the group's history, and a command for it is the caller's to refuse. With a
+``bootstrap`` it starts from the group's newest snapshot (:func:`newest_snapshot`,
+read from the group's own cluster) and reads its stream from the position ``bootstrap``
+translates the snapshot's to (records at or before the restored position are passed
+over), and does the same when its stream is truncated past it; without one the stream
+must hold the group's history from its first record (else it stops with
+:class:`~scriba.errors.PositionTruncatedError` as its ``error``).
 
 Staleness, exactly: every ``check_s`` the follower asks the *reference* stream (the
 source cluster's, whose positions ``locate`` gives; its own copy without one) for its
@@ -42,6 +45,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from scriba.client import Client
 from scriba.errors import (
     DeadlineExceededError,
     NamespaceNotFoundError,
@@ -52,9 +56,11 @@ from scriba.errors import (
 )
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
+from scriba.rsm import membership as mb
 from scriba.rsm.config import RsmConfig
 from scriba.rsm.envelope import Envelope
 from scriba.rsm.machine import StateMachine
+from scriba.rsm.snapshot_store import load_newest
 from scriba.rsm.state import ReplicatedState
 from scriba.stream import Namespace, Position, Record
 
@@ -64,9 +70,21 @@ Locate = Callable[[Record], tuple[Position, int]]
 """``record -> (the position it applies at, its origin's publish time in ms)``; raises
 ``ScribaError`` for a record that does not belong to the followed group's history."""
 
+Bootstrap = Callable[[Position | None], Awaitable["tuple[list[bytes], Position] | None"]]
+"""``applied -> (snapshot chunks, where to read the followed stream from)`` for a snapshot
+newer than ``applied`` (None: there is none)."""
+
 READ_POLL_S = 0.5
 SAMPLES_MAX = 256  # freshness samples waiting to be settled (a follower far behind skips new ones)
-FATAL = (PositionTruncatedError, StateMachineError)
+FATAL = (StateMachineError,)
+
+
+async def newest_snapshot(client: Client, namespace: str, name: str, newer_than: Position | None,
+                          password: bytes = b"") -> tuple[Position, list[bytes]] | None:
+    """The group's newest snapshot whose digest checks (its position and chunks), if newer
+    than ``newer_than``: what a replica restores, read from the group's own cluster."""
+    found = await load_newest(client, mb.catalog_key(mb.group_token(namespace, name)), newer_than, password)
+    return None if found is None else (found[0].position, found[1])
 
 
 def own_position(record: Record) -> tuple[Position, int]:
@@ -77,7 +95,8 @@ def own_position(record: Record) -> tuple[Position, int]:
 class StreamFollower:
     def __init__(self, namespace: Namespace, stream: str, state_machine: StateMachine, *,
                  config: RsmConfig | None = None, locate: Locate = own_position, retry_s: float = 0.5,
-                 reference: Callable[[], Awaitable[Namespace]] | None = None, check_s: float = 0.5) -> None:
+                 reference: Callable[[], Awaitable[Namespace]] | None = None, check_s: float = 0.5,
+                 bootstrap: Bootstrap | None = None) -> None:
         self.config = (config or RsmConfig()).validate()
         self.namespace = namespace
         self.stream = stream
@@ -88,6 +107,9 @@ class StreamFollower:
         # opens the namespace whose stream ``locate``'s positions are of (None: the followed stream's own)
         self.reference = reference
         self.check_s = check_s
+        self.bootstrap = bootstrap
+        self.restored: Position | None = None  # the position of the last snapshot restored
+        self.resumed_at: Position | None = None  # where the followed stream is read from after a restore
         self.stream_applied: Position | None = None  # the newest record applied, in the followed stream
         self.caught_up_ms = 0  # the state holds everything the reference held then (0: not known yet)
         self.reference_last: Position | None = None  # the reference's last record when last asked
@@ -158,9 +180,13 @@ class StreamFollower:
 
     # --- the tail ---------------------------------------------------------------------
     async def _tail_loop(self) -> None:
+        if self.bootstrap is not None:
+            await self._try_bootstrap()
         while self.error is None:
             try:
                 await self._tail_once()
+            except PositionTruncatedError as exc:
+                await self._after_truncation(exc)
             except FATAL as exc:
                 self._stop_for_good(exc)
             except InvariantViolation as exc:  # positions or tokens out of order: not the group's history
@@ -177,8 +203,48 @@ class StreamFollower:
         self._changed.set()
         self._log.error("rsm_follower_stopped", error=str(error))
 
+    async def _try_bootstrap(self) -> None:
+        """At start: the newest snapshot if the group's cluster answers; else the copy from
+        its first record (a source that is down must not keep a follower from serving)."""
+        try:
+            await self._restore_newer()
+        except StateMachineError as exc:
+            self._stop_for_good(exc)
+        except ScribaError as exc:
+            self._log.warning("rsm_follower_bootstrap_failed", error=str(exc))
+
+    async def _after_truncation(self, truncated: PositionTruncatedError) -> None:
+        """The stream no longer holds the next record: a newer snapshot, or stop for good."""
+        try:
+            if not await self._restore_newer():  # nothing newer to restore: the history is gone
+                self._stop_for_good(truncated)
+        except StateMachineError as exc:
+            self._stop_for_good(exc)
+        except ScribaError as exc:  # the group's cluster did not answer: try again
+            self._log.warning("rsm_follower_restore_failed", error=str(exc))
+            await asyncio.sleep(self.retry_s)
+
+    async def _restore_newer(self) -> bool:
+        """Restore the group's newest snapshot if it is ahead of what is applied."""
+        if self.bootstrap is None:
+            return False
+        found = await self.bootstrap(self.applied)
+        if found is None:
+            return False
+        chunks, start = found
+        self.state.restore(chunks)  # StateMachineError: fatal, as on a replica
+        self.restored = self.applied
+        self.resumed_at, self.stream_applied = start, None
+        self._settle()
+        self._changed.set()
+        self._log.info("rsm_follower_restored", position=str(self.applied), start=str(start))
+        return True
+
     async def _tail_once(self) -> None:
-        start = self.stream_applied.successor() if self.stream_applied is not None else Position(0, 0, 0)
+        if self.stream_applied is not None:
+            start = self.stream_applied.successor()
+        else:
+            start = self.resumed_at if self.resumed_at is not None else Position(0, 0, 0)
         reader = await self.namespace.open_reader(self.stream, start)
         try:
             while True:
@@ -226,8 +292,10 @@ class StreamFollower:
             position, origin_ms = self.locate(record)
         except ScribaError as exc:  # not the group's history: applying on would diverge from it
             raise StateMachineError(f"follower of {self.stream}: record at {record.position}: {exc}") from exc
-        self.state.apply(position, Envelope.decode(record.payload))
         self.stream_applied = record.position
+        if self.applied is not None and position <= self.applied:
+            return  # in the restored snapshot already
+        self.state.apply(position, Envelope.decode(record.payload))
         self.source_ms = max(self.source_ms, origin_ms)
         self._settle()
         self._changed.set()

@@ -39,10 +39,12 @@ replicator's lag as well, and grows while A cannot be reached or the copy is sto
 Without it the samples come from the copy in B: the bound then covers only the
 follower's own lag behind the copy (the copy's lag is ``scriba geo status``'s).
 
-Limits: a follower replays its copy from the first record on every start (it restores
-no snapshot, so the copy must hold the store's history from its start: replicate from
-the store's creation, before A's snapshots truncate its stream); no TLS on its etcd
-port yet; watches are refused (as on an etcd learner), not served from the copy.
+Start: with ``--source-metadata`` a follower restores the store's newest snapshot from
+cluster A and reads the copy from right after the record copied from the snapshot's
+position (``scriba.geo.translate``), as it does when its copy is truncated past what it
+applied; otherwise (or while A cannot be reached) it replays the copy from its first
+record. Limits: no TLS on its etcd port yet; watches are refused (as on an etcd
+learner), not served from the copy; one hop only (the marks must name A as source).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -66,9 +69,9 @@ from scriba.examples.kvstore.commands import Op
 from scriba.examples.kvstore.errors import EtcdError
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import ETCD_VERSION, GRPC_OPTIONS, abort, id64
-from scriba.geo import Mark
+from scriba.geo import Mark, translate
 from scriba.log import configure, get_logger
-from scriba.rsm.follower import Locate, StreamFollower
+from scriba.rsm.follower import Bootstrap, Locate, StreamFollower, newest_snapshot
 from scriba.stream import Namespace, Position, Record, open_namespace
 
 log = get_logger(__name__)
@@ -93,6 +96,26 @@ def geo_locate(origin: str | None = None) -> Locate:
             raise ConfigError(f"it was copied from cluster {mark.origin!r}, the store's is {origin!r}")
         return mark.source_position, mark.source_publish_ms
     return locate
+
+
+def geo_bootstrap(source: Callable[[], Awaitable[Client]], copy: Namespace, name: str, origin: str) -> Bootstrap:
+    """Start from the store's newest snapshot in its own cluster, reading the copy right
+    after the record copied from the snapshot's position (``scriba.geo.translate``). A copy
+    that holds later records but not that one has a gap there: no start from that snapshot."""
+    async def bootstrap(applied: Position | None) -> tuple[list[bytes], Position] | None:
+        found = await newest_snapshot(await source(), copy.name, name, applied)
+        if found is None:
+            return None
+        position, chunks = found
+        where = (await translate(copy, name, origin, [position]))[position]
+        if where.target_position is not None:
+            return chunks, where.target_position.successor()
+        if not where.replicated:  # the copy is behind the snapshot: what follows it is still to come
+            return chunks, where.resume_position
+        log.warning("kv_follower_snapshot_unusable", position=str(position),
+                    error="the copy holds later records but not the snapshot's own")
+        return None
+    return bootstrap
 
 
 class FollowerNode:
@@ -244,20 +267,28 @@ async def follow(args: argparse.Namespace) -> int:
     configure(stream=sys.stderr)
     if args.max_staleness_s is not None and args.max_staleness_s <= 0:
         raise ConfigError(f"--max-staleness-s must be > 0, got {args.max_staleness_s}")
+    if args.source_metadata is not None and args.origin is None:
+        raise ConfigError("--source-metadata needs --origin (the source cluster's name in the replication marks)")
     client = await Client.connect(args.metadata, config=ClientConfig(
         add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s))
     namespace = await open_namespace(client, args.namespace, create=True)
     machine = KvMachine()
     source: list[Client] = []
 
-    async def reference() -> Namespace:  # opened when first reachable: the source may be down
+    async def source_client() -> Client:  # connected when first reachable: the source may be down
         if not source:
             source.append(await Client.connect(args.source_metadata, config=ClientConfig(
                 metadata_session_timeout_s=args.session_timeout_s)))
-        return await open_namespace(source[0], args.namespace)
+        return source[0]
 
-    follower = await StreamFollower(namespace, args.name, machine, locate=geo_locate(args.origin),
-                                    reference=reference if args.source_metadata else None).start()
+    async def reference() -> Namespace:
+        return await open_namespace(await source_client(), args.namespace)
+
+    known = args.source_metadata is not None
+    follower = await StreamFollower(
+        namespace, args.name, machine, locate=geo_locate(args.origin), reference=reference if known else None,
+        bootstrap=geo_bootstrap(source_client, namespace, args.name, args.origin) if known else None,
+    ).start()
     node = FollowerNode(follower, machine, args.replica_id, stale_after_s=args.stale_after_s,
                         max_staleness_s=args.max_staleness_s)
     server = FollowerServer(node, args.listen)

@@ -24,14 +24,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from scriba.client import ClientConfig
+from scriba.client import Client, ClientConfig
 from scriba.client.driver import DriverConfig
-from scriba.errors import StateMachineError
-from scriba.examples.kvstore.follower import geo_locate
-from scriba.geo import Cluster, Replicator
+from scriba.errors import PositionTruncatedError, StateMachineError
+from scriba.examples.kvstore.follower import geo_bootstrap, geo_locate
+from scriba.geo import Cluster, Replicator, translate
 from scriba.rsm import ReplicatedStateMachine, RsmConfig, SnapshotReader, SnapshotWriter
 from scriba.rsm.envelope import Envelope, Kind
 from scriba.rsm.follower import StreamFollower
@@ -88,15 +89,19 @@ class World:
                 await self.task
         self.replicator = self.task = None
 
-    def follower(self, origin: str = "a") -> StreamFollower:
+    def follower(self, origin: str = "a", *, snapshots: bool = False) -> StreamFollower:
         async def reference() -> Namespace:
             return self.source
+
+        async def source_client() -> Client:
+            return self.replica.client
         return StreamFollower(self.target, STREAM, Journal(), config=RSM, locate=geo_locate(origin),
-                              reference=reference, check_s=0.05, retry_s=0.05)
+                              reference=reference, check_s=0.05, retry_s=0.05,
+                              bootstrap=geo_bootstrap(source_client, self.target, STREAM, origin) if snapshots else None)
 
 
 @contextlib.asynccontextmanager
-async def world() -> AsyncIterator[World]:
+async def world(**target_settings: Any) -> AsyncIterator[World]:
     a = InProcessSite(f"memory://fa-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
     b = InProcessSite(f"memory://fb-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
     await a.start()
@@ -107,7 +112,7 @@ async def world() -> AsyncIterator[World]:
     try:
         await replica.start()
         source = await open_namespace(await a.client(), NAMESPACE)
-        target = await open_namespace(await b.client(), NAMESPACE, create=True)
+        target = await open_namespace(await b.client(), NAMESPACE, create=True, **target_settings)
         w = World(replica, source, target)
         await w.start_copy()
         yield w
@@ -201,3 +206,32 @@ async def _copied(w: World) -> bool:
     last = await w.target.last_position(STREAM)
     links = w.replicator.links() if w.replicator is not None else {}
     return last is not None and "a" in links and links["a"].lag(0).confirmed == w.replica.state.applied
+
+
+async def test_a_follower_starts_from_the_source_snapshot_when_its_copy_is_truncated() -> None:
+    """The copy (small segments) truncated before the record copied from the snapshot's
+    position: a follower without snapshots stops (its history is gone: the negative
+    control); one with them restores the source's snapshot, reads the copy from the
+    translated position, and ends equal to the replica."""
+    async with world(segment_records_max=5) as w:
+        await propose(w.replica, 12, "old")
+        snapshot_at = await w.replica.snapshot()
+        await propose(w.replica, 9, "new")
+        await wait_for(lambda: _copied(w), "the copy holds everything")
+        where = (await translate(w.target, STREAM, "a", [snapshot_at]))[snapshot_at]
+        assert where.target_position is not None
+        deleted = await w.target.truncate(STREAM, where.target_position)
+        assert deleted, "the copy's early segments were not deleted"
+        blind = await w.follower().start()
+        booted = await w.follower(snapshots=True).start()
+        try:
+            await wait_for(lambda: blind.error is not None, "the follower without snapshots stopped")
+            assert isinstance(blind.error, PositionTruncatedError), blind.error
+            await wait_for(lambda: booted.applied == w.replica.state.applied, "the bootstrapped follower caught up")
+            assert booted.restored == snapshot_at and booted.resumed_at == where.target_position.successor()
+            assert booted.state.snapshot(1 << 20) == w.replica.state.snapshot(1 << 20)
+            entries = booted.state.machine.entries  # type: ignore[attr-defined]
+            assert [c for _p, c in entries] == [f"old-{i}" for i in range(12)] + [f"new-{i}" for i in range(9)]
+        finally:
+            await blind.stop()
+            await booted.stop()
