@@ -262,13 +262,20 @@ def add_follow_arguments(follow: argparse.ArgumentParser) -> None:
     follow.add_argument("--session-timeout-s", type=float, default=5.0)
 
 
+def check_follow_args(args: argparse.Namespace) -> None:
+    """``ConfigError`` for options that cannot work together, before anything starts."""
+    if args.max_staleness_s is not None and args.max_staleness_s <= 0:
+        raise ConfigError(f"--max-staleness-s must be > 0, got {args.max_staleness_s}")
+    if args.stale_after_s <= 0:
+        raise ConfigError(f"--stale-after-s must be > 0, got {args.stale_after_s}")
+    if args.source_metadata is not None and args.origin is None:
+        raise ConfigError("--source-metadata needs --origin (the source cluster's name in the replication marks)")
+
+
 async def follow(args: argparse.Namespace) -> int:
     """``scriba-kv follow``: one follower; ``READY`` on stdout once serving; SIGTERM stops it."""
     configure(stream=sys.stderr)
-    if args.max_staleness_s is not None and args.max_staleness_s <= 0:
-        raise ConfigError(f"--max-staleness-s must be > 0, got {args.max_staleness_s}")
-    if args.source_metadata is not None and args.origin is None:
-        raise ConfigError("--source-metadata needs --origin (the source cluster's name in the replication marks)")
+    check_follow_args(args)
     client = await Client.connect(args.metadata, config=ClientConfig(
         add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s))
     namespace = await open_namespace(client, args.namespace, create=True)

@@ -30,7 +30,7 @@ import pytest
 
 from scriba.client import Client, ClientConfig
 from scriba.client.driver import DriverConfig
-from scriba.errors import PositionTruncatedError, StateMachineError
+from scriba.errors import ConfigError, PositionTruncatedError, StateMachineError
 from scriba.examples.kvstore.follower import geo_bootstrap, geo_locate
 from scriba.geo import Cluster, Replicator, translate
 from scriba.rsm import ReplicatedStateMachine, RsmConfig, SnapshotReader, SnapshotWriter
@@ -235,3 +235,17 @@ async def test_a_follower_starts_from_the_source_snapshot_when_its_copy_is_trunc
         finally:
             await blind.stop()
             await booted.stop()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-staleness-s", "0"], "--max-staleness-s must be > 0"),
+    (["--stale-after-s", "-1"], "--stale-after-s must be > 0"),
+    (["--source-metadata", "etcd://127.0.0.1:1/x"], "--source-metadata needs --origin"),
+])
+def test_follow_options_that_cannot_work_get_a_config_error(argv: list[str], message: str) -> None:
+    from scriba.examples.kvstore.__main__ import parse_args
+    from scriba.examples.kvstore.follower import check_follow_args
+
+    args = parse_args(["follow", "--metadata", "memory://x", "--replica-id", "f1", "--listen", "127.0.0.1:1", *argv])
+    with pytest.raises(ConfigError, match=message):
+        check_follow_args(args)
