@@ -178,6 +178,17 @@ class StreamFollower:
             "error": str(self.error) if self.error else None,
         }
 
+    def metrics_status(self) -> dict[str, Any]:
+        """``status()`` in the replica's ``RsmMetrics`` vocabulary: the same gauges
+        (``scriba_rsm_*``), ``lag_seconds`` being the staleness bound (NaN: not known yet)."""
+        own = self.status()
+        return {
+            "role": "stopped" if self.error is not None else "follower", "token": own["token"],
+            "records_applied": own["records_applied"], "commands_applied": own["commands_applied"],
+            "applied": own["applied"], "snapshot_position": str(self.restored) if self.restored else None,
+            "snapshot_age_s": None, "lag_records": None, "lag_s": own["stale_s"],
+        }
+
     # --- the tail ---------------------------------------------------------------------
     async def _tail_loop(self) -> None:
         if self.bootstrap is not None:

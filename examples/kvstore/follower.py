@@ -27,7 +27,9 @@ writes):
   its clients take as "use another endpoint".
 - ``Status``: ``isLearner``, ``raftTerm`` the source leader's term applied,
   ``raftAppliedIndex`` the commands applied (A's replicas count the same), and in
-  ``errors`` a line saying how far behind it is once that exceeds ``stale_after_s``.
+  ``errors`` a line saying how far behind it is once that exceeds ``stale_after_s``;
+  with ``--metrics-listen`` the replicas' Prometheus gauges (``scriba_rsm_*``), where
+  ``scriba_rsm_lag_seconds`` is the staleness bound below.
 - With ``max_staleness_s`` a follower that cannot show it is that fresh refuses reads
   (UNAVAILABLE ``etcdserver: learner is too far behind``: clients move to another
   endpoint).
@@ -72,6 +74,7 @@ from scriba.examples.kvstore.server import ETCD_VERSION, GRPC_OPTIONS, abort, id
 from scriba.geo import Mark, translate
 from scriba.log import configure, get_logger
 from scriba.rsm.follower import Bootstrap, Locate, StreamFollower, newest_snapshot
+from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics
 from scriba.stream import Namespace, Position, Record, open_namespace
 
 log = get_logger(__name__)
@@ -260,6 +263,8 @@ def add_follow_arguments(follow: argparse.ArgumentParser) -> None:
     follow.add_argument("--max-staleness-s", type=float,
                         help="refuse reads once the follower has not been caught up for this long")
     follow.add_argument("--session-timeout-s", type=float, default=5.0)
+    follow.add_argument("--metrics-listen", help="host:port for Prometheus /metrics (scriba_rsm_*; "
+                                                 "scriba_rsm_lag_seconds is the staleness bound)")
 
 
 def check_follow_args(args: argparse.Namespace) -> None:
@@ -300,6 +305,13 @@ async def follow(args: argparse.Namespace) -> int:
                         max_staleness_s=args.max_staleness_s)
     server = FollowerServer(node, args.listen)
     await server.start()
+    metrics = RsmMetrics()
+
+    async def refresh() -> None:
+        metrics.update(follower.metrics_status())
+    endpoint = MetricsEndpoint(args.metrics_listen, metrics, refresh) if args.metrics_listen else None
+    if endpoint is not None:
+        await endpoint.start()
     log.info("kv_follower_serving", replica=args.replica_id, listen=args.listen)
     print("READY", flush=True)
     stop = asyncio.Event()
@@ -308,6 +320,8 @@ async def follow(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(TimeoutError):
         await stop.wait()
+    if endpoint is not None:
+        await endpoint.close()
     await server.stop()
     await follower.stop()
     for c in source:

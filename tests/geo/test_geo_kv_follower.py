@@ -28,6 +28,7 @@ import contextlib
 import json
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class GeoKv:
     base: Path
     replicator: ServerProcess | None = None
     followers: dict[str, tuple[str, ServerProcess]] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)  # follower -> its /metrics host:port
     starts: int = 0
 
     def start_replicator(self) -> None:
@@ -81,10 +83,11 @@ class GeoKv:
 
     def start_follower(self, name: str, *extra: str) -> None:
         endpoint = f"127.0.0.1:{free_port()}"
+        self.metrics[name] = f"127.0.0.1:{free_port()}"
         argv = python_module_argv(
             "scriba.examples.kvstore", "follow", "--metadata", self.b.uri, "--replica-id", name,
             "--listen", endpoint, "--origin", "a", "--source-metadata", self.a.uri,
-            "--stale-after-s", str(STALE_AFTER_S), *extra)
+            "--stale-after-s", str(STALE_AFTER_S), "--metrics-listen", self.metrics[name], *extra)
         self.followers[name] = (endpoint, ServerProcess(f"kv follower {name}", argv, self.base / f"{name}.log"))
         self.restart_follower(name)
 
@@ -189,6 +192,18 @@ def caught_up(geo: GeoKv, name: str, revision: int) -> bool:
         return False
 
 
+def scrape(geo: GeoKv, name: str) -> dict[str, float]:
+    """A follower's Prometheus gauges (unlabelled ones, and the role it has)."""
+    with urllib.request.urlopen(f"http://{geo.metrics[name]}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("scriba_rsm_") and " " in line:
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
 def status(geo: GeoKv, name: str) -> dict[str, Any]:
     (entry,) = Ctl(geo.endpoint(name)).json("endpoint", "status")
     resp: dict[str, Any] = entry["Status"]
@@ -250,6 +265,9 @@ async def test_followers_serve_a_consistent_prefix_of_the_source(geo_kv: GeoKv) 
                    for r in geo.kv.replicas}
         return len(counts) == 1 and counts != {0}
     await wait_until(same_commands, "followers and source replicas at the same applied-command count")
+    gauges = await asyncio.to_thread(scrape, geo, "f1")
+    assert gauges['scriba_rsm_role{role="follower"}'] == 1.0
+    assert gauges["scriba_rsm_commands_applied"] == int(status(geo, "f1")["raftAppliedIndex"])
     print(f"\n[geo-kv] {len(samples)} follower reads over revisions {first}..{final}: all a consistent prefix")
 
 
@@ -297,6 +315,8 @@ async def test_lag_is_reported_and_bounded_while_the_copy_stops(geo_kv: GeoKv) -
     # f1 keeps serving its older prefix, says how far behind it is, and is not at the new revision
     await wait_until(lambda: any("learner behind" in e for e in status(geo, "f1").get("errors", [])),
                      "f1 reports that it is behind")
+    await wait_until(lambda: scrape(geo, "f1")["scriba_rsm_lag_seconds"] > STALE_AFTER_S,
+                     "f1's lag gauge shows the staleness")
     behind_revision = follower_read(geo, "f1")[0]
     assert behind_revision < cut_revision and check_prefix(geo, follower_read(geo, "f1")) == ""
     err = Ctl(geo.endpoint("f1")).fails("get", "--consistency=s", "k/00", "--rev", str(cut_revision))
