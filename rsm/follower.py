@@ -75,6 +75,7 @@ Bootstrap = Callable[[Position | None], Awaitable["tuple[list[bytes], Position] 
 newer than ``applied`` (None: there is none)."""
 
 READ_POLL_S = 0.5
+BOOTSTRAP_TIMEOUT_S = 30.0  # at start: then the copy from its first record (the source may be down)
 SAMPLES_MAX = 256  # freshness samples waiting to be settled (a follower far behind skips new ones)
 FATAL = (StateMachineError,)
 
@@ -218,11 +219,11 @@ class StreamFollower:
         """At start: the newest snapshot if the group's cluster answers; else the copy from
         its first record (a source that is down must not keep a follower from serving)."""
         try:
-            await self._restore_newer()
+            await asyncio.wait_for(self._restore_newer(), BOOTSTRAP_TIMEOUT_S)
         except StateMachineError as exc:
             self._stop_for_good(exc)
-        except ScribaError as exc:
-            self._log.warning("rsm_follower_bootstrap_failed", error=str(exc))
+        except (ScribaError, OSError, TimeoutError) as exc:
+            self._log.warning("rsm_follower_bootstrap_failed", error=repr(exc))
 
     async def _after_truncation(self, truncated: PositionTruncatedError) -> None:
         """The stream no longer holds the next record: a newer snapshot, or stop for good."""

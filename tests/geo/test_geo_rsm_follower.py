@@ -30,7 +30,7 @@ import pytest
 
 from scriba.client import Client, ClientConfig
 from scriba.client.driver import DriverConfig
-from scriba.errors import ConfigError, PositionTruncatedError, StateMachineError
+from scriba.errors import ConfigError, PositionTruncatedError, StateMachineError, UnavailableError
 from scriba.examples.kvstore.follower import geo_bootstrap, geo_locate
 from scriba.geo import Cluster, Replicator, translate
 from scriba.rsm import ReplicatedStateMachine, RsmConfig, SnapshotReader, SnapshotWriter
@@ -249,3 +249,22 @@ def test_follow_options_that_cannot_work_get_a_config_error(argv: list[str], mes
     args = parse_args(["follow", "--metadata", "memory://x", "--replica-id", "f1", "--listen", "127.0.0.1:1", *argv])
     with pytest.raises(ConfigError, match=message):
         check_follow_args(args)
+
+
+async def test_a_source_that_does_not_answer_at_start_does_not_keep_the_follower_from_its_copy() -> None:
+    async with world() as w:
+        await propose(w.replica, 6, "x")
+        asked: list[Position | None] = []
+
+        async def source_down(applied: Position | None) -> tuple[list[bytes], Position] | None:
+            asked.append(applied)
+            raise UnavailableError("cluster a: no answer")
+
+        follower = StreamFollower(w.target, STREAM, Journal(), config=RSM, locate=geo_locate("a"),
+                                  bootstrap=source_down, check_s=0.05, retry_s=0.05)
+        await follower.start()
+        try:
+            await wait_for(lambda: follower.applied == w.replica.state.applied, "the copy applied from its start")
+            assert asked == [None] and follower.restored is None and follower.error is None
+        finally:
+            await follower.stop()
