@@ -38,7 +38,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_store_arguments(serve, "metadata URI (etcd://, zk://, memory://)")
     serve.add_argument("--peer", help="host:port of the RSM replica service (default: listen port + 10)")
     serve.add_argument("--zone", default="")
-    serve.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
     serve.add_argument("--session-timeout-s", type=float, default=2.0)
     serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
                        help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
@@ -56,6 +55,8 @@ def add_store_arguments(command: argparse.ArgumentParser, metadata_help: str) ->
     command.add_argument("--listen", required=True, help="host:port for etcd clients")
     command.add_argument("--namespace", default="kv")
     command.add_argument("--name", default="store")
+    command.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON (session_ttl_ms and "
+                                                            "session_results_max must be the same in every process)")
 
 
 async def serve(args: argparse.Namespace) -> int:

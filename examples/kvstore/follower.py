@@ -41,6 +41,9 @@ replicator's lag as well, and grows while A cannot be reached or the copy is sto
 Without it the samples come from the copy in B: the bound then covers only the
 follower's own lag behind the copy (the copy's lag is ``scriba geo status``'s).
 
+The session rules are part of the replicated state (a session expires by the replicated
+clock after ``session_ttl_ms``): give the follower the store's ``--rsm-config``.
+
 Start: with ``--source-metadata`` a follower restores the store's newest snapshot from
 cluster A and reads the copy from right after the record copied from the snapshot's
 position (``scriba.geo.translate``), as it does when its copy is truncated past what it
@@ -54,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -73,6 +77,7 @@ from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import ETCD_VERSION, GRPC_OPTIONS, abort, id64
 from scriba.geo import Mark, translate
 from scriba.log import configure, get_logger
+from scriba.rsm import RsmConfig
 from scriba.rsm.follower import Bootstrap, Locate, StreamFollower, newest_snapshot
 from scriba.rsm.metrics import MetricsEndpoint, RsmMetrics
 from scriba.stream import Namespace, Position, Record, open_namespace
@@ -267,20 +272,26 @@ def add_follow_arguments(follow: argparse.ArgumentParser) -> None:
                                                  "scriba_rsm_lag_seconds is the staleness bound)")
 
 
-def check_follow_args(args: argparse.Namespace) -> None:
-    """``ConfigError`` for options that cannot work together, before anything starts."""
+def check_follow_args(args: argparse.Namespace) -> RsmConfig:
+    """The follower's RSM config (the session rules are part of the replicated state: the
+    store's own); ``ConfigError`` for options that cannot work, before anything starts."""
+    try:
+        config = RsmConfig(**json.loads(args.rsm_config)).validate()
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--rsm-config {args.rsm_config!r}: {exc}") from None
     if args.max_staleness_s is not None and args.max_staleness_s <= 0:
         raise ConfigError(f"--max-staleness-s must be > 0, got {args.max_staleness_s}")
     if args.stale_after_s <= 0:
         raise ConfigError(f"--stale-after-s must be > 0, got {args.stale_after_s}")
     if args.source_metadata is not None and args.origin is None:
         raise ConfigError("--source-metadata needs --origin (the source cluster's name in the replication marks)")
+    return config
 
 
 async def follow(args: argparse.Namespace) -> int:
     """``scriba-kv follow``: one follower; ``READY`` on stdout once serving; SIGTERM stops it."""
     configure(stream=sys.stderr)
-    check_follow_args(args)
+    config = check_follow_args(args)
     client = await Client.connect(args.metadata, config=ClientConfig(
         add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s))
     namespace = await open_namespace(client, args.namespace, create=True)
@@ -298,7 +309,8 @@ async def follow(args: argparse.Namespace) -> int:
 
     known = args.source_metadata is not None
     follower = await StreamFollower(
-        namespace, args.name, machine, locate=geo_locate(args.origin), reference=reference if known else None,
+        namespace, args.name, machine, config=config, locate=geo_locate(args.origin),
+        reference=reference if known else None,
         bootstrap=geo_bootstrap(source_client, namespace, args.name, args.origin) if known else None,
     ).start()
     node = FollowerNode(follower, machine, args.replica_id, stale_after_s=args.stale_after_s,

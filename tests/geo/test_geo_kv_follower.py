@@ -87,7 +87,8 @@ class GeoKv:
         argv = python_module_argv(
             "scriba.examples.kvstore", "follow", "--metadata", self.b.uri, "--replica-id", name,
             "--listen", endpoint, "--origin", "a", "--source-metadata", self.a.uri,
-            "--stale-after-s", str(STALE_AFTER_S), "--metrics-listen", self.metrics[name], *extra)
+            "--stale-after-s", str(STALE_AFTER_S), "--metrics-listen", self.metrics[name],
+            "--rsm-config", json.dumps(RSM_CONFIG), *extra)
         self.followers[name] = (endpoint, ServerProcess(f"kv follower {name}", argv, self.base / f"{name}.log"))
         self.restart_follower(name)
 

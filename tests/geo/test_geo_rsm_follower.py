@@ -241,6 +241,8 @@ async def test_a_follower_starts_from_the_source_snapshot_when_its_copy_is_trunc
     (["--max-staleness-s", "0"], "--max-staleness-s must be > 0"),
     (["--stale-after-s", "-1"], "--stale-after-s must be > 0"),
     (["--source-metadata", "etcd://127.0.0.1:1/x"], "--source-metadata needs --origin"),
+    (["--rsm-config", '{"session_ttl_msx": 5}'], "--rsm-config"),
+    (["--rsm-config", "{not json"], "--rsm-config"),
 ])
 def test_follow_options_that_cannot_work_get_a_config_error(argv: list[str], message: str) -> None:
     from scriba.examples.kvstore.__main__ import parse_args
