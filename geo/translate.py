@@ -37,6 +37,7 @@ from scriba.invariant import invariant
 from scriba.stream import Namespace, Position
 
 LIVE_IDLE_S = 0.5
+HOLD_CURSOR_PREFIX = "geo-replicator."  # ``replicator.hold_cursor_name``
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,8 @@ async def translate_cursors(source_ns: Namespace, target: Namespace, stream: str
                             timeout_s: float = 30.0) -> dict[str, Translation]:
     """Every named cursor of the source stream, translated to its resume position and
     committed on the target stream (a consumer group that fails over resumes there)."""
-    cursors = await source_ns.cursors(stream)
+    cursors = {name: position for name, position in (await source_ns.cursors(stream)).items()
+               if not name.startswith(HOLD_CURSOR_PREFIX)}  # the replicators' own: not a consumer's
     if not cursors:
         return {}
     found = await translate(target, stream, source, cursors.values(), timeout_s=timeout_s)

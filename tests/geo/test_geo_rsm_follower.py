@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -33,6 +34,7 @@ from scriba.client.driver import DriverConfig
 from scriba.errors import ConfigError, PositionTruncatedError, StateMachineError, UnavailableError
 from scriba.examples.kvstore.follower import geo_bootstrap, geo_locate
 from scriba.geo import Cluster, Replicator, translate
+from scriba.geo.replicator import hold_cursor_name
 from scriba.rsm import ReplicatedStateMachine, RsmConfig, SnapshotReader, SnapshotWriter
 from scriba.rsm.envelope import Envelope, Kind
 from scriba.rsm.follower import StreamFollower
@@ -101,13 +103,16 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def world(**target_settings: Any) -> AsyncIterator[World]:
+async def world(rsm: RsmConfig = RSM, source_settings: dict[str, Any] | None = None,
+                **target_settings: Any) -> AsyncIterator[World]:
     a = InProcessSite(f"memory://fa-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
     b = InProcessSite(f"memory://fb-{uuid.uuid4().hex[:8]}", BOOKIES, CONFIG)
     await a.start()
     await b.start()
+    if source_settings:
+        await open_namespace(await a.client(), NAMESPACE, create=True, **source_settings)
     replica = ReplicatedStateMachine(await a.client(), namespace=NAMESPACE, name=STREAM, state_machine=Journal(),
-                                     replica_id="r1", config=RSM)
+                                     replica_id="r1", config=rsm)
     w: World | None = None
     try:
         await replica.start()
@@ -270,3 +275,43 @@ async def test_a_source_that_does_not_answer_at_start_does_not_keep_the_follower
             assert asked == [None] and follower.restored is None and follower.error is None
         finally:
             await follower.stop()
+
+
+@pytest.mark.parametrize("held", [True, False])
+async def test_the_replicators_cursor_holds_the_source_history_through_snapshots(held: bool) -> None:
+    """The source RSM snapshots and truncates its stream (small segments, one snapshot
+    kept) while the replicator is down. Its cursor holds what it has not copied, so it
+    resumes and the copy is whole; the negative control (the cursor deleted) finds the
+    records truncated away and the replicator fails for good (PositionTruncatedError)."""
+    config = dataclasses.replace(RSM, snapshots_kept=1)
+    async with world(rsm=config, source_settings={"segment_records_max": 5}) as w:
+        await propose(w.replica, 10, "a")
+        await wait_for(lambda: _copied(w), "the copy holds the first records")
+        cursor = hold_cursor_name("b")
+
+        async def held_at_end() -> bool:
+            return await w.source.cursor(STREAM, cursor) == w.replica.state.applied
+        await wait_for(held_at_end, "the replicator's cursor on the source at what the target confirmed")
+        await w.stop_copy()
+        if not held:
+            await w.source.delete_cursor(STREAM, cursor)
+        await propose(w.replica, 20, "b")
+        await w.replica.snapshot()
+        truncated = (await w.source.info(STREAM)).record.truncated_before
+        copied = (await w.source.cursor(STREAM, cursor)) if held else None
+        if held:
+            assert copied is not None and truncated <= copied
+        w.replicator = Replicator(Cluster("b", w.target), STREAM, [Cluster("a", w.source)])
+        w.task = asyncio.create_task(w.replicator.run())
+        if held:
+            await wait_for(lambda: _copied(w), "the copy resumed and holds everything")
+            follower = await w.follower().start()
+            try:
+                await wait_for(lambda: follower.applied == w.replica.state.applied, "the follower caught up")
+                assert follower.state.snapshot(1 << 20) == w.replica.state.snapshot(1 << 20)
+            finally:
+                await follower.stop()
+        else:
+            with pytest.raises(PositionTruncatedError):
+                await asyncio.wait_for(w.task, 30)
+            w.replicator = w.task = None  # it ended: nothing to stop
