@@ -383,7 +383,11 @@ class LacWaiters:
         self._waiters.setdefault(ledger_id, []).append(fut)
         self._count += 1
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            # Not ``wait_for``: it wakes this task through a helper future, one loop turn
+            # later than ``notify`` resolving ``fut`` does (on a bookie whose loop also
+            # runs inline fdatasyncs, every turn a long poll's answer waits is felt).
+            async with asyncio.timeout(timeout_s):
+                await fut
         except TimeoutError:
             pass
         finally:
