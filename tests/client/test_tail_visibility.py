@@ -243,3 +243,53 @@ async def test_close_returns_once_the_last_lac_reached_the_bookies() -> None:
     finally:
         await client.close()
         await client.store.close()
+
+
+class WaitingPolls(CountingTransport):
+    """Notes the long polls waiting right now: (bookie, previous_lac)."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.waiting: list[tuple[BookieId, int]] = []
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        key = (bookie_id, int(previous_lac))
+        self.waiting.append(key)
+        try:
+            return await super().long_poll_lac(
+                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+        finally:
+            self.waiting.remove(key)
+
+
+async def test_the_next_polls_wait_at_one_bookie_while_the_consumer_holds_an_entry() -> None:
+    """Re-armed before delivering: while the consumer still holds entry i (it has not
+    asked for the next), polls for entries i + 1 and i + 2 already wait, at one bookie,
+    so an LAC that moves meanwhile is answered at once; and everything still comes from
+    the polls' answers (no read)."""
+    transport = WaitingPolls(BOOKIES)
+    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                       driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=20.0))
+    client = await open_client(transport, cfg)
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        r = await client.open_ledger(w.ledger_id, recovery=False)
+        tail = r.tail(0)
+        reads = transport.range_reads + transport.entry_reads
+        for i in range(5):
+            await w.append(b"e%d" % i)
+            entry = await asyncio.wait_for(anext(tail), 10)
+            assert entry.entry_id == i
+            await eventually(lambda i=i: sorted(p for _, p in transport.waiting) == [i, i + 1],
+                             what=f"polls for entries {i + 1} and {i + 2} waiting while entry {i} is held")
+            assert len({b for b, _ in transport.waiting}) == 1, transport.waiting
+        assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
+        await tail.aclose()
+        await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
+        await w.close()
+    finally:
+        await client.close()
+        await client.store.close()
