@@ -18,7 +18,15 @@ the parent joins them per entry:
   answered -> lpd     (the answer back at the reader)
   lpd -> delivered    (to the consumer)
 
-Run: ``.venv/bin/python benchmarks/probe_tail.py [--seconds 3] [--cases ledger-binary,stream-binary,...]``.
+Also: ``lac_by_push`` (the share of entries whose LAC reached the polled bookie by an
+explicit push rather than a later entry), ``poll_armed_late`` (answers whose poll reached
+the bookie after it already knew the LAC: how late), ``reader_rearm_gap`` (an answer back
+-> the reader's next poll sent) and every bookie's fdatasync durations.
+
+Run: ``.venv/bin/python benchmarks/probe_tail.py [--seconds 3] [--cases ledger-binary,stream-binary,...]
+[--lac-at adds|added] [--json OUT] [--keep DIR]`` (``--lac-at added`` for bookies that
+learn a carried LAC only once the entry is durable, i.e. before this branch). Figures on
+2 shared cores are dominated by CPU contention: compare runs made together.
 """
 
 from __future__ import annotations
@@ -143,7 +151,8 @@ def reach_time(reach: tuple[list[int], list[int]], entry_id: int) -> int | None:
     return times[i] if i < len(times) else None
 
 
-def analyse(trace: dict[str, list[list[Any]]], delivered: list[list[int]]) -> dict[str, dict[str, float]]:
+def analyse(trace: dict[str, list[list[Any]]], delivered: list[list[int]],
+            lac_at_event: str = "adds") -> dict[str, dict[str, float]]:
     wr = next(v for k, v in trace.items() if k.startswith("writer"))
     rd = next(v for k, v in trace.items() if k.startswith("reader"))
     bookies = {k.split("-", 1)[1].rsplit("-", 1)[0]: v for k, v in trace.items() if k.startswith("bookie")}
@@ -169,8 +178,9 @@ def analyse(trace: dict[str, list[list[Any]]], delivered: list[list[int]]) -> di
     for b, ev in bookies.items():
         added[b] = first_covering(ev, "added", ledger_id)
         known = [(e[0], e[3]) for e in ev if e[1] == "wlac" and e[2] == ledger_id]
-        # a carried LAC counts from the entry's admission (raised before its journal write)
-        known += [(t, carries.get(eid, -1)) for eid, t in first_covering(ev, "adds", ledger_id).items()]
+        # a carried LAC counts from the entry's admission (raised before its journal write;
+        # ``lac_at="added"``: from when it is durable, as bookies did before)
+        known += [(t, carries.get(eid, -1)) for eid, t in first_covering(ev, lac_at_event, ledger_id).items()]
         lac_at[b] = lac_reach(known)
         starts: dict[int, list[int]] = defaultdict(list)
         answers = []
@@ -214,9 +224,10 @@ def analyse(trace: dict[str, list[list[Any]]], delivered: list[list[int]]) -> di
         if answer is None:
             continue
         t_lpd, b_id = answer
-        b = next((k for k in bookies if k.endswith(b_id) or b_id.endswith(k)), None)
-        if b is None:
+        polled_bookie = next((k for k in bookies if k.endswith(b_id) or b_id.endswith(k)), None)
+        if polled_bookie is None:
             continue
+        b = polled_bookie
         at = reach_time(lac_at[b], eid)
         by_push = reach_time(push_at[b], eid)
         stages["lac_by_push(1=yes)"].append(1.0 if by_push is not None and by_push == at else 0.0)
@@ -308,6 +319,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--json", default=None)
+    p.add_argument("--lac-at", default="adds", choices=("adds", "added"),
+                   help="when a bookie learns a carried LAC: at the entry's admission, or once durable (older bookies)")
     p.add_argument("--keep", default=None, help="keep the traces in a new folder under this one")
     args = p.parse_args()
     configure(level=os.environ.get("PROBE_LOG", "warning"))
@@ -349,7 +362,7 @@ def main() -> None:
         bookie_events = load(bookie_trace)
         for case, run in runs.items():
             trace = {**load(Path(run["dir"])), **bookie_events}
-            results[case] = analyse(trace, run["delivered"])
+            results[case] = analyse(trace, run["delivered"], args.lac_at)
             show(case, results[case])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
