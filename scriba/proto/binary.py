@@ -378,11 +378,18 @@ def encode_read_entry(request_id: int, ledger_id: int, entry_id: int, flags: int
 
 def decode_read_entry(body: Buffer) -> tuple[int, int, int, bytes]:
     """``(ledger_id, entry_id, flags, master_key)``."""
+    (ledger_id, entry_id, flags), key = _keyed(body, _READ_ENTRY)
+    return ledger_id, entry_id, flags, key
+
+
+def _keyed(body: Buffer, head: struct.Struct) -> tuple[tuple[int, ...], bytes]:
+    """A body that is ``head`` (its last field the key's length) then the key: the
+    head's other fields and the key."""
     r = _Reader(body)
-    ledger_id, entry_id, flags, k = r.take(_READ_ENTRY)
+    *fields, k = r.take(head)
     key = bytes(r.bytes_(k))
     r.done()
-    return ledger_id, entry_id, flags, key
+    return tuple(fields), key
 
 
 def encode_entry_answer(request_id: int, status: int, entry_id: int, message: str, entry: Buffer) -> list[Buffer]:
@@ -514,10 +521,7 @@ def encode_write_lac(request_id: int, ledger_id: int, lac: int, flags: int, mast
 
 def decode_write_lac(body: Buffer) -> tuple[int, int, int, bytes]:
     """``(ledger_id, lac, flags, master_key)``."""
-    r = _Reader(body)
-    ledger_id, lac, flags, k = r.take(_WRITE_LAC)
-    key = bytes(r.bytes_(k))
-    r.done()
+    (ledger_id, lac, flags), key = _keyed(body, _WRITE_LAC)
     return ledger_id, lac, flags, key
 
 
