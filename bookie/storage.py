@@ -329,8 +329,8 @@ class DiskLedgerStorage:
                 put(lid, eid, entry)
         st.last_entry_id = eids[-1]
         self._dirty.add(lid)
-        if run.lac > st.lac:
-            st.lac = run.lac
+        if run.lac > st.lac or st.lac >= eids[0]:  # an LAC, or entries it covers a poll waits to carry
+            st.lac = max(st.lac, run.lac)
             if lid in self._waiters.by_ledger:
                 self._waiters.notify(lid)
 
@@ -365,8 +365,8 @@ class DiskLedgerStorage:
             data = datas[i]
             put(lid, eid, data)
             piggy = from_bytes(data[16:24], "big", signed=True)
-            if piggy > st.lac:
-                st.lac = piggy
+            if piggy > st.lac or st.lac >= eid:  # an LAC, or an entry it covers a poll waits to carry
+                st.lac = max(st.lac, piggy)
                 if lid in waiting:
                     waiters.notify(lid)
 
@@ -632,11 +632,11 @@ class DiskLedgerStorage:
         if self._state(ledger_id).master_key != master_key:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
-    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
         return await self._waiters.wait_for_lac(
             self._states, self._state, ledger_id, previous_lac,
             min(timeout_s, self._config.lac_wait_timeout_s_max),
-            stopped=lambda: self._closed,
+            stopped=lambda: self._closed, entry=entry,
         )
 
     def ledger_ids(self) -> list[int]:
