@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
+
+import aiohttp
 
 from scriba.console.cli import Console
 from scriba.console.probe import BookieProbe, Prober
@@ -14,7 +17,15 @@ from scriba.ids import BookieId
 from scriba.meta.records import BookieRegistration, LedgerMetadata, bookie_key, ledger_key
 from scriba.meta.store import MetadataStore
 from scriba.rsm import membership as mb
-from scriba.stream.segments import NamespaceRecord, StreamRecord, namespace_key, stream_key
+from scriba.stream.position import Position
+from scriba.stream.segments import (
+    CursorRecord,
+    NamespaceRecord,
+    StreamRecord,
+    cursor_key,
+    namespace_key,
+    stream_key,
+)
 from tests.console.conftest import until
 
 
@@ -94,3 +105,24 @@ async def test_a_bookie_is_down_only_once_a_probe_failed(memory_console: tuple[M
     assert state() == "writable"
     await store.delete(bookie_key("b1"))  # its registration goes: down whatever the probe said
     await until("b1 down once unregistered", lambda: state() == "down")
+
+
+async def test_a_streams_cursors_truncation_and_retention_shown(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
+    await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
+    settings = {"retention_age_s_max": 3600.0, "retention_bytes_max": 1 << 30}
+    await store.create(stream_key("apps", "orders"), StreamRecord(
+        "orders", settings=settings, truncated_before=Position(2, 5), next_seq=3).to_bytes())
+    await store.create(cursor_key("apps", "orders", "billing"), CursorRecord("billing", Position(2, 9)).to_bytes())
+
+    def orders() -> dict[str, Any] | None:
+        rows = [s for ns in console.model.streams()["namespaces"] for s in ns["streams"]]
+        return rows[0] if rows and rows[0]["cursors"] else None
+
+    stream = await until("the stream with its cursor", orders)
+    assert (stream["truncated_before"], stream["settings"]) == (str(Position(2, 5)), settings)
+    assert [(c["name"], c["position"]) for c in stream["cursors"]] == [("billing", str(Position(2, 9)))]
+    async with aiohttp.ClientSession() as http, http.get(console.url + "streams") as reply:
+        page = await reply.text()
+    assert f"truncated before {Position(2, 5)}" in page and f"billing at {Position(2, 9)}" in page
+    assert "retention_age_s_max" in page and "3600" in page
