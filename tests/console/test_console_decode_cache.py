@@ -17,15 +17,8 @@ from scriba.console.views import LedgerQuery, Model
 from scriba.meta import connect
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata, ledger_key
 from scriba.meta.store import MetadataStore
+from scriba.stream import segments as sg
 from scriba.stream.position import Position
-from scriba.stream.segments import (
-    CursorRecord,
-    NamespaceRecord,
-    StreamRecord,
-    cursor_key,
-    namespace_key,
-    stream_key,
-)
 from scriba.testing.waiting import eventually
 
 LIVE = 20  # ledgers alive at any time
@@ -97,19 +90,19 @@ async def test_cache_stays_within_the_live_records_over_many_cycles(memory_conso
 async def test_records_below_a_deleted_stream_leave_the_cache(memory_console: tuple[MetadataStore, Console]) -> None:
     store, console = memory_console
     model = console.model
-    await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
-    await store.create(stream_key("apps", "s"), StreamRecord("s").to_bytes())
+    await store.create(sg.namespace_key("apps"), sg.NamespaceRecord("apps").to_bytes())
+    await store.create(sg.stream_key("apps", "s"), sg.StreamRecord("s").to_bytes())
     for name in ("c1", "c2"):
-        await store.create(cursor_key("apps", "s", name), CursorRecord(name, Position(0, 3)).to_bytes())
-    cursor_keys = {cursor_key("apps", "s", n) for n in ("c1", "c2")}
+        await store.create(sg.cursor_key("apps", "s", name), sg.CursorRecord(name, Position(0, 3)).to_bytes())
+    cursor_keys = {sg.cursor_key("apps", "s", n) for n in ("c1", "c2")}
     await eventually(lambda: [len(s["cursors"]) for s in _streams(model)] == [2], DEADLINE_S,
                      what="the stream with its two cursors")
     assert cursor_keys <= model.decoded.keys()
     # only the stream is deleted: its cursors' watch stops and takes their records (and decodes) along
-    await store.delete(stream_key("apps", "s"))
+    await store.delete(sg.stream_key("apps", "s"))
     await eventually(lambda: not _streams(model), DEADLINE_S, what="the stream gone")
-    assert not (cursor_keys | {stream_key("apps", "s")}) & model.decoded.keys()
-    assert model.decoded.keys() == {namespace_key("apps")}
+    assert not (cursor_keys | {sg.stream_key("apps", "s")}) & model.decoded.keys()
+    assert model.decoded.keys() == {sg.namespace_key("apps")}
 
 
 async def test_keys_gone_while_the_store_was_away_leave_the_cache() -> None:
