@@ -13,17 +13,24 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from scriba.client import LedgerReader
+from scriba.client import ClientConfig, LedgerReader
 from scriba.client.sync import SyncClient
 from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
-from scriba.pipeline.plan import WRITE_BATCH_RECORDS, ReadTask, SegmentSpan, split_stream
+from scriba.pipeline.plan import (
+    WRITE_BATCH_RECORDS,
+    ReadTask,
+    SegmentSpan,
+    SourceOptions,
+    split_stream,
+)
 from scriba.stream import Namespace, Position, Record, open_namespace
 from scriba.stream.ledgers import delete_ledgers, read_entry, records_of
 from scriba.stream.record_set import decode_header
 from scriba.stream.segments import StreamRecord, check_active
+from scriba.tls import TlsConfig
 
 T = TypeVar("T")
 log = get_logger(__name__)
@@ -68,13 +75,20 @@ class StreamView:
         return position
 
 
+def open_access(opts: SourceOptions | ReadTask) -> Access:
+    """The connection the data source's options (driver) or a task (executor) describe."""
+    return Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s, tls=opts.tls)
+
+
 class Access:
     """One blocking connection (driver or task); use as a context manager."""
 
-    def __init__(self, metadata: str, password: bytes = b"", *, call_timeout_s: float = 120.0) -> None:
+    def __init__(self, metadata: str, password: bytes = b"", *, call_timeout_s: float = 120.0,
+                 tls: TlsConfig | None = None) -> None:
+        """``tls``: dial the bookies over (mutual) TLS (None: plaintext)."""
         self._password = password
         self._timeout_s = call_timeout_s
-        self._sync = SyncClient.connect(metadata, call_timeout_s=call_timeout_s)
+        self._sync = SyncClient.connect(metadata, call_timeout_s=call_timeout_s, config=ClientConfig(tls=tls))
         self._namespaces: dict[str, Namespace] = {}
         self._ledgers: dict[int, LedgerReader] = {}  # async readers for header reads (driver)
 

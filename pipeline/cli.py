@@ -4,12 +4,16 @@ Each command starts a SparkSession (``--master``, default ``local[2]``; Spark pr
 its stage progress on the console), runs the job and ends with a one-line summary
 (``--json``: one JSON object). ``audit`` exits 1 when it found a problem. pyspark is
 imported only when a command runs, so ``scriba --help`` works without the extra.
+``--tls-cert/--tls-key/--tls-ca`` (files every executor can read): the driver and every
+task dial the bookies over mutual TLS (the data source's ``tls.*`` options).
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def register(subparsers: Any) -> None:
@@ -50,6 +54,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", default="", help="the ledgers' / namespace's password")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_tls_arguments(p, server=False)  # the certificate the driver and every task dial the bookies with
 
 
 def _session(args: argparse.Namespace) -> tuple[Any, bool]:
@@ -71,7 +76,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     spark, owned = _session(args)
     try:
         report = export(spark, args.metadata, args.to, streams=tuple(args.stream), namespace=args.namespace,
-                        password=args.password, fail_on_data_loss=not args.skip_truncated)
+                        password=args.password, fail_on_data_loss=not args.skip_truncated, tls=tls_from_args(args))
     finally:
         if owned:
             spark.stop()
@@ -87,7 +92,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     try:
         problems, report = audit(spark, args.metadata, namespace=args.namespace,
                                  ledgers=tuple(parse_ledger_ids(args.ledgers or "")),
-                                 password=None if args.no_digest else args.password)
+                                 password=None if args.no_digest else args.password, tls=tls_from_args(args))
         if args.out:
             problems.write.mode("overwrite").parquet(args.out)
         elif not args.json:
@@ -105,7 +110,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     factory = machine_factory(args.machine)
     spark, owned = _session(args)
     try:
-        report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password)
+        report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password,
+                         tls=tls_from_args(args))
     finally:
         if owned:
             spark.stop()

@@ -51,7 +51,7 @@ from pyspark.sql.streaming.datasource import (  # Spark >= 4.2
 from pyspark.sql.types import StructType
 
 from scriba.errors import ConfigError
-from scriba.pipeline.access import Access, StreamView
+from scriba.pipeline.access import Access, StreamView, open_access
 from scriba.pipeline.plan import (
     SCHEMA_DDL,
     ReadTask,
@@ -75,7 +75,7 @@ class ScribaPartition(InputPartition):
 
 
 def _rows(task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    with Access(task.metadata, task.password, call_timeout_s=task.call_timeout_s) as access:
+    with open_access(task) as access:
         if task.stream is None:
             for entry in access.read_entries(task):
                 yield (None, None, None, task.ledger_id, int(entry.entry_id), 0, None, bytes(entry.payload),
@@ -136,7 +136,7 @@ class ScribaBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         tasks: list[ReadTask] = []
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with open_access(opts) as access:
             for ledger_id in opts.ledgers:
                 tasks += plan_ledger(opts, ledger_id, access.ledger_last_entry(ledger_id),
                                      opts.max_records_per_partition)
@@ -162,7 +162,7 @@ class ScribaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _conn(self) -> Access:  # the driver's connection, opened lazily (never pickled)
         if self._access is None:
-            self._access = Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s)
+            self._access = open_access(self.opts)
         return self._access
 
     def _views(self) -> dict[str, StreamView]:
@@ -253,7 +253,7 @@ class ScribaWriter(DataSourceWriter):
                 yield bytes(payload), ({k: bytes(v) for k, v in headers.items()} if headers else None)
 
         opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with open_access(opts) as access:
             if self.exactly_once:
                 counted = _Counted(rows())
                 staged = access.stage(self.stream, counted, self.job,
@@ -269,7 +269,7 @@ class ScribaWriter(DataSourceWriter):
             return
         adopted = [i for m in messages if isinstance(m, ScribaCommit) for i in m.staged]
         opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with open_access(opts) as access:
             access.adopt(self.stream, adopted)
             access.delete_ledgers(set(access.staged_ledgers(self.job)) - set(adopted))
 
@@ -279,7 +279,7 @@ class ScribaWriter(DataSourceWriter):
         if not self.exactly_once:
             return
         opts = self.opts
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with open_access(opts) as access:
             access.delete_ledgers(access.staged_ledgers(self.job))
 
 
