@@ -24,7 +24,7 @@ from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S, Autorecover
 from scriba.errors import ConfigError
 from scriba.ids import BookieId
 from scriba.log import get_logger
-from scriba.metrics_http import MetricsServer
+from scriba.metrics_http import serve_metrics
 from scriba.tls_cli import add_tls_arguments, client_tls_from_args, tls_from_args
 
 log = get_logger(__name__)
@@ -92,11 +92,7 @@ async def _run(uri: str, config: AutorecoveryConfig, args: argparse.Namespace) -
     name = args.id or f"autorecovery-{uuid.uuid4().hex[:8]}"
     metrics = AutorecoveryMetrics()
     async with contextlib.AsyncExitStack() as stack:
-        url = None
-        if args.http:
-            http = MetricsServer(args.http, metrics.registry, tls_from_args(args))
-            url = await http.start()
-            stack.push_async_callback(http.stop)
+        url = await serve_metrics(stack, args.http, metrics.registry, tls_from_args(args))
         await _serve(uri, config, args, name, metrics, url)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from scriba.errors import ConfigError
 from scriba.log import get_logger
-from scriba.metrics_http import MetricsServer
+from scriba.metrics_http import serve_metrics
 from scriba.tls_cli import add_tls_arguments, client_tls_from_args, tls_from_args
 
 log = get_logger(__name__)
@@ -114,11 +114,7 @@ async def _replicate(args: argparse.Namespace) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     client_config = ClientConfig(tls=client_tls_from_args(args))
     async with contextlib.AsyncExitStack() as stack:
-        metrics_url = None
-        if args.http:
-            http = MetricsServer(args.http, metrics.registry, tls_from_args(args))
-            metrics_url = await http.start()
-            stack.push_async_callback(http.stop)
+        metrics_url = await serve_metrics(stack, args.http, metrics.registry, tls_from_args(args))
         source = await stack.enter_async_context(Client.connect(args.source, config=client_config))
         # the target writer lock lives as long as this session: a SIGKILLed replicator frees it
         # within --session-timeout-s (the client leaves closing a store passed in to us)

@@ -12,6 +12,8 @@ fallback.
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -55,3 +57,15 @@ class MetricsServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve_metrics(stack: AsyncExitStack, listen: str | None, registry: CollectorRegistry,
+                        tls: TlsConfig | None) -> str | None:
+    """A :class:`MetricsServer` on ``listen`` (None: no server, None returned) that
+    ``stack`` stops; its URL."""
+    if listen is None:
+        return None
+    server = MetricsServer(listen, registry, tls)
+    url = await server.start()
+    stack.push_async_callback(server.stop)
+    return url
