@@ -12,6 +12,13 @@ client per endpoint, the operations spread over the three endpoints:
 2. linearizable gets and serializable gets at each level: ops/s;
 3. one put at a time: p50 / p99.
 
+Beside each rate it prints the CPU spent per operation by the client (this process)
+and by the servers (every descendant process), from ``/proc``: with both cores busy,
+``2 s of CPU per s / (client + servers per op)`` is the rate's ceiling, and
+``1 s / client per op`` the ceiling of this one-process asyncio client against any
+server at all (the floor behind the 4x goal: the goal needs the client to issue puts
+four times as fast as it issues them to etcd).
+
 Printed as a table with the ratio ours / etcd per line (``--json OUT`` for the lead).
 Run: ``.venv/bin/python benchmarks/bench_kv.py [--seconds 5] [--concurrency 1,16,256]``.
 Not a timed test: 2 cores are shared by every process here (client included), so both
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -78,6 +86,32 @@ async def drive(clients: list[aetcd.Client], op: Callable[[aetcd.Client, int], A
     return len(latencies) / (time.monotonic() - start), latencies
 
 
+_TICKS_S = os.sysconf("SC_CLK_TCK")
+
+
+def descendants_cpu_s(root: int | None = None) -> float:
+    """User + system CPU seconds of every living descendant of ``root`` (this process)."""
+    root = os.getpid() if root is None else root
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended while we looked
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS_S)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total
+
+
 async def put(c: aetcd.Client, i: int) -> None:
     await c.put(b"bench/%04d" % i, VALUE)
 
@@ -102,8 +136,12 @@ async def measure(endpoints: list[str], levels: list[int], seconds: float) -> di
         for name, op in (("put", put), ("get_linearizable", get_linearizable),
                          ("get_serializable", get_serializable)):
             for n in levels:
-                rate, _ = await drive(clients, op, n, seconds)
+                client0, servers0 = time.process_time(), descendants_cpu_s()
+                rate, latencies = await drive(clients, op, n, seconds)
+                ops = max(1, len(latencies))
                 out[f"{name}@{n}"] = round(rate)
+                out[f"{name}@{n}_client_cpu_us"] = round((time.process_time() - client0) / ops * 1e6)
+                out[f"{name}@{n}_servers_cpu_us"] = round((descendants_cpu_s() - servers0) / ops * 1e6)
         _, latencies = await drive(clients[:1], put, 1, seconds)
         out["put_1_p50_ms"] = round(pct(latencies, 50) * 1000, 2)
         out["put_1_p99_ms"] = round(pct(latencies, 99) * 1000, 2)
@@ -149,10 +187,15 @@ def main() -> int:
                 bookies.stop_all()
             meta.stop()
             reference.stop()
-    print(f"{'measure':<26}{'scriba-kv':>12}{'etcd x3':>12}{'ratio':>8}")
+    print(f"{'measure':<34}{'scriba-kv':>12}{'etcd x3':>12}{'ratio':>8}")
     for key in ours:
         ratio = ours[key] / theirs[key] if theirs[key] else float("nan")
-        print(f"{key:<26}{ours[key]:>12}{theirs[key]:>12}{ratio:>8.2f}")
+        print(f"{key:<34}{ours[key]:>12}{theirs[key]:>12}{ratio:>8.2f}")
+    for key in (k for k in ours if k.endswith("_client_cpu_us")):
+        rate = key.removesuffix("_client_cpu_us")
+        ceiling = 1e6 / max(1, theirs[key])
+        print(f"{rate}: this client alone can issue at most {ceiling:,.0f}/s "
+              f"({ceiling / max(1, theirs[rate]):.2f}x what it drove against etcd)")
     if args.json:
         args.json.write_text(json.dumps({"scriba_kv": ours, "etcd": theirs}, indent=1) + "\n")
     return 0
