@@ -1,4 +1,5 @@
-"""TLS flags of the command-line tools: stream verbs, ``scriba geo``, ``scriba autorecovery run``.
+"""TLS flags of the command-line tools: stream verbs, ``rsm-status``, ``scriba geo``,
+``scriba autorecovery run``.
 
 Two clusters on 127.0.0.1 ("us": three bookies, "eu": one), every bookie serving mutual
 TLS with the test CA's allow-lists (client ``scriba-client``, bookie ``scriba-bookie``,
@@ -25,9 +26,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from scriba.cli import main
 from scriba.client import Client, ClientConfig
 from scriba.embedded.bookie import tls_argv
+from scriba.embedded.kvstore import KvCluster
 from scriba.embedded.process import python_module_argv
 from scriba.embedded.sandbox_children import start_child, stop_child
 from scriba.stream import open_namespace
@@ -40,6 +41,7 @@ pytestmark = [pytest.mark.timeout(300)]
 NAMESPACE = "tools"
 STREAM = "orders"
 RECORDS = [f"record-{i}" for i in range(20)]
+RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0}
 ONE_BOOKIE = {"ensemble_size": 1, "write_quorum_size": 1, "ack_quorum_size": 1}
 
 
@@ -63,10 +65,14 @@ def clusters(etcd_cluster: Any, pki: TestPki, tmp_path_factory: pytest.TempPathF
         eu.stop_all()
 
 
-def shell(cwd: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``scriba shell ...`` as a process in ``cwd`` (no sandbox.json there: no certificate found)."""
-    return subprocess.run(python_module_argv("scriba.cli", "shell", *argv), input=stdin, capture_output=True,
+def scriba(cwd: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``scriba ...`` as a process in ``cwd`` (no sandbox.json there: no certificate found)."""
+    return subprocess.run(python_module_argv("scriba.cli", *argv), input=stdin, capture_output=True,
                           text=True, timeout=120, cwd=cwd)
+
+
+def shell(cwd: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return scriba(cwd, "shell", *argv, stdin=stdin)
 
 
 async def read_stream(uri: str, tls: TlsConfig, count: int, timeout_s: float = 90.0) -> list[str]:
@@ -117,11 +123,30 @@ def test_stream_verbs_over_tls_and_refused_without(clusters: Clusters, pki: Test
     assert other_ca.returncode == 1 and not other_ca.stdout.strip(), other_ca.stdout + other_ca.stderr
 
 
+# --- rsm-status: the shell dials the replicas' service ------------------------------------------
+
+
+def test_rsm_status_asks_tls_replicas_with_the_certificate(clusters: Clusters, pki: TestPki, tmp_path: Path) -> None:
+    kv = KvCluster(clusters.us.metadata_uri, tmp_path / "kv", replicas=1, rsm_config=RSM_CONFIG,
+                   extra_args=tls_argv(pki.server_tls()))
+    kv.start_all()
+    try:
+        status = ["--json", "rsm-status", "kv/store"]
+        admitted = shell(tmp_path, "--metadata", clusters.us.metadata_uri, *tls_argv(pki.client_tls(pki.client)),
+                         *status)
+        assert admitted.returncode == 0, admitted.stdout + admitted.stderr
+        members = json.loads(admitted.stdout)["members"]
+        assert [m["answered"] for m in members] == [True], members
+        plaintext = shell(tmp_path, "--metadata", clusters.us.metadata_uri, *status)  # the replica refuses it
+        assert [m["answered"] for m in json.loads(plaintext.stdout)["members"]] == [False], plaintext.stdout
+    finally:
+        kv.stop_all()
+
+
 # --- scriba geo --------------------------------------------------------------------------------
 
 
-def test_geo_replicate_over_tls_with_https_metrics(clusters: Clusters, pki: TestPki, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_geo_replicate_over_tls_with_https_metrics(clusters: Clusters, pki: TestPki, tmp_path: Path) -> None:
     asyncio.run(_source_with_records(clusters, pki))
     us, eu = clusters.us.metadata_uri, clusters.eu.metadata_uri
     served = pki.server_tls()  # the replicator's certificate: a bookie identity, SANs 127.0.0.1/localhost
@@ -137,10 +162,11 @@ def test_geo_replicate_over_tls_with_https_metrics(clusters: Clusters, pki: Test
         stop_child(child)
     # translate dials both clusters: with the certificate it finds the positions, without it is refused
     translate = ["geo", "translate", "--source", us, "--target", eu, "--stream", f"{NAMESPACE}/{STREAM}", "0:0:0"]
-    assert main([*translate, *tls_argv(pki.client_tls(pki.client))]) == 0
-    assert json.loads(capsys.readouterr().out)["positions"][0] is not None
-    assert main(translate) == 1
-    assert "UNAVAILABLE" in capsys.readouterr().err
+    found = scriba(tmp_path, *translate, *tls_argv(pki.client_tls(pki.client)))
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert json.loads(found.stdout)["positions"][0] is not None
+    refused = scriba(tmp_path, *translate)
+    assert refused.returncode == 1 and "UNAVAILABLE" in refused.stderr, refused.stdout + refused.stderr
 
 
 async def _source_with_records(clusters: Clusters, pki: TestPki) -> None:
