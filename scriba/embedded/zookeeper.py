@@ -153,7 +153,9 @@ class ZooKeeperEnsemble:
     ) -> None:
         """``tls``: each member also serves a secure client port (Netty, PEM stores; client
         certificates required when ``tls.require_client_cert``), which :meth:`uri` names;
-        the plaintext port stays on for the readiness probe (``srvr``)."""
+        the plaintext port stays on for the readiness probe (``srvr``). With a CA and 3
+        members the quorum and election ports are TLS too (``sslQuorum``: each member
+        presents the certificate and verifies the others' with the CA)."""
         invariant(members in (1, 3), f"a ZooKeeper ensemble here has 1 or 3 members, got {members}")
         self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
@@ -251,6 +253,10 @@ class ZooKeeperEnsemble:
         ]
         if tls.ca is not None:
             lines += [f"ssl.trustStore.location={tls.ca}", "ssl.trustStore.type=PEM"]
+            if len(self.members) > 1:  # the quorum and election ports too: members verify each other
+                lines += ["sslQuorum=true", f"ssl.quorum.keyStore.location={key_store}",
+                          "ssl.quorum.keyStore.type=PEM", f"ssl.quorum.trustStore.location={tls.ca}",
+                          "ssl.quorum.trustStore.type=PEM"]
         return lines
 
     # --- lifecycle ---------------------------------------------------------------------

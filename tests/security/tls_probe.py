@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from scriba.certs import Issued
 from scriba.testing.pki import TestPki
 
 PROBE_TIMEOUT_S = 20.0
@@ -75,12 +76,13 @@ def served_plaintext(reply: bytes | None) -> bool:
     return not (reply.startswith(b"HTTP/1.0 400") and b"HTTPS server" in reply)
 
 
-def refusals(port: int, pki: TestPki) -> list[str]:
+def refusals(port: int, pki: TestPki, good: Issued | None = None) -> list[str]:
     """What is wrong with ``port`` as a mutual-TLS port (empty: nothing): it must serve
-    the test CA's client certificate and refuse plaintext, no certificate and a
-    certificate from another CA."""
+    ``good`` (default: the test CA's client certificate) and refuse plaintext, no
+    certificate and a certificate from another CA."""
     problems = []
-    if (error := handshake_error(port, pki.ca.cert, pki.client.cert, pki.client.key)) is not None:
+    own = good or pki.client
+    if (error := handshake_error(port, pki.ca.cert, own.cert, own.key)) is not None:
         problems.append(f"refused a certificate the CA signed ({error})")
     if handshake_error(port, pki.ca.cert) is None:
         problems.append("accepted a client without a certificate")
