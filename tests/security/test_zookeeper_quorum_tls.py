@@ -5,8 +5,10 @@ Three members with the test CA's server certificate: they elect a leader and ser
 and election port that listens (the quorum port only on the leader) completes a
 handshake with a member's certificate and refuses plaintext, no certificate and another
 CA's certificate. ZooKeeper also checks the peer's name there (the member certificate
-carries 127.0.0.1; a client certificate without it is refused). The negative control:
-the plaintext client port the launcher keeps for its ``srvr`` health checks is flagged.
+carries 127.0.0.1; a client certificate without it is refused). The client ports are
+mutual TLS only: no plaintext client port listens (the launcher's ``srvr`` readiness
+probe uses the secure port). (The probe's negative controls are in
+``test_secure_defaults.py``.)
 """
 
 from __future__ import annotations
@@ -53,5 +55,6 @@ def test_quorum_and_election_ports_speak_only_mutual_tls(ensemble: Any, pki: Tes
     assert len(listening) >= 4, listening  # three election ports and the leader's quorum port
     for port in listening:
         assert refusals(port, pki, good=pki.server) == [], port
-    plain = ensemble.endpoints[0][1]  # negative control: the plaintext client port is not mutual TLS
-    assert refusals(plain, pki, good=pki.server) != []
+    for port in ensemble.secure_ports:  # the client ports: mutual TLS, and no plaintext one beside them
+        assert refusals(port, pki) == [], port
+    assert not any(port_open("127.0.0.1", p) for _, p in ensemble.endpoints)
