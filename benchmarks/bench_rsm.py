@@ -10,8 +10,9 @@ from this process over the replica service (``RsmClient``), 64-byte commands:
 3. linearizable reads/s through the leader, in the same run: *unpipelined* (each read its
    own ``READ`` request, the client before pipelining) and *pipelined* (``READ_MANY``
    frames; the reads of a frame share one read index) at the same concurrency, and
-   pipelined at ``--read-concurrency`` reads in flight. Every read proves leadership with
-   a barrier append shared by the reads waiting at that moment;
+   pipelined at ``--read-concurrency`` reads in flight. Every read proves leadership by
+   the leader's default check (``RsmConfig.leader_read_check``: a fence probe, plain LAC
+   reads to its ledger's bookies, shared by the reads waiting at that moment);
 4. fail-over: the leader SIGKILLed -> the first confirmed proposal through a client
    that knows every replica, over ``--trials`` trials (the killed replica restarts
    under a new id before the next trial). Replica timings as in the R15 test:
@@ -25,6 +26,13 @@ command survives a process crash, not a power loss. Its load runs inside the lea
 process (PySyncObj has no client protocol), with the same number of commands in flight
 (callbacks) and then one at a time (``sync=True``); PySyncObj has no linearizable read
 (its reads are local), so only writes are compared.
+
+``--reads-only``: the leader's two read checks side by side, same run, same bookies: two
+groups of 3 replica processes (``counter-barrier`` with ``leader_read_check="barrier"``,
+a barrier append per round, journal fsync on the bookies; ``counter-fence_probe`` with
+the fence probe), pipelined linearizable reads at ``--concurrency`` in flight through
+each leader, alternating ``--rounds`` times; reads/s per round, the median per mode and
+the ratio probe / barrier. No PySyncObj, no fail-over.
 
 Run: ``.venv/bin/pip install pysyncobj`` (benchmark only, not a dependency), then
 ``.venv/bin/python benchmarks/bench_rsm.py [--seconds 10] [--concurrency 64] [--trials 20] [--json OUT]``.
@@ -83,7 +91,8 @@ class CounterMachine:
         self.count = int(src.read() or b"0")
 
 
-async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: str) -> int:
+async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: str, name: str = "counter",
+                       read_check: str = "fence_probe") -> int:
     from scriba.client import Client, ClientConfig
     from scriba.log import configure
     from scriba.meta.connect import connect
@@ -92,8 +101,9 @@ async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: s
     configure(stream=sys.stderr, level="warning")
     store = await connect(uri, session_timeout_s=2.0)
     client = await Client.connect(uri, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
-    rsm = ReplicatedStateMachine(client, namespace=namespace, name="counter", state_machine=CounterMachine(),
-                                 replica_id=rid, address=address, config=RsmConfig(**REPLICA_CONFIG, zone=zone))
+    rsm = ReplicatedStateMachine(client, namespace=namespace, name=name, state_machine=CounterMachine(),
+                                 replica_id=rid, address=address,
+                                 config=RsmConfig(**REPLICA_CONFIG, zone=zone, leader_read_check=read_check))
     await rsm.start()
     print("READY", flush=True)
     while rsm.error is None:
@@ -102,8 +112,9 @@ async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: s
 
 
 class Replicas:
-    def __init__(self, uri: str, namespace: str) -> None:
+    def __init__(self, uri: str, namespace: str, name: str = "counter", read_check: str = "fence_probe") -> None:
         self.uri, self.namespace = uri, namespace
+        self.name, self.read_check = name, read_check
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.addresses: dict[str, str] = {}
         self.generation = 0
@@ -113,7 +124,7 @@ class Replicas:
         self.generation += 1
         address = f"127.0.0.1:{free_port()}"
         proc = subprocess.Popen([sys.executable, __file__, "--replica", self.uri, self.namespace, rid, address,
-                                 f"z{slot + 1}"], stdout=subprocess.PIPE, text=True)
+                                 f"z{slot + 1}", self.name, self.read_check], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "READY" not in line:
@@ -125,6 +136,8 @@ class Replicas:
         for proc in self.procs.values():
             proc.kill()
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 async def timed_load(call: Any, concurrency: int, seconds: float) -> tuple[int, list[float]]:
@@ -228,6 +241,53 @@ async def scriba_side(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         etcd.stop()
 
 
+async def read_checks_side(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """The leader's read checks side by side (``--reads-only``): two groups on the same bookies."""
+    from scriba.embedded.etcd import EtcdCluster
+    from scriba.rsm.remote import RsmClient
+    from scriba.testing.cluster import BookieCluster
+
+    etcd = EtcdCluster(base / "etcd", 1)
+    etcd.start()
+    uri = etcd.uri("bench")
+    bookies = BookieCluster(base / "bookies", uri)
+    modes = ("barrier", "fence_probe")
+    groups = {mode: Replicas(uri, "bench", f"counter-{mode}", mode) for mode in modes}
+    out: dict[str, Any] = {"bookies": "3 processes, zones z1-z3, E3/W3/A2", "readers": args.concurrency,
+                           "seconds_per_round": args.seconds, "reads_per_s": {mode: [] for mode in modes}}
+    try:
+        for zone in ("z1", "z2", "z3"):
+            bookies.add_bookie(zone=zone)
+        clients = {}
+        for mode, group in groups.items():
+            for slot in range(3):
+                group.start(slot)
+            clients[mode] = RsmClient(list(group.addresses.values()), timeout_s=60.0, pipeline_reads=True)
+            await clients[mode].propose(COMMAND)  # a leader serves; its ledger has an entry
+            await clients[mode].read(b"get")  # the client finds the leader
+        for _ in range(args.rounds):
+            for mode in modes:
+                n, _lat = await timed_load(lambda c=clients[mode]: c.read(b"get"), args.concurrency, args.seconds)
+                out["reads_per_s"][mode].append(round(n / args.seconds))
+        out["leader_status"] = {}
+        for mode, client in clients.items():
+            for address in groups[mode].addresses.values():
+                status = await client.status(address)
+                if status["role"] == "leader":
+                    out["leader_status"][mode] = {k: status[k] for k in (
+                        "batches_sent", "read_probes_proven", "read_probes_unproven")}
+            await client.close()
+        median = {mode: sorted(v)[len(v) // 2] for mode, v in out["reads_per_s"].items()}
+        out["median_reads_per_s"] = median
+        out["fence_probe_vs_barrier"] = round(median["fence_probe"] / max(1, median["barrier"]), 2)
+        return out
+    finally:
+        for group in groups.values():
+            group.stop_all()
+        bookies.stop_all()
+        etcd.stop()
+
+
 # --- the PySyncObj baseline ----------------------------------------------------------------
 def pysyncobj_node(me: str, partners: list[str], journal: str, result_path: str, seconds: float,
                    concurrency: int) -> int:
@@ -318,7 +378,7 @@ def pysyncobj_side(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--replica":
-        return asyncio.run(replica_main(*sys.argv[2:7]))
+        return asyncio.run(replica_main(*sys.argv[2:9]))
     if len(sys.argv) > 1 and sys.argv[1] == "--pysyncobj":
         a = sys.argv[2:]
         return pysyncobj_node(a[0], a[1].split(","), a[2], a[3], float(a[4]), int(a[5]))
@@ -328,7 +388,21 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--read-concurrency", type=int, default=1024, help="reads in flight, last read load")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--reads-only", action="store_true",
+                        help="only the leader's read checks side by side (barrier vs fence probe)")
+    parser.add_argument("--rounds", type=int, default=3, help="--reads-only: alternating rounds per mode")
     args = parser.parse_args()
+    if args.reads_only:
+        with tempfile.TemporaryDirectory(prefix="bench-rsm-") as tmp:
+            checks = asyncio.run(read_checks_side(args, Path(tmp)))
+        checks["note"] = "2 shared cores: figures are noisy; both modes measured in the same run, alternating"
+        print(json.dumps(checks, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(checks, indent=2))
+        print(f"linearizable reads/s at {args.concurrency} in flight (median of {args.rounds}): barrier "
+              f"{checks['median_reads_per_s']['barrier']}, fence probe {checks['median_reads_per_s']['fence_probe']}"
+              f" = {checks['fence_probe_vs_barrier']}x", file=sys.stderr)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-rsm-") as tmp:
         base = Path(tmp)
         baseline = pysyncobj_side(args, base)

@@ -192,6 +192,7 @@ class RecoveryCore:
         self._fence_ok: set[int] = set()
         self._fence_failed: set[int] = set()
         self._fence_errors: list[str] = []
+        self._fence_complete = False  # every write set covered (not: a recovery that failed fencing)
         self._max_lac = -1
         # reading
         self._start = 0
@@ -218,8 +219,9 @@ class RecoveryCore:
 
     @property
     def fenced(self) -> bool:
-        """True once fencing reached every write set (the old writer can confirm nothing new)."""
-        return self._phase not in (RecoveryPhase.MARKING, RecoveryPhase.FENCING)
+        """True once fencing reached every write set (the old writer can confirm nothing new),
+        or the ledger was found closed; a recovery that failed while fencing never was."""
+        return self._fence_complete or self._phase is RecoveryPhase.DONE
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -434,6 +436,7 @@ class RecoveryCore:
 
     def _begin_reading(self) -> Effects:
         self._phase = RecoveryPhase.READING
+        self._fence_complete = True
         # Read the LAC entry too: it is confirmed, and its header gives the length.
         self._start = max(self._max_lac, 0)
         self._next_read = self._start

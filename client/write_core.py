@@ -95,7 +95,7 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
 from scriba.meta.records import Ensemble, LedgerMetadata, LedgerState
-from scriba.quorum import SlotRegions
+from scriba.quorum import Quorum, SlotRegions
 
 _pack_header: Final = HEADER.pack
 _crc_value: Final = google_crc32c.value
@@ -323,6 +323,15 @@ class WriteCore:
     @property
     def ensemble(self) -> Ensemble:
         return tuple(self._ensemble)
+
+    @property
+    def fence_probe_target(self) -> tuple[Ensemble, Quorum, SlotRegions | None] | None:
+        """What an unfenced probe asks (``client.fence_probe``): the current ensemble, the
+        quorum and the ack rule's regions; None once the writer is not OPEN or while an
+        ensemble change is being written (the record may already name the new ensemble)."""
+        if self._state is not WriterState.OPEN or self._change is not None:
+            return None
+        return tuple(self._ensemble), self._quorum, self._regions
 
     @property
     def bytes_inflight(self) -> int:

@@ -46,6 +46,7 @@ from scriba.client.effects import (
     StartTimer,
     WriteMetadata,
 )
+from scriba.client.fence_probe import Verdict, prove_unfenced
 from scriba.client.transport import BookieTransport
 from scriba.client.write_core import WriteCore, WriterState
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, HEADER_SIZE, make_digest
@@ -407,6 +408,21 @@ class LedgerWriter:
                 )
         except (ScribaError, builtins.TimeoutError) as exc:
             self._log.debug("explicit_lac_failed", bookie_id=bookie_id, lac=lac, error=str(exc))
+
+    # --- leadership check --------------------------------------------------------------
+    async def prove_unfenced(self, timeout_s: float) -> bool:
+        """Whether ``Qa`` bookies of one write set of the current ensemble answer, to plain
+        LAC reads sent now, that this ledger is not fenced (``client.fence_probe``): then no
+        recovery had fenced it when this call began. False when they do not (a bookie
+        answered "fenced", failed, or was slow) or while an ensemble change is written."""
+        target = self._core.fence_probe_target
+        if target is None:
+            return False
+        ensemble, quorum, regions = target
+        probe = await prove_unfenced(self._transport, self._ledger_id, ensemble, quorum, regions, timeout_s)
+        if probe.fenced:
+            self._log.info("ledger_fenced_seen", fenced=probe.fenced)
+        return probe.verdict is Verdict.PROVEN
 
     # --- close -----------------------------------------------------------------------
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from scriba.tls import TlsConfig
 
 MiB: Final = 1024 * 1024
 CONSISTENCY_LEVELS: Final = ("linearizable", "sequential", "after")
+LEADER_READ_CHECKS: Final = ("fence_probe", "barrier")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,11 @@ class RsmConfig:
     zone: str = ""
     connections_max: int = 1024
     tls: TlsConfig | None = None  # the replica service and calls to peers over TLS (None: plaintext)
+    # how a leader proves, for linearizable reads, that it still leads (``rsm.term``):
+    # "fence_probe" asks its ledger's bookies whether it is fenced (no fsync; falls back to
+    # a barrier when they cannot prove it within fence_probe_timeout_s); "barrier" appends one
+    leader_read_check: str = "fence_probe"
+    fence_probe_timeout_s: float = 2.0
     # test-only negative control: answer "linearizable" reads locally, without a barrier
     unsafe_local_linearizable_reads: bool = False
 
@@ -57,8 +63,10 @@ class RsmConfig:
         require(self.snapshots_kept >= 1, "snapshots_kept", "must be >= 1")
         require(1024 <= self.snapshot_chunk_bytes <= 4 * MiB, "snapshot_chunk_bytes", "must be in [1 KiB, 4 MiB]")
         for name in ("propose_timeout_s", "read_timeout_s", "writer_lock_timeout_s", "transfer_timeout_s",
-                     "campaign_backoff_s", "suspended_grace_s"):
+                     "campaign_backoff_s", "suspended_grace_s", "fence_probe_timeout_s"):
             require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.leader_read_check in LEADER_READ_CHECKS, "leader_read_check",
+                f"one of {', '.join(LEADER_READ_CHECKS)}")
         require(self.connections_max >= 1, "connections_max", "must be >= 1")
         if self.tls is not None:
             self.tls.validate()

@@ -95,7 +95,7 @@ class Leading:
             self._run(self.role.deposed(token, "leadership lost while opening the writer"))
             return
         term = LeaderTerm(token, writer, self.config, self._confirm, self._depose, self.state.clock_ms,
-                          on_batch=self.metrics.batch_records.observe)
+                          on_batch=self.metrics.batch_records.observe, applied=lambda: self.state.applied)
         self._term = term
         end = await self._stream_end(writer.segment_seq)
         self._run(self.role.writer_opened(token, end))

@@ -3,17 +3,18 @@
 A linearizable read needs a *read index* — a position at or after every write confirmed
 before the read arrived — obtained by a leadership confirmation that **started after the
 read arrived** (Raft's ReadIndex, hashicorp/raft's ``VerifyLeader``, Ratis' read index).
-Confirmations are expensive (on the leader a barrier append to the ack quorum; on a
-follower a round trip to the leader, which makes one), so reads share them:
+Confirmations cost a round trip (on the leader a fence probe to its ledger's bookies, or
+a barrier append to the ack quorum; on a follower a round trip to the leader, which
+makes one), so reads share them:
 
 - reads that arrive while no round runs start one at once and share it;
 - reads that arrive while a round runs wait in the *next* group and share the round
   started when the current one ends — never the running one, which began before they
   arrived and so proves nothing about writes confirmed after it began.
 
-The leader does the same with its unsent barrier (``LeaderTerm.barrier``): reads join the
-barrier not yet handed to the batcher. :class:`ReadIndexRounds` is the follower's twin,
-around its ``READ_INDEX`` call to the leader. One round in flight at a time, so the waiting
+The leader runs these rounds around its fence probe (``LeaderTerm.read_index``; in
+``"barrier"`` mode reads join instead the barrier not yet handed to the batcher,
+``LeaderTerm.barrier``); a follower runs them around its ``READ_INDEX`` call to the leader. One round in flight at a time, so the waiting
 group is bounded by the reads the replica accepts (``connections_max`` connections, each its frames).
 """
 

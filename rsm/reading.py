@@ -2,11 +2,13 @@
 ``ReplicatedStateMachine`` that answers queries (a mixin; its methods run on the replica).
 
 A ``linearizable`` read needs a read index from a leadership confirmation that started
-after it arrived (``read_index``): on the leader the barrier append not yet sent
-(``LeaderTerm.barrier``), shared by every read waiting at that moment — an append
-confirmed by the ack quorum proves that no newer writer has fenced this leader's
-segment; on a follower a ``READ_INDEX`` round trip to the leader, shared the same way
-(``ReadIndexRounds``). The read is answered once the replica has applied up to the
+after it arrived (``read_index``): on the leader ``LeaderTerm.read_index`` — by default a
+round of plain LAC reads asking the leader's ledger's bookies whether it is fenced (no
+fsync; ``Qa`` "not fenced" answers of one write set prove that no newer leader had
+confirmed anything when they were sent), falling back to a barrier append; with
+``leader_read_check="barrier"`` always the barrier append not yet sent — shared by every
+read waiting at that moment (the argument is in ``scriba.rsm.term``); on a follower a
+``READ_INDEX`` round trip to the leader, shared the same way (``ReadIndexRounds``). The read is answered once the replica has applied up to the
 index. ``read_many`` answers a frame of reads (``wire.Op.READ_MANY``) on one read index;
 each read gets its own result or error. ``sequential`` answers from local state;
 ``after`` waits until the given position is applied.
@@ -15,7 +17,6 @@ each read gets its own result or error. ``sequential`` answers from local state;
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING
 
 from scriba.errors import BadConsistencyError, DeadlineExceededError, ScribaError, StateMachineError
@@ -88,11 +89,9 @@ class Reading:
         term = self._term
         if term is not None and self.role.accepts(term.token):
             try:
-                _, position = await asyncio.wait_for(asyncio.shield(term.barrier(int(time.time() * 1000))),
-                                                     self.config.read_timeout_s)
+                return await asyncio.wait_for(term.read_index(), self.config.read_timeout_s)
             except TimeoutError:
-                raise DeadlineExceededError(f"read barrier not confirmed within {self.config.read_timeout_s} s") from None
-            return position
+                raise DeadlineExceededError(f"leadership not confirmed within {self.config.read_timeout_s} s") from None
         if forwarded:
             raise self._not_leader()
         return await self._follower_rounds.read_index()

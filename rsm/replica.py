@@ -30,9 +30,9 @@ stream, like any follower's.
 
 Proposals on a follower are forwarded to the leader over the replica service
 (``forward_proposals``; else ``RsmNotLeaderError`` names the leader's address).
-Linearizable reads on the leader share a barrier append; on a follower they share a
-round trip asking the leader for the barrier's position (a read index) and wait to apply
-up to it (``reading``, ``read_index``).
+Linearizable reads on the leader share a leadership check (a fence probe of its ledger's
+bookies, no fsync; or a barrier append: ``term``); on a follower they share a round trip
+asking the leader for a read index, and wait to apply up to it (``reading``, ``read_index``).
 
 The class is assembled from mixins named for what they hold: ``leading`` (campaign,
 term start, leader watch, transfer), ``reading`` (the three read levels, read index),
@@ -267,6 +267,9 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
             "leader": self._leader[0] if self._leader else None, "proposals_total": self.proposals_total,
             "batches_sent": self._term.batches_sent if self._term else 0,
             "records_sent": self._term.records_sent if self._term else 0,
+            # this term's linearizable-read rounds: proven by the fence probe / fell back to a barrier
+            "read_probes_proven": self._term.probes_proven if self._term else 0,
+            "read_probes_unproven": self._term.probes_unproven if self._term else 0,
             "snapshot_position": str(snap.position) if snap else None,
             "snapshot_age_s": round(time.time() - snap.created_ms / 1000, 3) if snap else None,
             "stopped": str(self._stopped) if self._stopped else None,

@@ -17,6 +17,12 @@ none writes the arithmetic again. Pure: no I/O, no state.
   ``Qa``. Fencing, and a LAC read that must not miss a confirmed entry, are complete
   once the answering slots hold a fence quorum of *every* write set, and have failed
   once the failed slots leave some write set unable to reach one.
+- **Unfenced proof** (the converse question, a leader's cheap leadership check). If the
+  slots that answered "not fenced" to a plain LAC read hold ``Qa`` slots of *one*
+  write set (and span ``regions_min`` regions), no fencing was complete before the
+  earliest of those answers: a complete fence leaves each write set's unfenced slots
+  unable to confirm anything, and a fenced bookie stays fenced. It has failed once the
+  slots that did not fail could not confirm anything in any write set.
 - **Recoverability.** In recovery an entry is *present* when any replica returned a
   valid copy; *absent* only when a fence quorum of its write set said it has no such
   entry (then at most ``Qa - 1`` replicas could hold it: it was never confirmed);
@@ -239,6 +245,25 @@ class Quorum:
             )
         return not any(
             self.could_confirm([slot for slot in slots if slot in failed], regions)
+            for slots in self.write_sets()
+        )
+
+    def proves_unfenced(self, not_fenced: Collection[int], regions: SlotRegions | None = None) -> bool:
+        """Whether the ``not_fenced`` slots (each answered "not fenced") hold, in one write
+        set, slots that could confirm an entry: then no fencing of the ledger was complete
+        before the earliest of those answers (see the module docstring). ``regions``: the
+        ack rule's (an unknown region spans none), so a proof here is one for fencing too."""
+        for slots in self.write_sets():
+            inside = [slot for slot in slots if slot in not_fenced]
+            if self.could_confirm(inside, regions):
+                return True
+        return False
+
+    def can_still_prove_unfenced(self, failed: Collection[int], regions: SlotRegions | None = None) -> bool:
+        """Whether some write set's slots that did not fail (answered "fenced", an error,
+        or nothing) could still prove it unfenced."""
+        return any(
+            self.could_confirm([slot for slot in slots if slot not in failed], regions)
             for slots in self.write_sets()
         )
 

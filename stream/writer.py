@@ -179,6 +179,13 @@ class StreamWriter:
         return self._core.segment_seq
 
     @property
+    def current_ledger(self) -> LedgerWriter | None:
+        """The ledger of the segment appends go to now (during a roll, until the switch,
+        the old one): never one this writer has started to close (the RSM's leadership
+        check, ``scriba.rsm.term``, asks its bookies whether it is fenced)."""
+        return self._ledgers.get(self._core.segment_seq)
+
+    @property
     def error(self) -> ScribaError | None:
         return self._core.error
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scriba.invariant import InvariantViolation
-from scriba.quorum import EntryState, Quorum, write_sets
+from scriba.quorum import EntryState, Quorum, SlotRegions, write_sets
 
 
 @pytest.mark.parametrize(
@@ -197,3 +197,40 @@ def test_entry_state(
 def test_invalid_sizes_are_refused(e: int, w: int, a: int) -> None:
     with pytest.raises(InvariantViolation):
         Quorum(e, w, a)
+
+
+# --- the unfenced proof (a leader's leadership check) -----------------------------------------
+@pytest.mark.parametrize(
+    ("e", "w", "a", "not_fenced", "proven"),
+    [
+        (3, 3, 2, {0, 2}, True),
+        (3, 3, 2, {1}, False),  # Qa - 1: a fence may have completed on the other two
+        (3, 3, 3, {0, 1}, False),
+        (3, 3, 3, {0, 1, 2}, True),
+        (4, 2, 2, {0, 2}, False),  # Qa slots, but in no one write set
+        (4, 2, 2, {3, 0}, True),
+        (5, 3, 2, {1, 3}, True),  # write set {1,2,3}
+        (3, 2, 1, {2}, True),
+    ],
+)
+def test_proves_unfenced(e: int, w: int, a: int, not_fenced: set[int], proven: bool) -> None:
+    q = Quorum(e, w, a)
+    assert q.proves_unfenced(not_fenced) is proven
+    # what did not answer "not fenced" may still do so, unless it failed
+    assert q.can_still_prove_unfenced(set(range(e)) - not_fenced) is proven
+
+
+@given(e=st.integers(1, 7), data=st.data())
+def test_no_set_of_not_fenced_answers_is_consistent_with_a_complete_fence(e: int, data: st.DataObject) -> None:
+    """The rule's safety: whenever a fence is complete (its fenced slots cover every write
+    set, with or without regions), the slots left unfenced never prove the ledger unfenced."""
+    w = data.draw(st.integers(1, e))
+    a = data.draw(st.integers(1, w))
+    regions_min = data.draw(st.integers(1, a))
+    names = data.draw(st.lists(st.sampled_from(["r1", "r2", "r3", ""]), min_size=e, max_size=e))
+    q = Quorum(e, w, a, regions_min)
+    acks = SlotRegions.of(names) if regions_min > 1 else None  # the ack rule's (the probe's)
+    fencing = SlotRegions.of(names, unknown_distinct=True) if regions_min > 1 else None  # recovery's
+    fenced = data.draw(st.sets(st.integers(0, e - 1)))
+    if q.covers_every_write_set(fenced, fencing):
+        assert not q.proves_unfenced(set(range(e)) - fenced, acks), (e, w, a, regions_min, names, fenced)

@@ -88,9 +88,12 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any, wire: str) ->
     t.add(b0, LedgerId(11), EntryId(n), master_key(b"wrong"), entry(11, n, b"x"), bad)
     await bad.wait(1)
     assert bad.by_key[(b0, 11, n)] == [Status.UNAUTHORIZED]
+    # a plain LAC read (no key, nothing written: the RSM leader's fence probe) tells fenced or not
+    assert not (await t.read_lac(b0, LedgerId(11))).fenced
     # fencing LAC read, then a normal add is FENCED and a recovery add is accepted
     lac = await t.read_lac(b0, LedgerId(11), fence=True, master_key=KEY)
     assert lac.fenced and lac.last_entry_id == n - 1
+    assert (await t.read_lac(b0, LedgerId(11))).fenced
     fenced = Answers()
     t.add(b0, LedgerId(11), EntryId(n), KEY, entry(11, n, b"late"), fenced)
     t.add(b0, LedgerId(11), EntryId(n + 1), KEY, entry(11, n + 1, b"rec"), fenced, recovery=True)

@@ -3,6 +3,7 @@ simulation kit and the in-process bookies come from ``scriba.testing.sim``."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,23 @@ if _HERE not in sys.path:
     sys.path.append(_HERE)
 
 from rsm_group import REPLICA_CONFIG, Group  # noqa: E402 - after the path is set
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Any]:
+    """In-process replicas on ``memory://`` (``test_rsm_inprocess.Env``), stopped at the end
+    (``test_rsm_inprocess`` has its own, which also spares replicas it crashed)."""
+    from test_rsm_inprocess import Env
+
+    e = Env(f"memory://rsm-{uuid.uuid4().hex[:10]}")
+    await e.start()
+    try:
+        yield e
+    finally:
+        for r in e.replicas:
+            if r._stopped is None:
+                await asyncio.wait_for(r.stop(), 10)
+        await e.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ frame against in-process replicas (leader and followers)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -119,19 +117,6 @@ def test_reads_per_frame_bounds_are_checked() -> None:
 
 
 # --- pipelined reads against replicas -----------------------------------------------------
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    e = Env(f"memory://rsm-reads-{uuid.uuid4().hex[:10]}")
-    await e.start()
-    try:
-        yield e
-    finally:
-        for r in e.replicas:
-            if r._stopped is None:
-                await asyncio.wait_for(r.stop(), 10)
-        await e.close()
-
-
 async def test_pipelined_reads_share_frames_and_confirmations_and_see_every_write(env: Env) -> None:
     replicas = [await env.replica(f"r{i}") for i in range(3)]
     leader = await leader_of(replicas)

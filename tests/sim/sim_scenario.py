@@ -12,6 +12,12 @@ Checks (violations are sentences naming the seed's facts):
 - all readers and recoverers agree on the closed ledger's last entry and bytes;
 - the closed ledger's length is the sum of the payloads appended up to its last entry.
 
+With ``probes=True`` the writer also sends fence probes (``scriba.client.fence_probe``:
+plain LAC reads to its current ensemble, as an RSM leader does for a linearizable read)
+every few milliseconds, before and after recovery, and one more check holds:
+- a probe proven unfenced was sent before any recovery had completed fencing
+  (``probe_fault="qa_minus_one"``, a probe counting ``Qa - 1`` answers, must be caught).
+
 Negative controls: ``fencing=False`` and ``ack_early=True`` (bookie faults), and
 ``writer_fault`` (``"lac_ahead"``: entries piggyback LAC + 1; ``"length_reset"``: the
 running length is not accumulated), each of which the checks must catch.
@@ -29,10 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from scriba.client.fence_probe import UnfencedProbe, Verdict
 from scriba.client.recovery_core import RecoveryCore
+from scriba.client.transport import LacResult
 from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
 from scriba.entry import Entry, make_digest, master_key
-from scriba.errors import ScribaError
+from scriba.errors import ScribaError, Status
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerMetadata, LedgerState
 from scriba.testing.checkers import LogRead, check_acked_set, check_log
@@ -65,9 +73,15 @@ class SimResult(SeedReport):
     fencing: bool = True
     ack_early: bool = False
     writer_fault: str = ""
+    probes: bool = False
+    probe_fault: str = ""
+    probes_proven: int = 0
+    probes_unproven_after_fence: int = 0
 
     def __post_init__(self) -> None:
         flags = (
+            ("SCRIBA_SIM_PROBES", "1", self.probes),
+            ("SCRIBA_SIM_PROBE_FAULT", self.probe_fault, bool(self.probe_fault)),
             ("SCRIBA_SIM_RACE", "1", self.race),
             ("SCRIBA_SIM_FENCING", "0", not self.fencing),
             ("SCRIBA_SIM_ACK_EARLY", "1", self.ack_early),
@@ -95,6 +109,21 @@ class _LengthResetWriteCore(WriteCore):
         return super().append(payload)
 
 
+class _QaMinusOneProbe(UnfencedProbe):
+    """Negative control: ``Qa - 1`` "not fenced" answers in one write set count as proof."""
+
+    def on_answer(self, slot: int, fenced: bool) -> Verdict:
+        verdict = super().on_answer(slot, fenced)
+        q = self.quorum
+        if verdict is Verdict.PENDING and any(
+            sum(1 for x in slots if x in self.not_fenced) >= q.ack_quorum_size - 1 for slots in q.write_sets()
+        ):
+            self.verdict = Verdict.PROVEN
+        return self.verdict
+
+
+PROBE_FAULTS: dict[str, type[UnfencedProbe]] = {"": UnfencedProbe, "qa_minus_one": _QaMinusOneProbe}
+
 WRITER_FAULTS: dict[str, type[WriteCore]] = {
     "": WriteCore, "lac_ahead": _LacAheadWriteCore, "length_reset": _LengthResetWriteCore,
 }
@@ -103,9 +132,11 @@ WRITER_FAULTS: dict[str, type[WriteCore]] = {
 class Run:
     def __init__(
         self, seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
-        writer_fault: str = "",
+        writer_fault: str = "", probes: bool = False, probe_fault: str = "",
     ) -> None:
         self.seed = seed
+        self.probes = probes or bool(probe_fault)
+        self.probe_class = PROBE_FAULTS[probe_fault]
         self.race = race  # R3: no faults; recovery lands while appends are in flight
         world = self.world = World(seed)
         rng = world.rng
@@ -130,7 +161,8 @@ class Run:
         self.digest = make_digest("crc32c", PASSWORD)
         self.key = master_key(PASSWORD)
         self.result = SimResult(
-            seed, race=race, fencing=fencing, ack_early=ack_early, writer_fault=writer_fault
+            seed, race=race, fencing=fencing, ack_early=ack_early, writer_fault=writer_fault,
+            probes=self.probes, probe_fault=probe_fault,
         )
         # writer
         self.n_entries = rng.randint(10, 60)
@@ -163,6 +195,7 @@ class Run:
             f"fencing={'on' if fencing else 'OFF'}{', R3 race' if race else ''}"
             f"{', ACK BEFORE FSYNC' if ack_early else ''}"
             f"{f', WRITER FAULT {writer_fault}' if writer_fault else ''}"
+            f"{', fence probes' if self.probes else ''}{f', PROBE FAULT {probe_fault}' if probe_fault else ''}"
         )
         self.result.description = self.description
 
@@ -241,6 +274,38 @@ class Run:
         )
         driver.execute(core.start())
 
+    def _probe(self) -> None:
+        """One fence probe from the writer now (as ``LedgerWriter.prove_unfenced``), and the next."""
+        if self.world.now < 0.4:
+            self.world.at(self.world.rng.uniform(0.0005, 0.004), self._probe)
+        target = self.writer.fence_probe_target
+        if target is None:
+            return
+        ensemble, quorum, regions = target
+        probe = self.probe_class(quorum, regions)
+        sent_at = self.world.now
+
+        def answer(slot: int, result: LacResult | None, status: Status) -> None:
+            if probe.verdict is not Verdict.PENDING:
+                return
+            if status is Status.OK and result is not None:
+                verdict = probe.on_answer(slot, result.fenced)
+            else:
+                verdict = probe.on_failure(slot)
+            if verdict is Verdict.PROVEN:
+                self.result.probes_proven += 1
+                if self.fenced_at is not None and self.fenced_at <= sent_at:
+                    self.violation(
+                        f"a fence probe sent at t={sent_at * 1000:.3f}ms proved the ledger unfenced; "
+                        f"fencing had completed at t={self.fenced_at * 1000:.3f}ms"
+                    )
+            elif verdict is Verdict.UNPROVEN and self.fenced_at is not None and self.fenced_at <= sent_at:
+                self.result.probes_unproven_after_fence += 1
+
+        for slot, bookie_id in enumerate(ensemble):
+            self.transport.read_lac(bookie_id, LEDGER_ID, False, b"",
+                                    lambda result, status, slot=slot: answer(slot, result, status))
+
     def _heal(self) -> None:
         self.net.drop_p = 0.0
         for bookie in self.bookies.values():
@@ -272,6 +337,8 @@ class Run:
         if not self.race:
             self._schedule_faults()
         world.at(0.0, self._append_some)
+        if self.probes:
+            world.at(0.0005, self._probe)
         first_recovery = rng.uniform(0.0003, 0.006) if self.race else rng.uniform(0.002, 0.08)
         for _ in range(rng.choice([1, 1, 2, 3])):
             world.at(first_recovery + rng.uniform(0.0, 0.004), self._start_recovery)
@@ -355,9 +422,10 @@ class Run:
 
 def run_seed(
     seed: int, *, fencing: bool = True, race: bool = False, ack_early: bool = False,
-    writer_fault: str = "",
+    writer_fault: str = "", probes: bool = False, probe_fault: str = "",
 ) -> SimResult:
     return Run(
-        seed, fencing=fencing, race=race, ack_early=ack_early, writer_fault=writer_fault
+        seed, fencing=fencing, race=race, ack_early=ack_early, writer_fault=writer_fault,
+        probes=probes, probe_fault=probe_fault,
     ).run()
 

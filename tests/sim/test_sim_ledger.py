@@ -45,6 +45,8 @@ def test_sim_replay() -> None:
         fencing=env_flag("SCRIBA_SIM_FENCING", default=True),
         ack_early=env_flag("SCRIBA_SIM_ACK_EARLY", default=False),
         writer_fault=os.environ.get("SCRIBA_SIM_WRITER_FAULT", ""),
+        probes=env_flag("SCRIBA_SIM_PROBES", default=False),
+        probe_fault=os.environ.get("SCRIBA_SIM_PROBE_FAULT", ""),
     )
     print(result.explain())
     assert not result.violations, result.explain()
