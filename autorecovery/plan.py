@@ -22,17 +22,29 @@ Invariants the change keeps, whatever happened to the record since the plan was 
   to its current segment keeps doing so on the bookies it writes to);
 - it applies only to the ensemble it was planned against: the segment holds the old
   ensemble (apply), the new one (done already: no write), or anything else
-  (:class:`StalePlanError`: read again and plan again).
+  (:class:`StalePlanError`: read again and plan again);
+- in the synchronous geo mode (``min_regions_for_durability = R > 1``, regions counted
+  by the ack rule and by recovery from the record's ``bookie_regions``) it keeps that
+  rule by the record, not only by the topology the policy saw: each replacement's
+  region (from the topology) is recorded in ``bookie_regions`` with the change, the
+  moved bookies that no segment uses any more leave it (so it names exactly the bookies
+  of the ledger's ensembles), and a replacement after which some write set would span
+  fewer than ``R`` recorded regions is refused (``NotEnoughBookiesError`` naming
+  ``min_regions_for_durability``; its slot keeps its bookie and its mark) unless that
+  segment broke the rule already (then moving off a lost bookie cannot make it worse
+  and is not held back). Without this a repaired segment's new bookie counts toward no
+  region, so a later recovery of the ledger could not prove its entries durable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scriba.autorecovery.fragments import Fragment, entries_on_slots, fragment_at, repairable_last
+from scriba.client.write_core import region_shortfall
 from scriba.errors import NotEnoughBookiesError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.invariant import InvariantViolation, invariant
@@ -58,6 +70,7 @@ class RepairPlan:
     new_ensemble: Ensemble
     slots: tuple[int, ...]  # the slots whose bookie is replaced
     reasons: tuple[str, ...] = ()
+    regions: tuple[tuple[BookieId, str], ...] = ()  # the added bookies' regions, when regions count
 
     @property
     def copies_anything(self) -> bool:
@@ -121,6 +134,9 @@ def plan_repair(
     reasons: list[str] = []
     replaced: list[int] = []
     unplaced: list[NotEnoughBookiesError] = []
+    regions: dict[str, str] = {}
+    counted = md.min_regions_for_durability > 1
+    kept_rule = counted and not region_shortfall(md, fragment.ensemble)
     for slot in slots:
         try:
             result = policy.replace_bookie(
@@ -132,6 +148,16 @@ def plan_repair(
             continue
         chosen = BookieId(result.bookies[slot])
         invariant(chosen not in excluded, f"placement chose excluded bookie {chosen}")
+        if counted:
+            region = region_of(topology, chosen)
+            trial = (*ensemble[:slot], chosen, *ensemble[slot + 1:])
+            short = region_shortfall(md, trial, {**regions, chosen: region} if region else regions)
+            if short and kept_rule:  # by the record, not by the policy's view of the topology
+                unplaced.append(NotEnoughBookiesError(
+                    f"cannot replace {ensemble[slot]} with {chosen}@{region or '?'}: {short}"))
+                continue
+            if region:
+                regions[chosen] = region
         ensemble[slot] = chosen
         excluded.add(chosen)
         replaced.append(slot)
@@ -141,8 +167,26 @@ def plan_repair(
     return RepairPlan(
         ledger_id=md.ledger_id, segment_first=fragment.first_entry_id, last_entry_id=last,
         old_ensemble=fragment.ensemble, new_ensemble=tuple(ensemble), slots=tuple(replaced),
-        reasons=tuple(reasons),
+        reasons=tuple(reasons), regions=tuple((BookieId(b), r) for b, r in sorted(regions.items())),
     )
+
+
+def region_of(topology: Any, bookie_id: BookieId) -> str | None:
+    """The region a registered bookie is in (None when it is not in the topology)."""
+    node = topology.nodes.get(bookie_id)
+    return None if node is None else str(node.location.region)
+
+
+def _regions_after(md: LedgerMetadata, plan: RepairPlan,
+                   segments: Sequence[tuple[EntryId, tuple[BookieId, ...]]]) -> Mapping[str, str]:
+    """``bookie_regions`` once ``plan`` is applied: its additions in, moved bookies that no
+    segment uses any more out (the map names exactly the bookies of the ensembles)."""
+    if md.min_regions_for_durability == 1:
+        return md.bookie_regions
+    used = {b for _first, ensemble in segments for b in ensemble}
+    known = {b: r for b, r in md.bookie_regions.items() if b in used or b not in plan.moved}
+    known.update(plan.regions)
+    return known
 
 
 def _copy_bound(fragment: Fragment, lac: int | None) -> EntryId:
@@ -184,6 +228,7 @@ def ensemble_change(
             invariant(plan.copies_anything, f"ledger {plan.ledger_id}: nothing copied to claim")
             rest = EntryId(plan.last_entry_id + 1)
             segments[i:i + 1] = [(fragment.first_entry_id, plan.new_ensemble), (rest, plan.old_ensemble)]
-        return dataclasses.replace(md, ensembles=tuple(segments))
+        return dataclasses.replace(md, ensembles=tuple(segments),
+                                   bookie_regions=_regions_after(md, plan, segments))
 
     return needs_update, transform

@@ -14,6 +14,14 @@ the writer or a reader ends the session; nothing of its in-memory state survives
 the next session starts again from the target's own contents, so a crash anywhere
 (before, during or after an append) neither loses nor duplicates a record.
 
+Retention (Pulsar's replication cursor): each link keeps a named cursor on its source
+stream (:func:`hold_cursor_name`) at the last source position the target confirmed,
+committed at most every ``hold_interval_s``. It is never read to resume (the target's
+own contents say where), only to hold the source's history: the source's retention
+(``retain_unconsumed``) and an RSM's snapshot truncation keep what the cursor has not
+passed, so a replicator that is down for a while resumes instead of finding its
+records truncated away. ``hold_interval_s=None`` keeps no cursor.
+
 Errors that retrying cannot mend (a missing stream or namespace, a source truncated
 past the resume point, bad configuration) end :meth:`run` with that error.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +47,7 @@ from scriba.errors import (
 from scriba.geo.link import Lag, LinkCore
 from scriba.geo.marks import check_cluster_name
 from scriba.geo.scan import find_resume_points
+from scriba.geo.translate import HOLD_CURSOR_PREFIX
 from scriba.log import get_logger
 from scriba.stream import Namespace, Position, StreamWriter, WriterOptions
 from scriba.stream.settings import check_name
@@ -64,6 +74,7 @@ class ReplicatorOptions:
     retry_delay_max_s: float = 5.0
     scan_timeout_s: float = 30.0  # reading the target's last segment(s) when a session starts
     writer_watch_s: float = 0.2  # how often an idle session checks that its target writer still holds the lock
+    hold_interval_s: float | None = 1.0  # how often the source cursor holding the history moves (None: no cursor)
     writer: WriterOptions = field(default_factory=WriterOptions)
 
     def validate(self) -> ReplicatorOptions:
@@ -75,6 +86,8 @@ class ReplicatorOptions:
             raise ConfigError(f"writer_watch_s must be > 0, got {self.writer_watch_s}")
         if self.scan_timeout_s <= 0:
             raise ConfigError(f"scan_timeout_s must be > 0, got {self.scan_timeout_s}")
+        if self.hold_interval_s is not None and self.hold_interval_s <= 0:
+            raise ConfigError(f"hold_interval_s must be > 0 or None, got {self.hold_interval_s}")
         return self
 
 
@@ -192,6 +205,7 @@ class Replicator:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._confirm(core, pending, room))
+                holding = group.create_task(self._hold(source, core)) if self.options.hold_interval_s else None
                 async for record in reader:
                     ship = core.on_source_record(record.position, record.payload, record.headers,
                                                  record.publish_time_ms)
@@ -200,11 +214,28 @@ class Replicator:
                     await room.acquire()
                     pending.put_nowait((ship.source_position, writer.append_async(ship.payload, ship.headers)))
                 pending.put_nowait(None)
+                if holding is not None:
+                    holding.cancel()
         finally:
             while not pending.empty():  # appends never confirmed: their errors ended the session already
                 if (item := pending.get_nowait()) is not None:
                     item[1].add_done_callback(_retrieve)
             await reader.close()
+
+    async def _hold(self, source: Cluster, core: LinkCore) -> None:
+        """Keep the source cursor at what the target confirmed (see the module docstring)."""
+        name = hold_cursor_name(self.target.name)
+        held: Position | None = None
+        interval = self.options.hold_interval_s or 1.0
+        while True:
+            confirmed = core.lag(0).confirmed
+            if confirmed is not None and confirmed != held:
+                try:
+                    await source.namespace.commit_cursor(self.stream, name, confirmed)
+                    held = confirmed
+                except ScribaError as exc:  # the hold lags; nothing of the copy depends on it
+                    self._log.info("geo_hold_cursor_failed", error=str(exc))
+            await asyncio.sleep(interval)
 
     @staticmethod
     async def _confirm(core: LinkCore, pending: asyncio.Queue[tuple[Position, asyncio.Future[Position]] | None],
@@ -215,6 +246,16 @@ class Replicator:
             await future
             core.on_confirmed(source_position)
             room.release()
+
+
+def hold_cursor_name(target: str) -> str:
+    """The source cursor a link into ``target`` keeps (a hash when the cluster name is not a
+    valid cursor name)."""
+    name = f"{HOLD_CURSOR_PREFIX}{target}"
+    try:
+        return check_name(name, "cursor")
+    except ConfigError:
+        return f"{HOLD_CURSOR_PREFIX}{hashlib.sha256(target.encode()).hexdigest()[:16]}"
 
 
 def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

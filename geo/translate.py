@@ -19,7 +19,8 @@ separate offset-sync topic: the marks are in the data itself):
 
 :func:`translate_marked` is the pure rule over records read oldest first;
 :func:`translate` reads the target newest segment first and stops once it has passed
-the smallest position asked; :func:`translate_cursors` translates a source stream's
+the smallest position asked (from the truncation point on: a position whose record was
+truncated away translates to the first record kept); :func:`translate_cursors` translates a source stream's
 named cursors in bulk and commits them on the target.
 """
 
@@ -36,6 +37,7 @@ from scriba.invariant import invariant
 from scriba.stream import Namespace, Position
 
 LIVE_IDLE_S = 0.5
+HOLD_CURSOR_PREFIX = "geo-replicator."  # ``replicator.hold_cursor_name``
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +95,11 @@ async def translate(target: Namespace, stream: str, source: str, positions: Iter
         raise ConfigError("translate: no position given")
     info = await target.info(stream)
     segments = info.record.segments
+    kept = info.record.truncated_before  # records before it are gone, even inside a kept segment
     records: list[Marked] = []
     end: Position | None = None
     if segments and segments[-1].is_open:
-        records, end = await read_live_marked(target, stream, segments[-1].start, live_idle_s)
+        records, end = await read_live_marked(target, stream, max(segments[-1].start, kept), live_idle_s)
     if end is None:
         latest = await target.open_reader(stream, "latest")
         end = latest.position
@@ -105,8 +108,9 @@ async def translate(target: Namespace, stream: str, source: str, positions: Iter
         if _passed(records, source, wanted[0]):
             break
         first, last = segment.first_position, segment.last_position
-        if first is None or last is None:
+        if first is None or last is None or last < kept:
             continue
+        first = max(first, kept)
         records = [*await read_marked(target, stream, first, last, timeout_s), *records]
     return translate_marked(records, end, source, wanted)
 
@@ -125,7 +129,8 @@ async def translate_cursors(source_ns: Namespace, target: Namespace, stream: str
                             timeout_s: float = 30.0) -> dict[str, Translation]:
     """Every named cursor of the source stream, translated to its resume position and
     committed on the target stream (a consumer group that fails over resumes there)."""
-    cursors = await source_ns.cursors(stream)
+    cursors = {name: position for name, position in (await source_ns.cursors(stream)).items()
+               if not name.startswith(HOLD_CURSOR_PREFIX)}  # the replicators' own: not a consumer's
     if not cursors:
         return {}
     found = await translate(target, stream, source, cursors.values(), timeout_s=timeout_s)

@@ -3,7 +3,9 @@
 Storing (:func:`store_snapshot`): the chunks (already a point-in-time copy) are
 appended to a new ledger (the namespace's quorums), which is closed; then the
 catalog record gains a :class:`SnapshotInfo` (CAS loop), dropped snapshots' ledgers
-are deleted, and the stream is truncated before the oldest kept snapshot.
+are deleted, and the stream is truncated before the oldest kept snapshot, or before the
+stream's lowest named cursor if that is lower (a geo replicator's cursor holds what it
+has not copied yet).
 
 Loading (:func:`load_newest`): the catalog's snapshots newest first; each ledger is
 read whole and its SHA-256 compared with the recorded digest. A mismatch, a missing
@@ -80,6 +82,8 @@ async def store_snapshot(
     await _delete_dropped(client, key, catalog)
     point = truncation_point(catalog, kept)
     if point is not None:
+        cursors = await ns.cursors(stream)
+        point = min(point, *cursors.values()) if cursors else point
         await ns.truncate(stream, before=point)
     log.info("rsm_snapshot_stored", stream=f"{ns.name}/{stream}", position=str(position),
              ledger_id=info.ledger_id, size_bytes=info.size_bytes, truncated_before=str(point))

@@ -55,7 +55,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "geo": frozenset({"core", "meta", "placement", "client", "stream"}),
     "pipeline": frozenset({"core", "meta", "placement", "client", "stream", "autorecovery", "rsm"}),  # audit: the auditor's replica check at scale; compact: the RSM's apply and snapshot store
     "autorecovery": frozenset({"core", "meta", "placement", "client"}),
-    "examples": frozenset({"core", "client", "stream", "rsm"}),  # the public API only
+    "examples": frozenset({"core", "client", "stream", "rsm", "geo"}),  # the public API only (geo: the KV follower reads replication marks)
     "console": frozenset({"core", *_LIBRARY}),  # reads every layer, imported by none
     "embedded": frozenset({"core", "meta"}),
     "entry": frozenset({"core", "embedded", *_LIBRARY}),

@@ -3,9 +3,13 @@
     scriba-kv serve --metadata etcd://127.0.0.1:2379/scriba --replica-id r1 \\
         --listen 127.0.0.1:23790 [--peer 127.0.0.1:23800] [--namespace kv --name store]
 
-Starts one RSM replica of the store (its replica service on ``--peer``, by default
+    scriba-kv follow --metadata etcd://127.0.0.1:2479/scriba --replica-id f1 \\
+        --listen 127.0.0.1:23890 [--origin a] [--max-staleness-s 30]
+
+``serve`` starts one RSM replica of the store (its replica service on ``--peer``, by default
 the listen port + 10) and serves etcd's API on ``--listen``. Prints ``READY`` on
-stdout once serving; SIGTERM / SIGINT stop it cleanly.
+stdout once serving; SIGTERM / SIGINT stop it cleanly. ``follow`` starts a read-only
+follower of the store's geo-replicated command stream in another cluster (``follower``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import sys
 
 from scriba.client import Client, ClientConfig
+from scriba.examples.kvstore.follower import add_follow_arguments, follow
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import KvServer
 from scriba.log import configure
@@ -30,19 +35,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scriba-kv", description="an HA key-value store speaking etcd's v3 API")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one replica")
-    serve.add_argument("--metadata", required=True, help="metadata URI (etcd://, zk://, memory://)")
-    serve.add_argument("--replica-id", required=True)
-    serve.add_argument("--listen", required=True, help="host:port for etcd clients")
+    add_store_arguments(serve, "metadata URI (etcd://, zk://, memory://)")
     serve.add_argument("--peer", help="host:port of the RSM replica service (default: listen port + 10)")
-    serve.add_argument("--namespace", default="kv")
-    serve.add_argument("--name", default="store")
     serve.add_argument("--zone", default="")
-    serve.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON")
     serve.add_argument("--session-timeout-s", type=float, default=2.0)
     serve.add_argument("--watch-progress-notify-s", type=float, default=600.0,
                        help="idle time after which a progress_notify watch gets an empty response (etcd: 10 min)")
     add_tls_arguments(serve)  # one certificate for etcd clients, peer replicas and the bookies
+    follow = sub.add_parser("follow", help="run a read-only follower of a geo-replicated copy")
+    add_store_arguments(follow, "metadata URI of the cluster holding the copy")
+    add_follow_arguments(follow)
     return parser.parse_args(argv)
+
+
+def add_store_arguments(command: argparse.ArgumentParser, metadata_help: str) -> None:
+    """What every process of the store is told: where, who, which group."""
+    command.add_argument("--metadata", required=True, help=metadata_help)
+    command.add_argument("--replica-id", required=True)
+    command.add_argument("--listen", required=True, help="host:port for etcd clients")
+    command.add_argument("--namespace", default="kv")
+    command.add_argument("--name", default="store")
+    command.add_argument("--rsm-config", default="{}", help="RsmConfig fields as JSON (session_ttl_ms and "
+                                                            "session_results_max must be the same in every process)")
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -80,7 +94,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return asyncio.run(serve(args))
+    return asyncio.run(follow(args) if args.command == "follow" else serve(args))
 
 
 if __name__ == "__main__":
