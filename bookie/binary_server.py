@@ -3,7 +3,8 @@
 Theory of operation. One :class:`BinaryConnection` per client connection. The client
 opens with HELLO (the version is negotiated: the highest both speak); any other frame
 first is a protocol error. Then ADD frames (runs of adds), READ_ENTRY, READ_RANGE and
-READ_LAC (long poll included) are taken as they arrive, each in its own task, and
+READ_LAC (long poll included) and, on a link negotiated at version 2, WRITE_LAC (the
+writer's explicit LAC push) are taken as they arrive, each in its own task, and
 answered out of order as they finish (pipelining; the client matches add answers by
 ledger and entry ids, read answers by request id). What a request means is the
 ``BookieService``'s to judge, exactly as on gRPC: adds go through
@@ -131,6 +132,10 @@ class BinaryConnection(asyncio.Protocol):
             self._start(self._read_range(rid, *wire.decode_read_range(body)), "read")
         elif ftype == FrameType.READ_LAC:
             self._start(self._read_lac(rid, *wire.decode_read_lac(body)), "read")
+        elif ftype == FrameType.WRITE_LAC:
+            if self._version < wire.WRITE_LAC_VERSION:
+                raise FrameError(f"WRITE_LAC on a version {self._version} link")
+            self._start(self._write_lac(rid, *wire.decode_write_lac(body)), "lac")
         else:
             raise FrameError(f"frame type {FrameType(ftype).name} is not a request")
 
@@ -249,6 +254,13 @@ class BinaryConnection(asyncio.Protocol):
         r = await self._service.ReadLac(request, None)
         self._write(wire.encode_lac_answer(rid, int(r.status), r.lac, r.last_entry_id, r.fenced, r.message,
                                            r.last_entry, r.piggybacked_entries))
+
+
+    async def _write_lac(self, rid: int, ledger_id: int, lac: int, flags: int, key: bytes) -> None:
+        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=key,
+                                     hint_only=bool(flags & wire.LAC_HINT_ONLY))
+        r = await self._service.WriteLac(request, None)
+        self._write(wire.encode_lac_written(rid, int(r.status), r.message))
 
 
 class BinaryServer:

@@ -359,15 +359,17 @@ class LacWaiters:
         timeout_s: float,
         *,
         stopped: Callable[[], bool] = lambda: False,
+        entry: bool = False,
     ) -> LacState:
-        """Long poll: the ledger's state once its LAC passes ``previous_lac``, or at the
-        deadline (or when ``stopped()``) whatever it is; ``state_of`` raises for an unknown
-        ledger at that point."""
+        """Long poll: the ledger's state once its LAC passes ``previous_lac`` (with
+        ``entry``: and entry ``previous_lac + 1`` is stored), or at the deadline (or when
+        ``stopped()``) whatever it is; ``state_of`` raises for an unknown ledger at that
+        point."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, 0.0)
         while True:
             st = states.get(ledger_id)
-            if st is not None and st.lac > previous_lac:
+            if st is not None and st.lac > previous_lac and (not entry or st.last_entry_id > previous_lac):
                 return st.snapshot()
             remaining = deadline - loop.time()
             if remaining <= 0 or stopped():
@@ -383,7 +385,11 @@ class LacWaiters:
         self._waiters.setdefault(ledger_id, []).append(fut)
         self._count += 1
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            # Not ``wait_for``: it wakes this task through a helper future, one loop turn
+            # later than ``notify`` resolving ``fut`` does (on a bookie whose loop also
+            # runs inline fdatasyncs, every turn a long poll's answer waits is felt).
+            async with asyncio.timeout(timeout_s):
+                await fut
         except TimeoutError:
             pass
         finally:

@@ -169,10 +169,11 @@ class InMemoryLedgerStorage:
         if self._state(ledger_id).master_key != master_key:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
-    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
+        # entries are stored when admitted here: ``entry`` needs no wait of its own
         return await self._waiters.wait_for_lac(
             self._states, self._state, ledger_id, previous_lac,
-            min(timeout_s, self._lac_wait_timeout_s_max),
+            min(timeout_s, self._lac_wait_timeout_s_max), entry=entry,
         )
 
     def ledger_ids(self) -> list[int]:

@@ -466,7 +466,8 @@ class BookieService(pb_grpc.BookieServicer):
                 if previous < -1:
                     raise BadRequestError(f"previous_lac {previous} out of range")
                 timeout_s = min(request.timeout_ms / 1000.0, self._long_poll_s_max)
-                state = await self._storage.wait_lac(lid, previous, timeout_s)
+                wanted = bool(request.piggyback_entries_max or request.piggyback_entry)  # answer with entries
+                state = await self._storage.wait_lac(lid, previous, timeout_s, entry=wanted)
             else:
                 state = self._storage.lac_state(lid)
             response = pb.ReadLacResponse(

@@ -4,8 +4,10 @@ Write path: ``add_columns`` (``add_batch``) admits adds (``ledger_state.admit_ru
 stretch of new entries of one ledger is checked whole), encodes the accepted ones as ONE
 journal record (after a master-key record per ledger of the batch) with one copy of the
 entries, and awaits the journal's group commit; when the group is durable, ``_on_durable``
-(event loop, in journal order) appends each admitted run to the write cache and advances
-LACs, then the batch returns. A checkpoint swaps the cache, appends its entries to the
+(event loop, in journal order) appends each admitted run to the write cache, then the
+batch returns. The LACs the admitted entries carry are raised at admission, before the
+journal write (``_raise_carried_lacs``): tailing readers' long polls answer without
+waiting for this bookie's fdatasync of the entry that brought the news. A checkpoint swaps the cache, appends its entries to the
 current entry log, fdatasyncs it, commits locations (one index record per run of
 consecutive entries) + ledger states + the journal position in one LMDB transaction,
 then removes journal files wholly before that position. A checkpoint runs to its end
@@ -61,7 +63,7 @@ from scriba.bookie.entry_log_meta import LogMetaTable
 from scriba.bookie.fileio import FileIO, default_fileio
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
 from scriba.bookie.ledger_index import LedgerIndex, index_records
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, RunAdd, admit_runs
+from scriba.bookie.ledger_state import Admission, LacWaiters, LedgerState, RunAdd, admit_runs
 from scriba.bookie.log_compactor import Reclaimer
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
@@ -327,8 +329,8 @@ class DiskLedgerStorage:
                 put(lid, eid, entry)
         st.last_entry_id = eids[-1]
         self._dirty.add(lid)
-        if run.lac > st.lac:
-            st.lac = run.lac
+        if run.lac > st.lac or st.lac >= eids[0]:  # an LAC, or entries it covers a poll waits to carry
+            st.lac = max(st.lac, run.lac)
             if lid in self._waiters.by_ledger:
                 self._waiters.notify(lid)
 
@@ -363,8 +365,8 @@ class DiskLedgerStorage:
             data = datas[i]
             put(lid, eid, data)
             piggy = from_bytes(data[16:24], "big", signed=True)
-            if piggy > st.lac:
-                st.lac = piggy
+            if piggy > st.lac or st.lac >= eid:  # an LAC, or an entry it covers a poll waits to carry
+                st.lac = max(st.lac, piggy)
                 if lid in waiting:
                     waiters.notify(lid)
 
@@ -407,6 +409,8 @@ class DiskLedgerStorage:
         statuses = adm.statuses
         if not adm.count:
             return statuses
+        if self._raise_carried_lacs(adm, adds):
+            await asyncio.sleep(0)  # the long polls just woken answer before this batch's (inline) fdatasync
         while (
             self._cache.bytes >= 2 * self._cache_bytes_max
             and self._flush_task is not None
@@ -439,6 +443,34 @@ class DiskLedgerStorage:
             if self._journal_queued_bytes <= self._config.journal_queue_bytes_max:
                 self._journal_room.set()
         return statuses
+
+    def _raise_carried_lacs(self, adm: Admission, adds: AddColumns) -> bool:
+        """Raise each ledger's LAC to the highest LAC its admitted entries carry, now,
+        before they are durable here (as BookKeeper's ledger storage does on ``addEntry``):
+        a carried LAC is the writer's statement that every entry up to it is confirmed on
+        an ack quorum, true whether or not this bookie keeps these entries, so tailing
+        readers may learn it one journal write + fdatasync earlier. Whether a long poll
+        was woken (``_on_durable`` raises it again, a no-op then)."""
+        states = self._states
+        waiting = self._waiters.by_ledger
+        woke = False
+        for run in adm.runs:
+            st = states.get(run.ledger_id)
+            if st is not None and run.lac > st.lac:
+                st.lac = run.lac
+                if run.ledger_id in waiting:
+                    self._waiters.notify(run.ledger_id)
+                    woke = True
+        for i in adm.rest:
+            lid = adds.ledger_ids[i]
+            st = states.get(lid)
+            piggy = int.from_bytes(adds.entries[i][16:24], "big", signed=True)
+            if st is not None and piggy > st.lac:
+                st.lac = piggy
+                if lid in waiting:
+                    self._waiters.notify(lid)
+                    woke = True
+        return woke
 
     def _key_record(self, ledger_id: int, key: bytes) -> bytes:
         """The framed master-key record of a ledger (kept: one per batch is journaled)."""
@@ -600,11 +632,11 @@ class DiskLedgerStorage:
         if self._state(ledger_id).master_key != master_key:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
-    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
         return await self._waiters.wait_for_lac(
             self._states, self._state, ledger_id, previous_lac,
             min(timeout_s, self._config.lac_wait_timeout_s_max),
-            stopped=lambda: self._closed,
+            stopped=lambda: self._closed, entry=entry,
         )
 
     def ledger_ids(self) -> list[int]:

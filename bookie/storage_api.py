@@ -166,8 +166,11 @@ class LedgerStorage(Protocol):
 
     def check_master_key(self, ledger_id: int, master_key: bytes) -> None: ...
 
-    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> LacState:
-        """Return once the LAC exceeds ``previous_lac`` or ``timeout_s`` passes (long poll)."""
+    async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
+        """Return once the LAC exceeds ``previous_lac`` (with ``entry``: and entry
+        ``previous_lac + 1`` is stored here, so the answer can carry it: a bookie learns an
+        LAC when it admits the entry carrying it, before its earlier entries may be
+        durable) or ``timeout_s`` passes (long poll)."""
         ...
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None: ...

@@ -3,10 +3,12 @@
 Theory of operation. :class:`BinaryTransport` is the gRPC transport with another wire
 under its hot path, bookie by bookie: a bookie whose registration advertises a binary
 address gets one TCP connection (a :class:`BinaryLink`, Nagle off, optional TLS) that
-carries its adds, their answers, entry and range reads, LAC reads and long polls; a
-bookie that advertises none (or refuses every version this client speaks) is served
-over gRPC exactly as ``GrpcBookieTransport`` does (mixed clusters keep working).
-Explicit LAC writes and bookie info always go over gRPC.
+carries its adds, their answers, entry and range reads, LAC reads and long polls, and
+explicit LAC writes when the link speaks version 2 (``WRITE_LAC``; over gRPC to an older
+bookie: a push over gRPC arrived after the next entry's add in the traces, so tailing
+readers never gained from it); a bookie that advertises none (or refuses every version
+this client speaks) is served over gRPC exactly as ``GrpcBookieTransport`` does (mixed
+clusters keep working). Bookie info always goes over gRPC.
 
 Everything above the wire is the gRPC transport's: the same ``AddBatcher`` (runs,
 batching without delay when one add waits, bounded in-flight bytes, the Nagle-like send
@@ -125,7 +127,7 @@ class BinaryLink(asyncio.Protocol):
             answers = wire.decode_add_ack(body)
             if self.on_answers is not None:
                 self.on_answers(answers)
-        elif ftype in (FrameType.ENTRY, FrameType.LAC):
+        elif ftype in (FrameType.ENTRY, FrameType.LAC, FrameType.LAC_WRITTEN):
             future = self._pending.pop(rid, None)
             if future is not None and not future.done():
                 future.set_result(body)
@@ -514,6 +516,20 @@ class BinaryTransport(GrpcBookieTransport):
             piggybacked_entries=tuple(map(bytes, r.piggybacked_entries)),
             fenced=r.fenced,
         )
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
+        *, hint_only: bool = False,
+    ) -> None:
+        link = await self._link(bookie_id)
+        if link is None or link.version < wire.WRITE_LAC_VERSION:
+            return await super().write_lac(bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+        flags = wire.LAC_HINT_ONLY if hint_only else 0
+        body = await self._ask(bookie_id, link, self.read_timeout_s,
+                               lambda rid: wire.encode_write_lac(rid, ledger_id, lac, flags, master_key), "write_lac")
+        status, message = wire.decode_lac_written(body)
+        if status != 0:
+            raise error_for_status(status, _message(message, bookie_id, ledger_id, None))
 
     async def close(self) -> None:
         await super().close()

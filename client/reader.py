@@ -22,7 +22,7 @@ from scriba.errors import (
     NoSuchEntryError,
     ScribaError,
 )
-from scriba.ids import EntryId, LedgerId
+from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.meta.records import LedgerMetadata
 from scriba.meta.store import MetadataStore
@@ -30,6 +30,7 @@ from scriba.meta.store import MetadataStore
 log = get_logger(__name__)
 
 PIGGYBACK_ENTRIES_MAX: Final = 64  # entries a tailing long poll's answer may carry (bookies cap it too)
+POLLS_AHEAD: Final = 2  # long polls a tail keeps waiting: for the next entry and those after it
 
 
 class LedgerReader:
@@ -57,6 +58,7 @@ class LedgerReader:
         self._read_config = read_config
         self._lac = int(metadata.last_entry_id)
         self._poll_index = 0
+        self._poll_bookie: BookieId | None = None  # the bookie a tail polls while it can
 
     @property
     def ledger_id(self) -> LedgerId:
@@ -132,51 +134,78 @@ class LedgerReader:
     async def tail(self, start: int = 0) -> AsyncGenerator[Entry, None]:
         """Follow the ledger from ``start``: every entry in order, ending once it is closed.
 
-        Waiting at the end is one long poll at a time (``ReadLastConfirmed`` with
-        ``long_poll``): the bookie answers as soon as its LAC passes the last entry
-        delivered, carrying the newly confirmed entries with it (``piggybacked_entries``,
-        up to ``PIGGYBACK_ENTRIES_MAX``), so an entry is delivered one round trip after the
+        Waiting at the end is by long poll (``ReadLastConfirmed`` with ``long_poll``): the
+        bookie answers as soon as its LAC passes the poll's ``previous_lac``, carrying the
+        newly confirmed entries with it (``piggybacked_entries``, up to
+        ``PIGGYBACK_ENTRIES_MAX``), so an entry is delivered one round trip after the
         bookie learns it is confirmed. What the answer did not carry (a larger step, a
         bookie without its copy yet, an older bookie) is read from the replicas, and the
         next poll goes to another replica of the write set.
+
+        Two polls wait at a time (``POLLS_AHEAD``): one for the next entry and one for the
+        entry after it, each re-armed as soon as its answer is in, before the entries are
+        delivered. With one poll at a time, an LAC that moves again while the answer
+        travels back and the next poll travels out waits for that poll; a writer at 1k
+        entries/s moves it every millisecond. Only the answer to the poll for the next
+        entry is delivered from (consecutive, verified, none beyond its own LAC: see
+        ``piggybacked``); an answer that a larger step made stale is dropped.
         """
         next_id = start
         failures = 0
-        while True:
-            if self._md.is_closed:
-                if next_id <= self._md.last_entry_id:
-                    async for entry in self.read(next_id, self._md.last_entry_id):
+        polls: dict[int, asyncio.Task[LacResult | None]] = {}  # previous_lac -> its poll
+        try:
+            while True:
+                if self._md.is_closed:
+                    if next_id <= self._md.last_entry_id:
+                        async for entry in self.read(next_id, self._md.last_entry_id):
+                            yield entry
+                    return
+                if next_id <= self._lac:
+                    last = self._lac
+                    async for entry in self.read(next_id, last):
                         yield entry
-                return
-            if next_id <= self._lac:
-                last = self._lac
-                async for entry in self.read(next_id, last):
+                    next_id = last + 1
+                    continue
+                self._arm(polls, next_id - 1)
+                result = await polls.pop(next_id - 1)
+                if result is None:  # that bookie failed: back off (bounded), try the next
+                    failures += 1
+                    await asyncio.sleep(min(0.05 * failures, 1.0))
+                else:
+                    failures = 0
+                if result is None or result.lac < next_id:  # closed meanwhile? a new ensemble?
+                    _cancel(polls)
+                    await self.refresh()
+                    continue
+                self._lac = max(self._lac, int(result.lac))
+                carried = piggybacked(result, self._md.ledger_id, next_id, self._digest)
+                if not carried:
+                    self._next_replica()  # its copy lags (or is bad): poll another replica next
+                    continue
+                after = next_id + len(carried)
+                if after > self._lac:  # waiting again once these are delivered: poll now
+                    self._arm(polls, after - 1)
+                for entry in carried:
                     yield entry
-                next_id = last + 1
-                continue
-            result = await self._long_poll(EntryId(next_id - 1))
-            if result is None:  # that bookie failed: back off (bounded), try the next
-                failures += 1
-                await asyncio.sleep(min(0.05 * failures, 1.0))
-            else:
-                failures = 0
-            if result is None or result.lac < next_id:  # closed meanwhile? a new ensemble?
-                await self.refresh()
-                continue
-            self._lac = max(self._lac, int(result.lac))
-            carried = piggybacked(result, self._md.ledger_id, next_id, self._digest)
-            if not carried:
-                self._poll_index += 1  # its copy lags (or is bad): poll another replica next
-            for entry in carried:
-                yield entry
-                next_id += 1
+                    next_id += 1
+        finally:
+            _cancel(polls)
+
+    def _arm(self, polls: dict[int, asyncio.Task[LacResult | None]], previous_lac: int) -> None:
+        """Polls for ``previous_lac`` and the ``POLLS_AHEAD - 1`` entries after it; stale
+        ones (for entries already delivered) are cancelled."""
+        for stale in [p for p in polls if p < previous_lac]:
+            polls.pop(stale).cancel()
+        loop = asyncio.get_running_loop()
+        for previous in range(previous_lac, previous_lac + POLLS_AHEAD):
+            if previous not in polls:
+                polls[previous] = loop.create_task(self._long_poll(EntryId(previous)))
 
     async def _long_poll(self, previous_lac: EntryId) -> LacResult | None:
         """The answer of one bookie that holds entry ``previous_lac + 1`` (the best in read
         order; after a failure the next one), once its LAC passes ``previous_lac`` or the
         poll's time is up; None if that bookie failed."""
-        order = self._read_order(self._md.write_set(previous_lac + 1))
-        bookie_id = order[self._poll_index % len(order)]
+        bookie_id = self._poll_target(previous_lac + 1)
         try:
             async with asyncio.timeout(self._config.long_poll_s + self._config.read_timeout_s):
                 return await self._transport.long_poll_lac(
@@ -185,11 +214,33 @@ class LedgerReader:
                 )
         except (ScribaError, builtins.TimeoutError) as exc:
             log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))
-            self._poll_index += 1
+            self._next_replica()
             return None
+
+    def _poll_target(self, entry_id: int) -> BookieId:
+        """The bookie to long-poll for ``entry_id``: the one polled last while it holds
+        that entry (a tail's polls, those waiting ahead included, see one bookie's LAC,
+        which only rises), else the best in read order of the entry's write set (after
+        a failure or a lagging copy, the next one)."""
+        write_set = self._md.write_set(entry_id)
+        if self._poll_bookie in write_set:
+            return self._poll_bookie  # type: ignore[return-value]
+        order = self._read_order(write_set)
+        self._poll_bookie = order[self._poll_index % len(order)]
+        return self._poll_bookie
+
+    def _next_replica(self) -> None:
+        self._poll_index += 1
+        self._poll_bookie = None
 
     async def close(self) -> None:
         """Nothing to release (reads hold no resources between calls)."""
+
+
+def _cancel(polls: dict[int, asyncio.Task[LacResult | None]]) -> None:
+    for task in polls.values():
+        task.cancel()
+    polls.clear()
 
 
 def piggybacked(result: LacResult, ledger_id: LedgerId, first: int, digest: Digest) -> list[Entry]:

@@ -17,15 +17,21 @@ entries, one row each); ``password``; ``startingPosition``/``endingPosition``
 JSON {"ns/s": position}); ``maxRecordsPerPartition`` (default 100000);
 ``maxRecordsPerTrigger`` (per stream, Spark >= 4.2); ``failOnDataLoss`` (default
 true: a truncated position is an error; false skips to the truncation point);
-``createStream`` (write); ``delivery`` (write: ``at-least-once``, the default, or
-``exactly-once``: staged ledgers adopted by the job's commit in one CAS; see
-:mod:`scriba.pipeline.source`). Schema: :data:`~scriba.pipeline.plan.SCHEMA_DDL`
-(``origin`` is null until geo-replication fills it).
+``createStream`` (write); ``delivery`` (write and writeStream: ``at-least-once``, the
+default, or ``exactly-once``: staged ledgers adopted by the job's, or micro-batch's,
+commit in one CAS; see :mod:`scriba.pipeline.source`); ``stagingGraceS`` (exactly-once:
+how old a dead job's staged ledgers must be before they are collected, default one day);
+``sinkId`` (exactly-once writeStream; default: from ``checkpointLocation``);
+``writerLockTimeoutS`` (how long a write task waits for the stream's writer lock: default
+an hour, as at-least-once tasks queue on it). Schema:
+:data:`~scriba.pipeline.plan.SCHEMA_DDL` (``origin`` is null until geo-replication fills it).
 
 Jobs (``scriba pipeline export|audit|compact``, or :mod:`scriba.pipeline.jobs`): ``export``
 streams to Parquet, resuming where the last run stopped; ``audit`` checks every replica
 of every entry of a namespace's ledgers and the placement of every ensemble; ``compact``
 builds an RSM group's snapshot from its command stream and checks it by restoring it.
+``scriba pipeline gc-staged`` (no Spark) collects exactly-once jobs' staged ledgers left
+by dead drivers.
 
 Theory of operation: ``plan`` (I/O-free) turns segments into read tasks and
 offsets into JSON; ``access`` is the blocking connection a driver or task opens;

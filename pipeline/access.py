@@ -18,15 +18,15 @@ from scriba.client.sync import SyncClient
 from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
 from scriba.log import get_logger
-from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
+from scriba.meta.records import LEDGERS_PREFIX
 from scriba.pipeline.plan import (
     WRITE_BATCH_RECORDS,
+    WRITER_LOCK_TIMEOUT_S_DEFAULT,
     ReadTask,
     SegmentSpan,
-    SourceOptions,
     split_stream,
 )
-from scriba.stream import Namespace, Position, Record, open_namespace
+from scriba.stream import Namespace, Position, Record, WriterOptions, open_namespace
 from scriba.stream.ledgers import delete_ledgers, read_entry, records_of
 from scriba.stream.record_set import decode_header
 from scriba.stream.segments import StreamRecord, check_active
@@ -75,25 +75,29 @@ class StreamView:
         return position
 
 
-def open_access(opts: SourceOptions | ReadTask) -> Access:
-    """The connection the data source's options (driver) or a task (executor) describe."""
-    return Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s, tls=opts.tls)
-
-
 class Access:
     """One blocking connection (driver or task); use as a context manager."""
 
     def __init__(self, metadata: str, password: bytes = b"", *, call_timeout_s: float = 120.0,
-                 tls: TlsConfig | None = None) -> None:
+                 lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT, tls: TlsConfig | None = None) -> None:
         """``tls``: dial the bookies over (mutual) TLS (None: plaintext)."""
         self._password = password
         self._timeout_s = call_timeout_s
+        self._lock_timeout_s = lock_timeout_s  # a writer lock held by an earlier task is waited for this long
         self._sync = SyncClient.connect(metadata, call_timeout_s=call_timeout_s, config=ClientConfig(tls=tls))
         self._namespaces: dict[str, Namespace] = {}
         self._ledgers: dict[int, LedgerReader] = {}  # async readers for header reads (driver)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._sync.call(coro, self._timeout_s)
+    def run(self, coro: Coroutine[Any, Any, T], *, extra_s: float = 0.0) -> T:
+        return self._sync.call(coro, self._timeout_s + extra_s)
+
+    def _locked(self, coro: Coroutine[Any, Any, T]) -> T:
+        """A call that first waits for the stream's writer lock."""
+        return self.run(coro, extra_s=self._lock_timeout_s)
+
+    @property
+    def _writer_options(self) -> WriterOptions:
+        return WriterOptions(lock_timeout_s=self._lock_timeout_s)
 
     def close(self) -> None:
         self._sync.close()
@@ -212,7 +216,7 @@ class Access:
         returns (count, first position, last position), all confirmed."""
         ns_name, stream = split_stream(full_name)
         ns = self.namespace(ns_name)
-        writer = self.run(ns.open_writer(stream, create=create))
+        writer = self._locked(ns.open_writer(stream, create=create, options=self._writer_options))
         count, first, last = 0, None, None
         try:
             batch: list[tuple[bytes, Mapping[str, bytes] | None]] = []
@@ -253,17 +257,7 @@ class Access:
 
     def adopt(self, full_name: str, ledger_ids: list[int]) -> None:
         ns_name, stream = split_stream(full_name)
-        self.run(self.namespace(ns_name).adopt(stream, ledger_ids))
-
-    def staged_ledgers(self, job: str) -> list[int]:
-        """Every ledger staged by ``job`` (a scan of the ledger records)."""
-        async def scan() -> list[int]:
-            found = []
-            async for key, raw in self._sync.client.store.scan(LEDGERS_PREFIX):
-                if LedgerMetadata.from_bytes(raw.value).custom_metadata.get("staged") == job:
-                    found.append(int(key.rsplit("/", 1)[-1]))
-            return sorted(found)
-        return self.run(scan())
+        self._locked(self.namespace(ns_name).adopt(stream, ledger_ids, options=self._writer_options))
 
     def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         self.run(delete_ledgers(self._sync.client, tuple(ledger_ids)))

@@ -1,4 +1,4 @@
-"""``scriba pipeline export|audit|compact``: the Spark jobs from the command line.
+"""``scriba pipeline export|audit|compact|gc-staged``: the Spark jobs from the command line.
 
 Each command starts a SparkSession (``--master``, default ``local[2]``; Spark prints
 its stage progress on the console), runs the job and ends with a one-line summary
@@ -6,6 +6,8 @@ its stage progress on the console), runs the job and ends with a one-line summar
 imported only when a command runs, so ``scriba --help`` works without the extra.
 ``--tls-cert/--tls-key/--tls-ca`` (files every executor can read): the driver and every
 task dial the bookies over mutual TLS (the data source's ``tls.*`` options).
+``gc-staged`` starts no Spark: it collects exactly-once jobs' staging sets left by
+dead drivers (:mod:`scriba.pipeline.staging`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,36 @@ def register(subparsers: Any) -> None:
                    help="the state machine's zero-argument factory, e.g. scriba.examples.kvstore.machine:KvMachine")
     c.add_argument("--up-to", default="latest", metavar="POSITION", help="end (exclusive; default: the end now)")
     c.set_defaults(func=cmd_compact)
+
+    g = verbs.add_parser("gc-staged", help="delete exactly-once jobs' staged ledgers left by dead drivers")
+    g.add_argument("--metadata", required=True, help="metadata URI, e.g. etcd://127.0.0.1:2379/prod")
+    g.add_argument("--password", default="", help="the namespaces' password")
+    g.add_argument("--stream", help="NS/STREAM (default: every stream)")
+    g.add_argument("--grace-s", type=float, default=None, metavar="SECONDS",
+                   help="collect staging sets older than this (default: one day; a job that may still "
+                        "commit must be younger)")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_tls_arguments(g, server=False)
+    g.set_defaults(func=cmd_gc_staged)
+
+
+def cmd_gc_staged(args: argparse.Namespace) -> int:
+    """No Spark: the collector runs on this process's connection."""
+    import json
+
+    from scriba.errors import ConfigError
+    from scriba.pipeline.access import Access
+    from scriba.pipeline.commit import collect_staged
+    from scriba.pipeline.plan import STAGING_GRACE_S_DEFAULT, split_stream
+
+    grace_s = STAGING_GRACE_S_DEFAULT if args.grace_s is None else args.grace_s
+    if not grace_s >= 0:
+        raise ConfigError(f"--grace-s must be >= 0, got {grace_s}")
+    stream = "/".join(split_stream(args.stream)) if args.stream else None
+    with Access(args.metadata, args.password.encode(), tls=tls_from_args(args)) as access:
+        report = collect_staged(access, stream=stream, grace_s=grace_s)
+    print(json.dumps(vars(report), sort_keys=True) if args.json else report.line())
+    return 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:

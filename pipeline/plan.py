@@ -31,6 +31,12 @@ from scriba.tls import TlsConfig
 
 MAX_RECORDS_PER_PARTITION_DEFAULT: Final = 100_000
 CALL_TIMEOUT_S_DEFAULT: Final = 120.0
+WRITER_LOCK_TIMEOUT_S_DEFAULT: Final = 3600.0
+"""How long a write task waits for the stream's writer lock: at-least-once tasks hold it for
+their whole partition and queue behind each other (and an exactly-once commit takes it too)."""
+STAGING_GRACE_S_DEFAULT: Final = 24 * 3600.0
+"""How long an exactly-once job's staged ledgers may wait for its commit before a later job
+(or ``scriba pipeline gc-staged``) collects them: see :mod:`scriba.pipeline.staging`."""
 WRITE_BATCH_RECORDS: Final = 1000
 
 SCHEMA_DDL: Final = (
@@ -56,6 +62,8 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     create_stream: bool = False
     call_timeout_s: float = CALL_TIMEOUT_S_DEFAULT
+    staging_grace_s: float = STAGING_GRACE_S_DEFAULT  # exactly-once writes
+    writer_lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT  # writes
     tls: TlsConfig | None = None  # dial the bookies over TLS (None: plaintext)
 
 
@@ -84,6 +92,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         create_stream=_bool(opts, "createstream", False),
         call_timeout_s=float(_positive(opts, "calltimeouts") or CALL_TIMEOUT_S_DEFAULT),
+        staging_grace_s=_seconds(opts, "staginggraces", STAGING_GRACE_S_DEFAULT),
+        writer_lock_timeout_s=_seconds(opts, "writerlocktimeouts", WRITER_LOCK_TIMEOUT_S_DEFAULT),
         tls=_tls(opts),
     )
 
@@ -140,6 +150,18 @@ def _positive(opts: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"option {name} must be a positive integer, got {opts[name]!r}") from None
     if value <= 0:
         raise ConfigError(f"option {name} must be a positive integer, got {value}")
+    return value
+
+
+def _seconds(opts: Mapping[str, str], name: str, default: float) -> float:
+    if name not in opts:
+        return default
+    try:
+        value = float(opts[name])
+    except ValueError:
+        raise ConfigError(f"option {name} must be a number of seconds, got {opts[name]!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"option {name} must be a finite number of seconds >= 0, got {value}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""The ``scriba`` PySpark data source: batch and streaming reads, batch writes.
+"""The ``scriba`` PySpark data source: batch and streaming reads and writes.
 
 Everything Spark pickles (the source, readers, partitions) holds only options and
 plain values; connections are opened inside ``read()``/``write()`` on the executor
@@ -14,21 +14,33 @@ Write guarantee (``mode("append")``), by ``option("delivery", ...)``:
   ledger the job staged (failed, retried or speculative attempts). A repeated commit
   adopts nothing twice; ``abort`` deletes every ledger of the job: nothing of an
   aborted job is ever visible. Readers see the job's records all at once, after the
-  stream's earlier records. Left: a driver that dies between staging and commit leaves
-  staged ledgers no stream names (tagged ``staged=<job>``); nothing deletes them yet.
+  stream's earlier records. The job is recorded before its tasks run (a staging record
+  in the metadata store, :mod:`scriba.pipeline.staging`); ``commit`` passes its commit
+  point by one CAS on that record before it adopts. A driver that dies before that
+  point leaves staged ledgers that the next exactly-once job on the stream (or
+  ``scriba pipeline gc-staged``) deletes once the record is older than
+  ``stagingGraceS`` (default one day); after it, they are adopted (rolled forward). A
+  commit that loses the race to the collector fails and adopts nothing.
+  Streaming (``writeStream.format("scriba")``): the same per micro-batch, idempotent per
+  batch id (:class:`ScribaStreamWriter`): a batch Spark replays after a restart adds
+  nothing if it was committed. The sink is named by ``option("sinkId")`` or, by
+  default, the query's ``checkpointLocation``.
 - ``at-least-once`` (the default): each task takes the stream's writer lock for
   its whole partition and appends its rows in order, as one contiguous run of
   records in a fresh segment, and returns only once every record is confirmed by an
   ack quorum. If a task dies after some of its records were confirmed, those stay in
   the stream and Spark's retry appends the partition again (duplicates of that
   prefix); ``abort`` cannot remove them. Tasks of one job write one after another
-  (they queue on the lock). tests/pipeline/test_kill.py kills a task's Python worker
+  (they queue on the lock, ``writerLockTimeoutS``, default an hour, each).
+  tests/pipeline/test_kill.py kills a task's Python worker
   mid-write and checks exactly this.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +50,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -50,8 +63,17 @@ from pyspark.sql.streaming.datasource import (  # Spark >= 4.2
 )
 from pyspark.sql.types import StructType
 
-from scriba.errors import ConfigError
-from scriba.pipeline.access import Access, StreamView, open_access
+from scriba.errors import ConfigError, ScribaError
+from scriba.log import get_logger
+from scriba.pipeline.access import Access, StreamView
+from scriba.pipeline.commit import (
+    abort_batch,
+    abort_job,
+    collect_staged,
+    commit_batch,
+    commit_job,
+    start_job,
+)
 from scriba.pipeline.plan import (
     SCHEMA_DDL,
     ReadTask,
@@ -61,10 +83,12 @@ from scriba.pipeline.plan import (
     parse_options,
     plan_ledger,
     plan_stream,
+    split_stream,
     starting_positions,
 )
 from scriba.stream import Position
 
+log = get_logger(__name__)
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -75,7 +99,7 @@ class ScribaPartition(InputPartition):
 
 
 def _rows(task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    with open_access(task) as access:
+    with Access(task.metadata, task.password, call_timeout_s=task.call_timeout_s, tls=task.tls) as access:
         if task.stream is None:
             for entry in access.read_entries(task):
                 yield (None, None, None, task.ledger_id, int(entry.entry_id), 0, None, bytes(entry.payload),
@@ -114,6 +138,25 @@ class ScribaDataSource(DataSource):
         return ScribaStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        writer = self._writer(schema, overwrite)
+        if writer.exactly_once:
+            writer.start()
+        return writer
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``writeStream.format("scriba")``; exactly-once needs a stable sink id: option
+        ``sinkId``, or the query's ``checkpointLocation`` (the same on every restart)."""
+        writer = self._writer(schema, overwrite)
+        opts = {k.lower(): v for k, v in self.options.items()}
+        sink = opts.get("sinkid", "").strip()
+        if not sink and opts.get("checkpointlocation", "").strip():
+            sink = "cp" + hashlib.sha256(opts["checkpointlocation"].strip().encode()).hexdigest()[:24]
+        if writer.exactly_once and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", sink):
+            raise ConfigError("an exactly-once streaming write needs option('checkpointLocation') or "
+                              f"option('sinkId', [A-Za-z0-9_.-]+): the same on every restart of the query; got {sink!r}")
+        return ScribaStreamWriter(writer, sink)
+
+    def _writer(self, schema: StructType, overwrite: bool) -> ScribaWriter:
         if overwrite:
             raise ConfigError("a scriba stream is append-only: use mode('append')")
         if "payload" not in schema.fieldNames():
@@ -136,7 +179,7 @@ class ScribaBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         tasks: list[ReadTask] = []
-        with open_access(opts) as access:
+        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s, tls=opts.tls) as access:
             for ledger_id in opts.ledgers:
                 tasks += plan_ledger(opts, ledger_id, access.ledger_last_entry(ledger_id),
                                      opts.max_records_per_partition)
@@ -162,7 +205,8 @@ class ScribaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _conn(self) -> Access:  # the driver's connection, opened lazily (never pickled)
         if self._access is None:
-            self._access = open_access(self.opts)
+            self._access = Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s,
+                                  tls=self.opts.tls)
         return self._access
 
     def _views(self) -> dict[str, StreamView]:
@@ -230,6 +274,7 @@ class ScribaCommit(WriterCommitMessage):
     first: str | None
     last: str | None
     staged: tuple[int, ...] = ()  # exactly-once: the task's staged ledgers, in order
+    job: str = ""  # exactly-once: the job they are staged under
 
 
 class ScribaWriter(DataSourceWriter):
@@ -241,7 +286,27 @@ class ScribaWriter(DataSourceWriter):
         self.exactly_once = exactly_once
         self.job = job  # made on the driver, pickled to every task: tags the staged ledgers
 
+    def _access(self) -> Access:
+        return Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s,
+                      lock_timeout_s=self.opts.writer_lock_timeout_s, tls=self.opts.tls)
+
+    def start(self) -> None:
+        """Exactly-once, on the driver before any task: collect the stream's orphaned staging
+        sets (older than ``stagingGraceS``), then record this job's."""
+        split_stream(self.stream)
+        with self._access() as access:
+            try:
+                collect_staged(access, stream=self.stream, grace_s=self.opts.staging_grace_s)
+            except ScribaError as exc:  # someone else's leftovers must not stop this job
+                log.warning("pipeline_staged_gc_failed", stream=self.stream, error=repr(exc))
+            start_job(access, self.stream, self.job)
+
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return self.write_as(iterator, self.job)
+
+    def write_as(self, iterator: Iterator[Any], job: str, *, record_job: bool = False) -> ScribaCommit:
+        """One task's rows; exactly-once: staged under ``job`` (``record_job``: the task
+        records the job itself, as a streaming sink's tasks do)."""
         def rows() -> Iterator[tuple[bytes, dict[str, bytes] | None]]:
             for row in iterator:
                 payload = row["payload"]
@@ -253,12 +318,13 @@ class ScribaWriter(DataSourceWriter):
                 yield bytes(payload), ({k: bytes(v) for k, v in headers.items()} if headers else None)
 
         opts = self.opts
-        with open_access(opts) as access:
+        with self._access() as access:
             if self.exactly_once:
+                if record_job:
+                    start_job(access, self.stream, job)
                 counted = _Counted(rows())
-                staged = access.stage(self.stream, counted, self.job,
-                                      records_per_ledger=opts.max_records_per_partition)
-                return ScribaCommit(counted.count, None, None, tuple(staged))
+                staged = access.stage(self.stream, counted, job, records_per_ledger=opts.max_records_per_partition)
+                return ScribaCommit(counted.count, None, None, tuple(staged), job)
             count, first, last = access.append(self.stream, rows(), create=opts.create_stream)
         return ScribaCommit(count, str(first) if first else None, str(last) if last else None)
 
@@ -268,19 +334,46 @@ class ScribaWriter(DataSourceWriter):
         if not self.exactly_once:
             return
         adopted = [i for m in messages if isinstance(m, ScribaCommit) for i in m.staged]
-        opts = self.opts
-        with open_access(opts) as access:
-            access.adopt(self.stream, adopted)
-            access.delete_ledgers(set(access.staged_ledgers(self.job)) - set(adopted))
+        with self._access() as access:
+            commit_job(access, self.stream, self.job, adopted)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Exactly-once: every ledger the job staged is deleted (nothing was adopted).
         At-least-once: confirmed records cannot be withdrawn (see the module docstring)."""
         if not self.exactly_once:
             return
-        opts = self.opts
-        with open_access(opts) as access:
-            access.delete_ledgers(access.staged_ledgers(self.job))
+        with self._access() as access:
+            abort_job(access, self.stream, self.job)
+
+
+class ScribaStreamWriter(DataSourceStreamWriter):
+    """``writeStream.format("scriba")``: each micro-batch's tasks write as the batch writer's
+    do. Exactly-once: each task stages under a job of its own and the batch's ``commit``
+    adopts them all in one commit point, idempotent per batch id
+    (:func:`~scriba.pipeline.commit.commit_batch`): a batch Spark replays after a
+    restart is discarded if it was committed."""
+
+    def __init__(self, writer: ScribaWriter, sink: str) -> None:
+        self.writer = writer
+        self.sink = sink
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return self.writer.write_as(iterator, uuid.uuid4().hex, record_job=True)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        w = self.writer
+        if not w.exactly_once:
+            return
+        parts = [(m.job, list(m.staged)) for m in messages if isinstance(m, ScribaCommit)]
+        with w._access() as access:
+            commit_batch(access, w.stream, self.sink, batchId, parts)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        w = self.writer
+        if not w.exactly_once:
+            return
+        with w._access() as access:
+            abort_batch(access, w.stream, self.sink, batchId, [m.job for m in messages if isinstance(m, ScribaCommit)])
 
 
 class _Counted:

@@ -254,8 +254,10 @@ class StreamReader:
                 return
 
     async def _tail_entries(self, reader: LedgerReader, segment: Segment) -> None:
-        async for entry in reader.tail(self._position.entry_id):
-            await self._deliver(segment, entry)
+        # aclosing: a tail stopped while delivering ends its long polls now, not when collected
+        async with contextlib.aclosing(reader.tail(self._position.entry_id)) as entries:
+            async for entry in entries:
+                await self._deliver(segment, entry)
 
     async def _until_closed(self, seq: int) -> None:
         while True:

@@ -28,7 +28,7 @@ def test_add_frame_round_trip_keeps_runs_ids_sizes_and_bytes() -> None:
     wire.encode_run(7, wire.ADD_RECOVERY, b"key", [3, 4], [b"abc", b"defg"], parts)
     wire.encode_run(9, 0, b"k2", [0], [b""], parts)
     header, body = single(frame_bytes(wire.encode_frame(FrameType.ADD, 42, parts)))
-    assert (header.type, header.request_id, header.version) == (FrameType.ADD, 42, wire.VERSION)
+    assert (header.type, header.request_id, header.version) == (FrameType.ADD, 42, wire.FRAME_VERSION)
     runs = wire.decode_add(body)
     assert [(r.ledger_id, r.flags, r.master_key, list(r.entry_ids), list(r.sizes), r.entries) for r in runs] == [
         (7, 1, b"key", [3, 4], [3, 4], b"abcdefg"),
@@ -58,10 +58,17 @@ def test_answers_round_trip() -> None:
     assert wire.decode_read_range(body) == (3, 0, 99, 16, 4096)
     _, body = single(frame_bytes(wire.encode_read_entry(11, 3, -1, wire.READ_FENCE, b"k")))
     assert wire.decode_read_entry(body) == (3, -1, wire.READ_FENCE, b"k")
+    header, body = single(frame_bytes(wire.encode_write_lac(12, 3, 41, wire.LAC_HINT_ONLY, b"key")))
+    assert header.type == FrameType.WRITE_LAC and wire.decode_write_lac(body) == (3, 41, wire.LAC_HINT_ONLY, b"key")
+    header, body = single(frame_bytes(wire.encode_lac_written(12, 7, "master key mismatch")))
+    assert header.type == FrameType.LAC_WRITTEN and wire.decode_lac_written(body) == (7, "master key mismatch")
+    with pytest.raises(FrameError):
+        wire.decode_write_lac(frame_bytes(wire.encode_write_lac(1, 3, 41, 0, b"key"))[wire.HEADER_SIZE:-1])  # cut short
 
 
 def test_version_negotiation_picks_the_highest_common_version() -> None:
-    assert wire.negotiate(1, 1) == 1
+    assert wire.negotiate(1, 1) == 1  # a version-1 peer: no WRITE_LAC on that link
+    assert wire.negotiate(1, 2) == 2 == wire.WRITE_LAC_VERSION
     assert wire.negotiate(1, 9) == wire.VERSION
     assert wire.negotiate(wire.VERSION + 1, wire.VERSION + 3) is None
     _, body = single(frame_bytes(wire.encode_hello(1, 4)))

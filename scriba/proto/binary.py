@@ -1,10 +1,17 @@
 """The binary data path's wire format: frames for adds, their answers and reads (no I/O).
 
 Why: Python gRPC costs ~0.2 ms and hundreds of microseconds of CPU per message; the
-hot path (adds, their acknowledgements, range reads, LAC reads and long polls) travels
-instead as length-prefixed frames over plain TCP, the way BookKeeper's v2 protocol
-sits beside its protobuf one. Everything else (explicit LAC writes, bookie info) stays
-on gRPC, which is also the fallback for a bookie that offers no binary address.
+hot path (adds, their acknowledgements, range reads, LAC reads and long polls, and
+from version 2 the writer's explicit LAC pushes) travels instead as length-prefixed
+frames over plain TCP, the way BookKeeper's v2 protocol sits beside its protobuf one.
+Everything else (bookie info) stays on gRPC, which is also the fallback for a bookie
+that offers no binary address.
+
+Versions: HELLO negotiates the highest version both sides speak (``VERSION``); a
+version adds frame types and never changes a frame's layout, so every header carries
+``FRAME_VERSION`` (the layout's version). Version 2 adds WRITE_LAC: a client sends it
+only on a link negotiated at 2 or more, a bookie refuses it (protocol error) on a link
+negotiated at 1.
 
 Frame layout (every integer little-endian, fixed width)::
 
@@ -38,6 +45,8 @@ Bodies (``s`` = u16-length-prefixed UTF-8 string, ``k`` = u16-length-prefixed by
   last_entry_id i64 | fenced u8 | s message | last_entry_len u32 | last_entry |
   n u32 | sizes n x u32 | the piggybacked entries previous_lac + 1 ... (consecutive,
   none beyond lac) concatenated.
+- WRITE_LAC (version 2): ledger_id u64 | lac i64 | flags u32 (1 = hint only: raised in
+  memory, not journaled) | k master_key. Answer LAC_WRITTEN: status u16 | s message.
 - ERROR (either side, request_id of the offending frame or 0): status u16 | s message;
   the sender closes the connection after it.
 
@@ -56,6 +65,7 @@ from typing import Final
 __all__ = [
     "FLAG_MORE",
     "FRAME_BYTES_MAX",
+    "FRAME_VERSION",
     "HEADER",
     "MAGIC",
     "VERSION",
@@ -74,10 +84,12 @@ __all__ = [
     "decode_hello",
     "decode_hello_ok",
     "decode_lac_answer",
+    "decode_lac_written",
     "decode_range_chunk",
     "decode_read_entry",
     "decode_read_lac",
     "decode_read_range",
+    "decode_write_lac",
     "encode_add_ack",
     "encode_entry_answer",
     "encode_error",
@@ -85,17 +97,21 @@ __all__ = [
     "encode_hello",
     "encode_hello_ok",
     "encode_lac_answer",
+    "encode_lac_written",
     "encode_range_chunk",
     "encode_read_entry",
     "encode_read_lac",
     "encode_read_range",
     "encode_run",
+    "encode_write_lac",
     "negotiate",
 ]
 
 MAGIC: Final = 0x5342
-VERSION: Final = 1  # the highest version this code speaks
+VERSION: Final = 2  # the highest version this code speaks (negotiated by HELLO)
 VERSION_MIN: Final = 1
+FRAME_VERSION: Final = 1  # the frame layout's version, in every header (versions add frame types only)
+WRITE_LAC_VERSION: Final = 2  # the first version with WRITE_LAC
 FRAME_BYTES_MAX: Final = 65 * 1024 * 1024  # default cap on one frame's body
 FLAG_MORE: Final = 1  # RANGE_CHUNK: more chunks of this request follow
 
@@ -105,6 +121,7 @@ HEADER_SIZE: Final = HEADER.size
 ADD_RECOVERY: Final = 1
 READ_FENCE: Final = 1
 LAC_LONG_POLL: Final = 2
+LAC_HINT_ONLY: Final = 1  # WRITE_LAC: raise the LAC in memory, journal nothing
 
 _RUN_HEAD: Final = struct.Struct("<QIIH")  # ledger_id, flags, n, key length
 _ANSWER_HEAD: Final = struct.Struct("<QHIH")  # ledger_id, status, n, message length
@@ -114,6 +131,7 @@ _READ_RANGE: Final = struct.Struct("<QqqIQ")
 _CHUNK_HEAD: Final = struct.Struct("<HqIH")
 _READ_LAC: Final = struct.Struct("<QIqIHH")
 _LAC_ANSWER: Final = struct.Struct("<HqqBH")
+_WRITE_LAC: Final = struct.Struct("<QqIH")
 _U32: Final = struct.Struct("<I")
 _STATUS_MESSAGE: Final = struct.Struct("<HH")
 _HELLO: Final = struct.Struct("<BB")
@@ -133,6 +151,8 @@ class FrameType(IntEnum):
     RANGE_CHUNK = 8
     READ_LAC = 9
     LAC = 10
+    WRITE_LAC = 11
+    LAC_WRITTEN = 12
     ERROR = 15
 
 
@@ -153,7 +173,7 @@ class Header:
 
 
 def encode_frame(ftype: int, request_id: int, body_parts: Sequence[Buffer], flags: int = 0,
-                 version: int = VERSION) -> list[Buffer]:
+                 version: int = FRAME_VERSION) -> list[Buffer]:
     """Header + body parts, ready for ``transport.writelines`` (or ``b"".join``)."""
     length = sum(map(len, body_parts))
     return [HEADER.pack(MAGIC, version, ftype, flags, length, request_id), *body_parts]
@@ -165,7 +185,7 @@ def decode_header(buf: Buffer, offset: int = 0, *, frame_bytes_max: int = FRAME_
     magic, version, ftype, flags, length, request_id = HEADER.unpack_from(buf, offset)
     if magic != MAGIC:
         raise FrameError(f"bad magic 0x{magic:04x}")
-    if not VERSION_MIN <= version <= VERSION:
+    if version != FRAME_VERSION:
         raise FrameError(f"unsupported version {version}")
     if ftype not in _TYPES:
         raise FrameError(f"unknown frame type {ftype}")
@@ -253,11 +273,20 @@ def decode_hello_ok(body: Buffer) -> tuple[int, int, str]:
 
 # --- ERROR ------------------------------------------------------------------------------
 def encode_error(request_id: int, status: int, message: str) -> list[Buffer]:
-    raw, n = _s(message)
-    return encode_frame(FrameType.ERROR, request_id, [_STATUS_MESSAGE.pack(status, n), raw])
+    return _encode_status(FrameType.ERROR, request_id, status, message)
 
 
 def decode_error(body: Buffer) -> tuple[int, str]:
+    return _decode_status(body)
+
+
+def _encode_status(ftype: int, request_id: int, status: int, message: str) -> list[Buffer]:
+    """A body of ``status u16 | s message`` (ERROR, LAC_WRITTEN)."""
+    raw, n = _s(message)
+    return encode_frame(ftype, request_id, [_STATUS_MESSAGE.pack(status, n), raw])
+
+
+def _decode_status(body: Buffer) -> tuple[int, str]:
     r = _Reader(body)
     status, n = r.take(_STATUS_MESSAGE)
     message = r.text(n)
@@ -349,11 +378,18 @@ def encode_read_entry(request_id: int, ledger_id: int, entry_id: int, flags: int
 
 def decode_read_entry(body: Buffer) -> tuple[int, int, int, bytes]:
     """``(ledger_id, entry_id, flags, master_key)``."""
+    (ledger_id, entry_id, flags), key = _keyed(body, _READ_ENTRY)
+    return ledger_id, entry_id, flags, key
+
+
+def _keyed(body: Buffer, head: struct.Struct) -> tuple[tuple[int, ...], bytes]:
+    """A body that is ``head`` (its last field the key's length) then the key: the
+    head's other fields and the key."""
     r = _Reader(body)
-    ledger_id, entry_id, flags, k = r.take(_READ_ENTRY)
+    *fields, k = r.take(head)
     key = bytes(r.bytes_(k))
     r.done()
-    return ledger_id, entry_id, flags, key
+    return tuple(fields), key
 
 
 def encode_entry_answer(request_id: int, status: int, entry_id: int, message: str, entry: Buffer) -> list[Buffer]:
@@ -475,6 +511,27 @@ def decode_lac_answer(body: Buffer) -> LacAnswer:
         entries.append(blob[start:start + size])
         start += size
     return LacAnswer(status, lac, last_entry_id, bool(fenced), message, last_entry, tuple(entries))
+
+
+# --- WRITE_LAC / LAC_WRITTEN (version 2) --------------------------------------------------
+def encode_write_lac(request_id: int, ledger_id: int, lac: int, flags: int, master_key: bytes) -> list[Buffer]:
+    return encode_frame(FrameType.WRITE_LAC, request_id, [_WRITE_LAC.pack(ledger_id, lac, flags, len(master_key)),
+                                                          master_key])
+
+
+def decode_write_lac(body: Buffer) -> tuple[int, int, int, bytes]:
+    """``(ledger_id, lac, flags, master_key)``."""
+    (ledger_id, lac, flags), key = _keyed(body, _WRITE_LAC)
+    return ledger_id, lac, flags, key
+
+
+def encode_lac_written(request_id: int, status: int, message: str = "") -> list[Buffer]:
+    return _encode_status(FrameType.LAC_WRITTEN, request_id, status, message)
+
+
+def decode_lac_written(body: Buffer) -> tuple[int, str]:
+    """``(status, message)``."""
+    return _decode_status(body)
 
 
 class FrameReader:

@@ -174,6 +174,27 @@ def test_requests_get_typed_statuses_not_protocol_errors(harness: Harness) -> No
         Status.NO_SUCH_ENTRY, 1, 0, False)
 
 
+def test_write_lac_raises_the_lac_on_a_version_2_link_and_is_refused_on_a_version_1_link(harness: Harness) -> None:
+    """The writer's explicit LAC push over the binary path (version 2): a hint raises the
+    LAC a plain LAC read then shows; a wrong key is a status; a link negotiated at
+    version 1 (an older client) never sends it, and a bookie treats it as a protocol error."""
+    frames, _ = harness.run(harness.exchange(add_frame(15, [0, 1, 2])))
+    assert [a.status for hd, bd in frames if hd.type == FrameType.ADD_ACK for a in wire.decode_add_ack(bd)] == [0]
+    push = b(wire.encode_write_lac(21, 15, 2, wire.LAC_HINT_ONLY, KEY)) + b(wire.encode_read_lac(22, 15, 0, -1, 0, b""))
+    frames, closed = harness.run(harness.exchange(push, want=2))
+    (written,) = [wire.decode_lac_written(bd) for hd, bd in frames if hd.type == FrameType.LAC_WRITTEN]
+    (lac,) = [wire.decode_lac_answer(bd) for hd, bd in frames if hd.type == FrameType.LAC]
+    assert written == (0, "") and (lac.status, lac.lac) == (0, 2) and not closed
+    frames, _ = harness.run(harness.exchange(b(wire.encode_write_lac(23, 15, 2, wire.LAC_HINT_ONLY, b"other"))))
+    status, message = wire.decode_lac_written(frames[-1][1])
+    assert status == Status.UNAUTHORIZED and message
+    old_client = b(wire.encode_hello(1, 1)) + b(wire.encode_write_lac(24, 15, 2, wire.LAC_HINT_ONLY, KEY))
+    frames, closed = harness.run(harness.exchange(old_client, hello=False))
+    (hello,) = [wire.decode_hello_ok(bd) for hd, bd in frames if hd.type == FrameType.HELLO_OK]
+    errors = [wire.decode_error(bd) for hd, bd in frames if hd.type == FrameType.ERROR]
+    assert hello[:2] == (0, 1) and closed and len(errors) == 1 and "version 1" in errors[0][1], (hello, errors)
+
+
 u64 = st.one_of(st.integers(0, 5), st.integers(0, (1 << 64) - 1))
 i64 = st.one_of(st.integers(-3, 10), st.integers(-(1 << 63), (1 << 63) - 1))
 u32 = st.one_of(st.integers(0, 3), st.integers(0, (1 << 32) - 1))
@@ -236,6 +257,8 @@ def test_generated_frames_are_answered_or_refused_and_the_bookie_keeps_serving(h
             assert wire.decode_range_chunk(bd).status in STATUSES
         elif hd.type == FrameType.LAC:
             assert wire.decode_lac_answer(bd).status in STATUSES
+        elif hd.type == FrameType.LAC_WRITTEN:
+            assert wire.decode_lac_written(bd)[0] in STATUSES
         else:
             assert hd.type == FrameType.ENTRY and wire.decode_entry_answer(bd)[0] in STATUSES
 

@@ -12,18 +12,19 @@ writer pushes a confirmed LAC that no later entry carries (in-process bookies, m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, TypeVar
 
 import pytest
 
 from scriba.bookie.storage_api import AddOp
-from scriba.client import Client, ClientConfig
+from scriba.client import Client, ClientConfig, LedgerWriter
 from scriba.client.driver import DriverConfig
 from scriba.client.reader import piggybacked
 from scriba.client.transport import LacResult
-from scriba.entry import make_digest, pack_entry
+from scriba.entry import Entry, make_digest, pack_entry
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.testing.sim import StorageTransport, register_bookies
@@ -38,6 +39,28 @@ def config(explicit_lac_delay_s: float | None = 0.0) -> ClientConfig:
         driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=0.2,
                             explicit_lac_delay_s=explicit_lac_delay_s),
     )
+
+
+def long_polls(long_poll_s: float) -> ClientConfig:
+    """Long polls that do not time out during a test."""
+    return ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
+                        driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=long_poll_s))
+
+
+T = TypeVar("T", bound=StorageTransport)
+
+
+@contextlib.asynccontextmanager
+async def tailing(transport: T, long_poll_s: float) -> AsyncIterator[tuple[T, LedgerWriter, AsyncGenerator[Entry, None]]]:
+    """A new ledger's writer and a tail of it from entry 0, over ``transport``."""
+    client = await open_client(transport, long_polls(long_poll_s))
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        r = await client.open_ledger(w.ledger_id, recovery=False)
+        yield transport, w, r.tail(0)
+    finally:
+        await client.close()
+        await client.store.close()
 
 
 class CountingTransport(StorageTransport):
@@ -207,23 +230,13 @@ async def test_no_push_when_disabled() -> None:
 async def test_the_last_entry_before_a_close_reaches_a_tail_without_waiting_out_its_poll() -> None:
     """Appended, then closed at once: the push still goes out (closing), so the tail gets
     the entry long before its 30 s poll would time out and show the close."""
-    transport = CountingTransport(BOOKIES)
-    cfg = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
-                       driver=DriverConfig(read_timeout_s=2.0, metadata_timeout_s=5.0, long_poll_s=30.0))
-    client = await open_client(transport, cfg)
-    try:
-        w = await client.create_ledger(3, 3, 2)
-        r = await client.open_ledger(w.ledger_id, recovery=False)
-        tail = r.tail(0)
+    async with tailing(CountingTransport(BOOKIES), 30.0) as (_, w, tail):
         first = asyncio.ensure_future(anext(tail))
         await w.append(b"last")
         await w.close()
         entry = await asyncio.wait_for(first, 10)
         assert (entry.entry_id, entry.payload) == (0, b"last")
         await tail.aclose()
-    finally:
-        await client.close()
-        await client.store.close()
 
 
 async def test_close_returns_once_the_last_lac_reached_the_bookies() -> None:
@@ -243,3 +256,44 @@ async def test_close_returns_once_the_last_lac_reached_the_bookies() -> None:
     finally:
         await client.close()
         await client.store.close()
+
+
+class WaitingPolls(CountingTransport):
+    """Notes the long polls waiting right now: (bookie, previous_lac)."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.waiting: list[tuple[BookieId, int]] = []
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        key = (bookie_id, int(previous_lac))
+        self.waiting.append(key)
+        try:
+            return await super().long_poll_lac(
+                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+        finally:
+            self.waiting.remove(key)
+
+
+async def test_the_next_polls_wait_at_one_bookie_while_the_consumer_holds_an_entry() -> None:
+    """Re-armed before delivering: while the consumer still holds entry i (it has not
+    asked for the next), polls for entries i + 1 and i + 2 already wait, at one bookie,
+    so an LAC that moves meanwhile is answered at once; and everything still comes from
+    the polls' answers (no read)."""
+    async with tailing(WaitingPolls(BOOKIES), 20.0) as (transport, w, tail):
+        reads = transport.range_reads + transport.entry_reads
+        for i in range(5):
+            await w.append(b"e%d" % i)
+            entry = await asyncio.wait_for(anext(tail), 10)
+            assert entry.entry_id == i
+            ahead = [i, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2
+            await eventually(lambda: sorted(p for _, p in transport.waiting) == ahead,  # noqa: B023 (awaited here)
+                             what=f"polls for entries {i + 1} and {i + 2} waiting while entry {i} is held")
+            assert len({b for b, _ in transport.waiting}) == 1, transport.waiting
+        assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
+        await tail.aclose()
+        await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
+        await w.close()

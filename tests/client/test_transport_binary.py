@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from scriba.client import Client
 from scriba.client.binary_transport import BinaryTransport
 from scriba.client.transport import TransportConfig
 from scriba.entry import Crc32cDigest, master_key, pack_entry, unpack_entry
-from scriba.errors import Status
+from scriba.errors import ScribaError, Status
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.proto import binary as wire
 
@@ -100,3 +102,39 @@ async def test_garbage_from_a_bookie_fails_the_link_and_its_adds_unavailable() -
         await t.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_explicit_lac_pushes_travel_on_a_version_2_link_and_over_grpc_to_an_older_bookie() -> None:
+    """``write_lac`` goes as WRITE_LAC on a link negotiated at version 2; a bookie whose
+    link speaks only version 1 gets it over gRPC instead (here a dead gRPC address: the
+    push fails there, and the version-1 link never saw a WRITE_LAC)."""
+    got: dict[int, list[tuple[int, int, int, bytes]]] = {1: [], 2: []}
+
+    def bookie(version: int) -> Any:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(wire.HEADER_SIZE + 2)  # HELLO
+            writer.write(b"".join(bytes(p) for p in wire.encode_hello_ok(0, version)))
+            frames = wire.FrameReader()
+            while chunk := await reader.read(65536):
+                for header, body in frames.feed(chunk):
+                    if header.type == wire.FrameType.WRITE_LAC:
+                        got[version].append(wire.decode_write_lac(body))
+                        writer.write(b"".join(bytes(p) for p in wire.encode_lac_written(header.request_id, 0)))
+            writer.close()
+        return serve
+
+    servers = {v: await asyncio.start_server(bookie(v), "127.0.0.1", 0) for v in (1, 2)}
+    binary = {BookieId(f"v{v}"): f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for v, s in servers.items()}
+    t = BinaryTransport(lambda _: "127.0.0.1:1", TransportConfig(read_timeout_s=3.0), resolve_binary=binary.__getitem__)
+    key = master_key(b"pw")
+    try:
+        await asyncio.wait_for(t.write_lac(BookieId("v2"), LedgerId(31), EntryId(7), key, hint_only=True), 10)
+        assert got[2] == [(31, 7, wire.LAC_HINT_ONLY, key)]
+        with pytest.raises(ScribaError):  # tried over gRPC: nothing listens there
+            await asyncio.wait_for(t.write_lac(BookieId("v1"), LedgerId(31), EntryId(7), key, hint_only=True), 20)
+        assert t.wire_of(BookieId("v1")) == "binary" and got[1] == []
+    finally:
+        await t.close()
+        for s in servers.values():
+            s.close()
+            await s.wait_closed()

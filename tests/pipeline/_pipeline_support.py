@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from scriba.cli import build_parser
 from scriba.client import Client
+from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
+from scriba.pipeline.staging import StagingRecord, staging_prefix
 from scriba.stream import Position, open_namespace
+from scriba.testing.checkers.acked_set import check_acked_set
 
 Rec = tuple[str, bytes, dict[str, bytes]]
 
@@ -45,6 +51,48 @@ async def _read(uri: str, ns: str, stream: str, start: str = "earliest") -> list
                 out.append((str(rec.position), rec.payload, dict(rec.headers)))
         assert not out or Position.parse(out[-1][0]) < stop
         return out
+
+
+async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
+    """Ledgers staged for ``ns/stream`` that are not (or no longer) its segments."""
+    async with Client.connect(uri) as client:
+        record = (await (await open_namespace(client, ns)).catalog.read_stream(stream)).value
+        segments = {s.ledger_id for s in record.segments}
+        found = []
+        async for key, raw in client.store.scan(LEDGERS_PREFIX):
+            meta = LedgerMetadata.from_bytes(raw.value).custom_metadata
+            if meta.get("stream") == f"{ns}/{stream}" and meta.get("staged"):
+                found.append(int(key.rsplit("/", 1)[-1]))
+        return sorted(set(found) - segments)
+
+
+async def _staging_jobs(uri: str, stream: str) -> dict[str, str]:
+    """The exactly-once jobs recorded for ``stream`` ("ns/stream"): job -> state."""
+    async with Client.connect(uri) as client:
+        return {StagingRecord.from_bytes(raw.value).job: StagingRecord.from_bytes(raw.value).state
+                async for _, raw in client.store.scan(staging_prefix(stream))}
+
+
+def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
+    """The acked-set checker (nothing lost, nothing unexpected, nothing twice) and the order."""
+    result = check_acked_set(wanted, wanted, read)
+    assert result.ok and not result.duplicated, result.explain()
+    assert read == wanted  # and in order
+
+
+def _payloads(uri: str, ns: str, stream: str = "out") -> list[bytes]:
+    return [p for _, p, _ in asyncio.run(_read(uri, ns, stream))]
+
+
+def _until(cond: Any, what: str, bound_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Wait for ``cond()`` while the child ``proc`` lives, at most ``bound_s``."""
+    deadline = time.monotonic() + bound_s
+    while not cond():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {bound_s} s: {what}")
+        time.sleep(0.1)
 
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:

@@ -12,34 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, dying_frame
+from _pipeline_support import _append, _exactly_once, _ns, _read, _staged_outside, dying_frame
 
-from scriba.client import Client
-from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.pipeline.source import ScribaCommit, ScribaDataSource
-from scriba.stream import open_namespace
-from scriba.testing.checkers.acked_set import check_acked_set
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _exactly_once(wanted: list[bytes], read: list[bytes]) -> None:
-    result = check_acked_set(wanted, wanted, read)
-    assert result.ok and not result.duplicated, result.explain()
-    assert read == wanted  # and in order
-
-
-async def _staged_outside(uri: str, ns: str, stream: str) -> list[int]:
-    """Ledgers staged for ``ns/stream`` that are not (or no longer) its segments."""
-    async with Client.connect(uri) as client:
-        record = (await (await open_namespace(client, ns)).catalog.read_stream(stream)).value
-        segments = {s.ledger_id for s in record.segments}
-        found = []
-        async for key, raw in client.store.scan(LEDGERS_PREFIX):
-            meta = LedgerMetadata.from_bytes(raw.value).custom_metadata
-            if meta.get("stream") == f"{ns}/{stream}" and meta.get("staged"):
-                found.append(int(key.rsplit("/", 1)[-1]))
-        return sorted(set(found) - segments)
 
 
 def test_task_killed_mid_write_then_rerun_is_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:
@@ -101,3 +80,32 @@ def test_checker_negative_control_at_least_once_retry_duplicates(uri: str) -> No
     job.commit([job.write(iter(rows))])  # attempt 2
     with pytest.raises(AssertionError, match="read more than once: 20"):
         _exactly_once([r["payload"] for r in rows], [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))])
+
+
+def test_write_task_waits_for_the_writer_lock_as_long_as_asked(uri: str) -> None:
+    """At-least-once tasks queue on the stream's writer lock (a 1M-row job's second task waited
+    longer than the stream layer's 30 s default and failed): they wait ``writerLockTimeoutS``."""
+    import threading
+
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from scriba.errors import WriterLockedError
+    from scriba.pipeline.access import Access
+
+    ns = _ns()
+    asyncio.run(_append(uri, ns, "out", []))
+    schema = StructType([StructField("payload", BinaryType())])
+    rows = [{"payload": b"r%d" % i} for i in range(20)]
+    with Access(uri) as holder:
+        held = holder.run(holder.namespace(ns).open_writer("out"))  # an earlier task, still writing
+        short = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "writerLockTimeoutS": "1"})
+        with pytest.raises(WriterLockedError, match=r"not free within 1\.0 s"):
+            short.writer(schema, False).write(iter(rows))
+        release = threading.Thread(target=lambda: holder.run(held.close()))
+        long = ScribaDataSource({"metadata": uri, "stream": f"{ns}/out", "writerLockTimeoutS": "600"})
+        release.start()  # whenever it lets go, the waiting task takes the lock and writes
+        try:
+            long.writer(schema, False).write(iter(rows))
+        finally:
+            release.join(60)
+    assert [p for _, p, _ in asyncio.run(_read(uri, ns, "out"))] == [r["payload"] for r in rows]

@@ -10,26 +10,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _pipeline_support import _append, _ns, _read, _records, dying_frame
+from _pipeline_support import _append, _ns, _read, _records, _until, dying_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CHILD = Path(__file__).with_name("_stream_child.py")
 
 
-def _until(cond: Any, what: str, bound_s: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + bound_s
-    while not cond():
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {bound_s} s: {what}")
-        time.sleep(0.1)
 
 
 def test_streaming_driver_killed_mid_batch_resumes_exactly_once(spark: Any, uri: str, tmp_path: Path) -> None:
