@@ -26,7 +26,7 @@ def start_console(metadata_uri: str, listen: str, data_dir: Path,
                   tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
     argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
-    return _start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
+    return start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
                         if line.startswith("console: ") else None)
 
 
@@ -45,10 +45,10 @@ def start_autorecovery(metadata_uri: str, delay_s: float, data_dir: Path,
             return None
         return doc.get("autorecovery") if isinstance(doc, dict) else None
 
-    return _start_child(argv, data_dir, "autorecovery", ready)
+    return start_child(argv, data_dir, "autorecovery", ready)
 
 
-def _start_child(
+def start_child(
     argv: list[str], data_dir: Path, name: str, ready: Callable[[str], str | None]
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``argv`` in ``data_dir`` (stderr to ``DIR/NAME.log``); wait for the stdout line
