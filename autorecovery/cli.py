@@ -21,11 +21,11 @@ import uuid
 from typing import Any
 
 from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S, AutorecoveryConfig
-from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.ids import BookieId
 from scriba.log import get_logger
-from scriba.tls_cli import add_tls_arguments, tls_from_args
+from scriba.metrics_http import serve_metrics
+from scriba.tls_cli import add_tls_arguments, client_tls_from_args, tls_from_args
 
 log = get_logger(__name__)
 ENV_PASSWORDS = "SCRIBA_AUTORECOVERY_PASSWORDS"  # comma-separated, for processes a script starts
@@ -65,8 +65,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--open-ledger-grace-s", type=float, default=30.0)
     run.add_argument("--claim-ttl-s", type=float, default=10.0)
     run.add_argument("--tick-s", type=float, default=1.0)
-    run.add_argument("--http", default=None, help="HOST:PORT for /metrics (plaintext only for now)")
-    add_tls_arguments(run, server=False)  # the certificate the workers read and copy entries with
+    run.add_argument("--http", default=None, help="HOST:PORT for /metrics (HTTPS with --tls-*)")
+    # one certificate: the workers read and copy entries with it, /metrics is served with it
+    add_tls_arguments(run, server=True, client=True)
     run.set_defaults(func=cmd_run)
 
 
@@ -86,26 +87,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(uri: str, config: AutorecoveryConfig, args: argparse.Namespace) -> None:
-    from scriba.autorecovery.auditor import Auditor
     from scriba.autorecovery.metrics import AutorecoveryMetrics
+
+    name = args.id or f"autorecovery-{uuid.uuid4().hex[:8]}"
+    metrics = AutorecoveryMetrics()
+    async with contextlib.AsyncExitStack() as stack:
+        url = await serve_metrics(stack, args.http, metrics.registry, tls_from_args(args))
+        await _serve(uri, config, args, name, metrics, url)
+
+
+async def _serve(uri: str, config: AutorecoveryConfig, args: argparse.Namespace, name: str,
+                 metrics: Any, metrics_url: str | None) -> None:
+    from scriba.autorecovery.auditor import Auditor
     from scriba.autorecovery.worker import ReplicationWorker
     from scriba.client import Client, ClientConfig
     from scriba.meta import connect
 
-    name = args.id or f"autorecovery-{uuid.uuid4().hex[:8]}"
-    metrics = AutorecoveryMetrics()
-    if args.http:
-        from prometheus_client import start_http_server
-
-        host, port = parse_host_port(args.http)
-        start_http_server(port, addr=host, registry=metrics.registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     store = await connect(uri, session_timeout_s=config.claim_ttl_s)
     try:
-        async with Client.connect(uri, store=store, config=ClientConfig(tls=tls_from_args(args))) as client:
+        async with Client.connect(uri, store=store, config=ClientConfig(tls=client_tls_from_args(args))) as client:
             tasks = []
             if not args.no_auditor:
                 auditor = Auditor(client, config, candidate=name, metrics=metrics)
@@ -115,7 +119,7 @@ async def _run(uri: str, config: AutorecoveryConfig, args: argparse.Namespace) -
                 tasks.append(asyncio.create_task(worker.run(stop), name="worker"))
             log.info("autorecovery_started", candidate=name, auditor=not args.no_auditor,
                      worker=not args.no_worker, delay_s=config.lost_bookie_recovery_delay_s)
-            print(json.dumps({"autorecovery": name, "metadata": uri}), flush=True)
+            print(json.dumps({"autorecovery": name, "metadata": uri, "metrics": metrics_url}), flush=True)
             await stop.wait()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):

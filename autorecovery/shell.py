@@ -67,11 +67,11 @@ async def _drain(args: argparse.Namespace, uri: str, decommission: bool) -> int:
     from scriba.autorecovery import commands
     from scriba.autorecovery.cli import config_from, print_progress
     from scriba.autorecovery.records import Reason
-    from scriba.client import Client
+    from scriba.client.shell import shell_connect
 
     bookie = BookieId(args.bookie)
     reason = Reason.DECOMMISSION if decommission else Reason.RECOVER
-    async with Client.connect(uri) as client:
+    async with shell_connect(uri, getattr(args, "client_tls", None)) as client:
         if decommission:
             await commands.start_decommission(client.store, bookie)
         if args.mark_only:

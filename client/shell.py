@@ -41,12 +41,18 @@ async def _open_store(uri: str) -> MetadataStore:
     return await connect(uri)
 
 
-async def _connect_client(uri: str, tls: TlsConfig | None = None) -> Any:
-    """A client of ``uri``; ``tls``: dial the bookies over TLS (``scriba shell --tls-*``,
-    or the client certificate a ``scriba sandbox --tls`` wrote into sandbox.json)."""
+def shell_connect(uri: str, tls: TlsConfig | None = None) -> Any:
+    """``Client.connect`` of a shell verb (await it, or ``async with`` it); ``tls``: dial the
+    bookies over TLS (``args.client_tls``: ``scriba shell --tls-*``, or the client
+    certificate a ``scriba sandbox --tls`` wrote into sandbox.json). Every layer's verbs
+    connect through this."""
     from scriba.client import Client, ClientConfig
 
-    return await Client.connect(uri, config=ClientConfig(tls=tls))
+    return Client.connect(uri, config=ClientConfig(tls=tls))
+
+
+async def _connect_client(uri: str, tls: TlsConfig | None = None) -> Any:
+    return await shell_connect(uri, tls)
 
 
 def _password(text: str | None) -> bytes:

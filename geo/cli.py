@@ -15,6 +15,11 @@ stops the source stream, promotes the target and prints the measured data-loss w
 and time to writable (``geo.drill``). Both print JSON.
 Cluster names are what marks carry (``geo.origin``/``geo.source``): they must stay the
 same for the life of the data (default: the metadata URI). ``--http`` serves ``/metrics``.
+
+TLS: ``--tls-cert/--tls-key/--tls-ca`` (``scriba.tls_cli``) are the certificate every
+command dials both clusters' bookies with (the CA bundle must verify both), and for
+``replicate`` also what ``/metrics`` is served with (HTTPS; ``--tls-require-client-cert``
+and ``--tls-allow admin=...`` admit scrapers as everywhere else).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import json
 import signal
 from typing import Any
 
-from scriba.config import parse_host_port
 from scriba.errors import ConfigError
 from scriba.log import get_logger
+from scriba.metrics_http import serve_metrics
+from scriba.tls_cli import add_tls_arguments, client_tls_from_args, tls_from_args
 
 log = get_logger(__name__)
 METRICS_INTERVAL_S = 1.0
@@ -45,7 +51,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--namespace", action="append", default=[], help="every stream of namespace NS")
     run.add_argument("--local-only", action="store_true",
                      help="ship only records written in the source (full mesh); default: all but the target's")
-    run.add_argument("--http", default=None, help="HOST:PORT for /metrics")
+    run.add_argument("--http", default=None, help="HOST:PORT for /metrics (HTTPS with --tls-*)")
+    add_tls_arguments(run, server=True, client=True)
     run.add_argument("--session-timeout-s", type=float, default=SESSION_TIMEOUT_S,
                      help="target metadata session: how soon a replicator that died lets another take over")
     run.set_defaults(func=cmd_replicate)
@@ -56,6 +63,7 @@ def register(subparsers: Any) -> None:
     tr.add_argument("positions", nargs="*", help="source positions SEG:ENTRY:SLOT")
     tr.add_argument("--cursors", action="store_true",
                     help="translate the source stream's named cursors and commit them on the target")
+    add_tls_arguments(tr, server=False)
     tr.set_defaults(func=cmd_translate)
     drill = sub.add_parser("failover-drill",
                            help="stop the source stream, promote the target, report the data-loss window")
@@ -64,6 +72,7 @@ def register(subparsers: Any) -> None:
     drill.add_argument("--stream", required=True, help="NS/STREAM")
     drill.add_argument("--lock-timeout-s", type=float, default=30.0,
                        help="how long to wait for the source's writer and the replicator to be gone")
+    add_tls_arguments(drill, server=False)
     drill.set_defaults(func=cmd_failover_drill)
 
 
@@ -92,7 +101,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 
 
 async def _replicate(args: argparse.Namespace) -> None:
-    from scriba.client import Client
+    from scriba.client import Client, ClientConfig
     from scriba.geo.metrics import GeoMetrics
     from scriba.geo.replicator import Cluster, Replicator, ReplicatorOptions
     from scriba.meta import connect
@@ -100,21 +109,19 @@ async def _replicate(args: argparse.Namespace) -> None:
 
     options = ReplicatorOptions(local_only=args.local_only).validate()
     metrics = GeoMetrics()
-    if args.http:
-        from prometheus_client import start_http_server
-
-        host, port = parse_host_port(args.http)
-        start_http_server(port, addr=host, registry=metrics.registry)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    client_config = ClientConfig(tls=client_tls_from_args(args))
     async with contextlib.AsyncExitStack() as stack:
-        source = await stack.enter_async_context(Client.connect(args.source))
+        metrics_url = await serve_metrics(stack, args.http, metrics.registry, tls_from_args(args))
+        source = await stack.enter_async_context(Client.connect(args.source, config=client_config))
         # the target writer lock lives as long as this session: a SIGKILLed replicator frees it
         # within --session-timeout-s (the client leaves closing a store passed in to us)
         target_store = await connect(args.target, session_timeout_s=args.session_timeout_s)
         stack.push_async_callback(target_store.close)
-        target = await stack.enter_async_context(Client.connect(args.target, store=target_store))
+        target = await stack.enter_async_context(
+            Client.connect(args.target, store=target_store, config=client_config))
         wanted = [split_stream(s) for s in args.stream]
         for ns_name in args.namespace:
             ns = await open_namespace(source, ns_name)
@@ -126,8 +133,8 @@ async def _replicate(args: argparse.Namespace) -> None:
             await src.namespace.info(stream)  # an unknown source stream: a clear error now
             replicators.append(Replicator(dst, stream, [src], options))
         tasks = [asyncio.create_task(r.run(), name=f"geo-{r.stream}") for r in replicators]
-        print(json.dumps({"geo_replicate": [f"{r.target.namespace.name}/{r.stream}" for r in replicators]}),
-              flush=True)
+        print(json.dumps({"geo_replicate": [f"{r.target.namespace.name}/{r.stream}" for r in replicators],
+                          "metrics": metrics_url}), flush=True)
         while not stop.is_set() and not any(t.done() for t in tasks):
             for r in replicators:
                 metrics.update(r)
@@ -154,7 +161,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 async def _translate(args: argparse.Namespace) -> dict[str, Any]:
-    from scriba.client import Client
+    from scriba.client import Client, ClientConfig
     from scriba.geo.translate import translate, translate_cursors
     from scriba.stream import Position, open_namespace
 
@@ -162,7 +169,9 @@ async def _translate(args: argparse.Namespace) -> dict[str, Any]:
     positions = [Position.parse(p) for p in args.positions]
     source_name = args.source_name or args.source
     out: dict[str, Any] = {"stream": args.stream, "source": source_name}
-    async with Client.connect(args.source) as source, Client.connect(args.target) as target:
+    config = ClientConfig(tls=tls_from_args(args))
+    async with Client.connect(args.source, config=config) as source, \
+            Client.connect(args.target, config=config) as target:
         target_ns = await open_namespace(target, ns_name)
         if positions:
             found = await translate(target_ns, stream, source_name, positions)
@@ -182,12 +191,14 @@ def cmd_failover_drill(args: argparse.Namespace) -> int:
 
 
 async def _drill(args: argparse.Namespace) -> dict[str, Any]:
-    from scriba.client import Client
+    from scriba.client import Client, ClientConfig
     from scriba.geo.drill import failover_drill
     from scriba.stream import WriterOptions, open_namespace
 
     ns_name, stream = split_stream(args.stream)
-    async with Client.connect(args.source) as source, Client.connect(args.target) as target:
+    config = ClientConfig(tls=tls_from_args(args))
+    async with Client.connect(args.source, config=config) as source, \
+            Client.connect(args.target, config=config) as target:
         report = await failover_drill(
             await open_namespace(source, ns_name), await open_namespace(target, ns_name), stream,
             args.source_name or args.source, options=WriterOptions(lock_timeout_s=args.lock_timeout_s),

@@ -20,15 +20,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, uri: str) -> int:
-    from scriba.client import Client
+    from scriba.client.shell import shell_connect
     from scriba.geo.replicator import Cluster
     from scriba.geo.status import link_status
     from scriba.stream import open_namespace
 
     rows = []
     async with contextlib.AsyncExitStack() as stack:
-        source = await stack.enter_async_context(Client.connect(args.source))
-        target = await stack.enter_async_context(Client.connect(uri))
+        tls = getattr(args, "client_tls", None)  # one certificate for both clusters' bookies
+        source = await stack.enter_async_context(shell_connect(args.source, tls))
+        target = await stack.enter_async_context(shell_connect(uri, tls))
         for text in args.stream:
             ns_name, stream = split_stream(text)
             src = Cluster(args.source_name or args.source, await open_namespace(source, ns_name))

@@ -13,7 +13,7 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from scriba.client import LedgerReader
+from scriba.client import ClientConfig, LedgerReader
 from scriba.client.sync import SyncClient
 from scriba.entry import Entry
 from scriba.errors import PositionOutOfRangeError, PositionTruncatedError
@@ -30,6 +30,7 @@ from scriba.stream import Namespace, Position, Record, WriterOptions, open_names
 from scriba.stream.ledgers import delete_ledgers, read_entry, records_of
 from scriba.stream.record_set import decode_header
 from scriba.stream.segments import StreamRecord, check_active
+from scriba.tls import TlsConfig
 
 T = TypeVar("T")
 log = get_logger(__name__)
@@ -78,11 +79,12 @@ class Access:
     """One blocking connection (driver or task); use as a context manager."""
 
     def __init__(self, metadata: str, password: bytes = b"", *, call_timeout_s: float = 120.0,
-                 lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT) -> None:
+                 lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT, tls: TlsConfig | None = None) -> None:
+        """``tls``: dial the bookies over (mutual) TLS (None: plaintext)."""
         self._password = password
         self._timeout_s = call_timeout_s
         self._lock_timeout_s = lock_timeout_s  # a writer lock held by an earlier task is waited for this long
-        self._sync = SyncClient.connect(metadata, call_timeout_s=call_timeout_s)
+        self._sync = SyncClient.connect(metadata, call_timeout_s=call_timeout_s, config=ClientConfig(tls=tls))
         self._namespaces: dict[str, Namespace] = {}
         self._ledgers: dict[int, LedgerReader] = {}  # async readers for header reads (driver)
 

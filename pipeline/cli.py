@@ -4,6 +4,8 @@ Each command starts a SparkSession (``--master``, default ``local[2]``; Spark pr
 its stage progress on the console), runs the job and ends with a one-line summary
 (``--json``: one JSON object). ``audit`` exits 1 when it found a problem. pyspark is
 imported only when a command runs, so ``scriba --help`` works without the extra.
+``--tls-cert/--tls-key/--tls-ca`` (files every executor can read): the driver and every
+task dial the bookies over mutual TLS (the data source's ``tls.*`` options).
 ``gc-staged`` starts no Spark: it collects exactly-once jobs' staging sets left by
 dead drivers (:mod:`scriba.pipeline.staging`).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +58,7 @@ def register(subparsers: Any) -> None:
                    help="collect staging sets older than this (default: one day; a job that may still "
                         "commit must be younger)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_tls_arguments(g, server=False)
     g.set_defaults(func=cmd_gc_staged)
 
 
@@ -70,7 +75,7 @@ def cmd_gc_staged(args: argparse.Namespace) -> int:
     if not grace_s >= 0:
         raise ConfigError(f"--grace-s must be >= 0, got {grace_s}")
     stream = "/".join(split_stream(args.stream)) if args.stream else None
-    with Access(args.metadata, args.password.encode()) as access:
+    with Access(args.metadata, args.password.encode(), tls=tls_from_args(args)) as access:
         report = collect_staged(access, stream=stream, grace_s=grace_s)
     print(json.dumps(vars(report), sort_keys=True) if args.json else report.line())
     return 0
@@ -81,6 +86,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", default="", help="the ledgers' / namespace's password")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_tls_arguments(p, server=False)  # the certificate the driver and every task dial the bookies with
 
 
 def _session(args: argparse.Namespace) -> tuple[Any, bool]:
@@ -102,7 +108,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     spark, owned = _session(args)
     try:
         report = export(spark, args.metadata, args.to, streams=tuple(args.stream), namespace=args.namespace,
-                        password=args.password, fail_on_data_loss=not args.skip_truncated)
+                        password=args.password, fail_on_data_loss=not args.skip_truncated, tls=tls_from_args(args))
     finally:
         if owned:
             spark.stop()
@@ -118,7 +124,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     try:
         problems, report = audit(spark, args.metadata, namespace=args.namespace,
                                  ledgers=tuple(parse_ledger_ids(args.ledgers or "")),
-                                 password=None if args.no_digest else args.password)
+                                 password=None if args.no_digest else args.password, tls=tls_from_args(args))
         if args.out:
             problems.write.mode("overwrite").parquet(args.out)
         elif not args.json:
@@ -136,7 +142,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     factory = machine_factory(args.machine)
     spark, owned = _session(args)
     try:
-        report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password)
+        report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password,
+                         tls=tls_from_args(args))
     finally:
         if owned:
             spark.stop()

@@ -8,6 +8,10 @@ records per entry; an open segment counts one record per entry). A task carries
 everything an executor needs (metadata URI, ledger, entry range, the exact
 position bounds), so nothing on the driver is needed to run it.
 
+TLS: options ``tls.cert``, ``tls.key``, ``tls.ca`` (paths every executor can read) and
+``tls.serverName`` make every connection (driver and tasks) dial the bookies over
+(mutual) TLS; :func:`tls_options` is the inverse, for jobs that hand their config on.
+
 Streaming offsets are ``{"ns/stream": "SEG:ENTRY:SLOT", ...}`` with sorted keys:
 Spark compares offsets as JSON text, so the same positions must always encode
 the same way.
@@ -18,10 +22,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from scriba.errors import ConfigError
 from scriba.stream.position import Position
+from scriba.tls import TlsConfig
 
 MAX_RECORDS_PER_PARTITION_DEFAULT: Final = 100_000
 CALL_TIMEOUT_S_DEFAULT: Final = 120.0
@@ -58,6 +64,7 @@ class SourceOptions:
     call_timeout_s: float = CALL_TIMEOUT_S_DEFAULT
     staging_grace_s: float = STAGING_GRACE_S_DEFAULT  # exactly-once writes
     writer_lock_timeout_s: float = WRITER_LOCK_TIMEOUT_S_DEFAULT  # writes
+    tls: TlsConfig | None = None  # dial the bookies over TLS (None: plaintext)
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -87,7 +94,28 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         call_timeout_s=float(_positive(opts, "calltimeouts") or CALL_TIMEOUT_S_DEFAULT),
         staging_grace_s=_seconds(opts, "staginggraces", STAGING_GRACE_S_DEFAULT),
         writer_lock_timeout_s=_seconds(opts, "writerlocktimeouts", WRITER_LOCK_TIMEOUT_S_DEFAULT),
+        tls=_tls(opts),
     )
+
+
+_TLS_OPTIONS: Final = {"cert": "tls.cert", "key": "tls.key", "ca": "tls.ca", "server_name": "tls.serverName"}
+
+
+def _tls(opts: Mapping[str, str]) -> TlsConfig | None:
+    given = {field: opts[name.lower()].strip() for field, name in _TLS_OPTIONS.items()
+             if opts.get(name.lower(), "").strip()}
+    if not given:
+        return None
+    cert, key, ca = (Path(given[k]) if k in given else None for k in ("cert", "key", "ca"))
+    return TlsConfig(cert=cert, key=key, ca=ca, server_name=given.get("server_name")).validate()
+
+
+def tls_options(tls: TlsConfig | None) -> dict[str, str]:
+    """The data source options that carry ``tls`` (none for None)."""
+    if tls is None:
+        return {}
+    values = {"cert": tls.cert, "key": tls.key, "ca": tls.ca, "server_name": tls.server_name}
+    return {_TLS_OPTIONS[k]: str(v) for k, v in values.items() if v is not None}
 
 
 def split_stream(text: str) -> tuple[str, str]:
@@ -182,6 +210,7 @@ class ReadTask:
     start: Position | None = None
     end: Position | None = None
     call_timeout_s: float = CALL_TIMEOUT_S_DEFAULT
+    tls: TlsConfig | None = None
 
 
 def plan_stream(
@@ -201,7 +230,7 @@ def plan_stream(
         step = entries_per_task(span, opts.max_records_per_partition)
         for lo in range(first, last + 1, step):
             tasks.append(ReadTask(opts.metadata, opts.password, namespace, stream, span.seq, span.ledger_id,
-                                  lo, min(last, lo + step - 1), start, end, opts.call_timeout_s))
+                                  lo, min(last, lo + step - 1), start, end, opts.call_timeout_s, opts.tls))
     return tasks
 
 
@@ -215,7 +244,7 @@ def entries_per_task(span: SegmentSpan, max_records: int) -> int:
 def plan_ledger(opts: SourceOptions, ledger_id: int, last_entry: int, entries_per_task: int) -> list[ReadTask]:
     return [
         ReadTask(opts.metadata, opts.password, None, None, None, ledger_id, lo,
-                 min(last_entry, lo + entries_per_task - 1), call_timeout_s=opts.call_timeout_s)
+                 min(last_entry, lo + entries_per_task - 1), call_timeout_s=opts.call_timeout_s, tls=opts.tls)
         for lo in range(0, last_entry + 1, entries_per_task)
     ]
 

@@ -99,7 +99,7 @@ class ScribaPartition(InputPartition):
 
 
 def _rows(task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    with Access(task.metadata, task.password, call_timeout_s=task.call_timeout_s) as access:
+    with Access(task.metadata, task.password, call_timeout_s=task.call_timeout_s, tls=task.tls) as access:
         if task.stream is None:
             for entry in access.read_entries(task):
                 yield (None, None, None, task.ledger_id, int(entry.entry_id), 0, None, bytes(entry.payload),
@@ -179,7 +179,7 @@ class ScribaBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         tasks: list[ReadTask] = []
-        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s) as access:
+        with Access(opts.metadata, opts.password, call_timeout_s=opts.call_timeout_s, tls=opts.tls) as access:
             for ledger_id in opts.ledgers:
                 tasks += plan_ledger(opts, ledger_id, access.ledger_last_entry(ledger_id),
                                      opts.max_records_per_partition)
@@ -205,7 +205,8 @@ class ScribaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _conn(self) -> Access:  # the driver's connection, opened lazily (never pickled)
         if self._access is None:
-            self._access = Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s)
+            self._access = Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s,
+                                  tls=self.opts.tls)
         return self._access
 
     def _views(self) -> dict[str, StreamView]:
@@ -287,7 +288,7 @@ class ScribaWriter(DataSourceWriter):
 
     def _access(self) -> Access:
         return Access(self.opts.metadata, self.opts.password, call_timeout_s=self.opts.call_timeout_s,
-                      lock_timeout_s=self.opts.writer_lock_timeout_s)
+                      lock_timeout_s=self.opts.writer_lock_timeout_s, tls=self.opts.tls)
 
     def start(self) -> None:
         """Exactly-once, on the driver before any task: collect the stream's orphaned staging

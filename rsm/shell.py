@@ -21,6 +21,7 @@ from scriba.rsm.peer import PeerClient
 from scriba.rsm.snapshots_core import SnapshotCatalog
 from scriba.rsm.status import fill_lag
 from scriba.shell import ShellVerb, emit, table
+from scriba.tls import TlsConfig
 
 STATUS_TIMEOUT_S = 2.0
 
@@ -29,13 +30,15 @@ def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="NS/NAME", help="the state machine: namespace/name, e.g. apps/counter")
 
 
-async def rsm_status(uri: str, target: str) -> dict[str, Any]:
+async def rsm_status(uri: str, target: str, tls: TlsConfig | None = None) -> dict[str, Any]:
+    """``tls``: how to dial the replicas' service (``scriba shell --tls-*``; None: plaintext)."""
     from scriba.meta.connect import connect
 
     namespace, sep, name = target.rpartition("/")
     if not sep:
         raise ConfigError(f"{target!r}: expected NAMESPACE/NAME, e.g. apps/counter")
     group = mb.group_token(namespace, name)
+    loaded = tls.load() if tls is not None else None
     store = await connect(uri)
     try:
         leader = await Election(store, mb.election_name(group)).leader()
@@ -45,7 +48,7 @@ async def rsm_status(uri: str, target: str) -> dict[str, Any]:
                                    "role": member.role, "token": member.token, "applied": member.applied,
                                    "lag_records": None, "lag_s": None, "answered": False}
             if member.address:
-                peer = PeerClient(member.address)
+                peer = PeerClient(member.address, loaded)
                 with contextlib.suppress(ScribaError, OSError):
                     status = json.loads(await peer.call(wire.Op.STATUS, b"", STATUS_TIMEOUT_S))
                     row.update(role=status["role"], token=status["token"], applied=status["applied"],
@@ -68,7 +71,7 @@ async def rsm_status(uri: str, target: str) -> dict[str, Any]:
 
 
 async def cmd_rsm_status(args: argparse.Namespace, uri: str) -> int:
-    doc = await rsm_status(uri, args.target)
+    doc = await rsm_status(uri, args.target, getattr(args, "client_tls", None))
     lines = [f"{doc['state_machine']}: leader {doc['leader'] or '(none)'} (election token {doc['election_token']})",
              table(doc["members"], ["replica_id", "address", "zone", "role", "token", "applied", "lag_records", "lag_s"])
              if doc["members"] else "(no live replicas)"]

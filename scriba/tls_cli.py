@@ -12,22 +12,31 @@ FILE``: a YAML (or JSON) mapping with the same keys::
 
 Flags given on the command line override the file's values. Relative paths in the
 file are taken from the file's directory. No flag and no file: None (plaintext).
+
+A process that both serves (an HTTP ``/metrics`` endpoint) and dials (bookies) takes
+both halves (``server=True, client=True``): one certificate, key and CA for both;
+:func:`client_tls_from_args` is the config it dials with (no allow-lists, the
+``--tls-server-name`` kept).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from scriba.errors import ConfigError
-from scriba.tls import TlsConfig, parse_allow
+from scriba.tls import TlsConfig, as_client, parse_allow
 
 _KEYS = frozenset({"cert", "key", "ca", "require_client_cert", "allow", "server_name"})
 
 
-def add_tls_arguments(parser: argparse.ArgumentParser, *, server: bool = True) -> None:
+def add_tls_arguments(parser: argparse.ArgumentParser, *, server: bool = True, client: bool | None = None) -> None:
+    """The TLS flags of a server (mutual TLS, allow-lists), a client (the checked server
+    name) or, with ``server=True, client=True``, of a process that is both."""
+    client = not server if client is None else client
     group = parser.add_argument_group("TLS")
     group.add_argument("--tls-config", type=Path, default=None, metavar="FILE",
                        help="YAML/JSON file with cert, key, ca, require_client_cert, allow")
@@ -39,7 +48,7 @@ def add_tls_arguments(parser: argparse.ArgumentParser, *, server: bool = True) -
                            help="mutual TLS: refuse peers without a certificate signed by --tls-ca")
         group.add_argument("--tls-allow", action="append", default=[], metavar="ROLE=IDENTITY",
                            help="admit certificate CN/SAN IDENTITY as ROLE (client, bookie, admin; '*': any)")
-    else:
+    if client:
         group.add_argument("--tls-server-name", default=None, help="name to verify in the server certificate")
 
 
@@ -63,6 +72,16 @@ def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
     if not values:
         return None
     return TlsConfig(**values).validate()
+
+
+def client_tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
+    """The config a process that also serves dials with: its certificate and CA (and
+    ``--tls-server-name``), without the server's allow-lists; None if no TLS flag."""
+    config = tls_from_args(args)
+    client = as_client(config)
+    if config is None or client is None:
+        return None
+    return replace(client, server_name=config.server_name).validate()
 
 
 def _read_file(path: Path) -> dict[str, Any]:

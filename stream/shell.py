@@ -51,11 +51,12 @@ def _headers_view(headers: Mapping[str, bytes]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _namespace(uri: str, name: str, password: str | None, *, create: bool = False) -> AsyncIterator[Any]:
-    from scriba.client import Client
+async def _namespace(args: argparse.Namespace, uri: str, name: str, password: str | None, *,
+                     create: bool = False) -> AsyncIterator[Any]:
+    from scriba.client.shell import shell_connect
     from scriba.stream import open_namespace
 
-    async with Client.connect(uri) as client:
+    async with shell_connect(uri, getattr(args, "client_tls", None)) as client:
         yield await open_namespace(client, name, create=create, password=(password or "").encode())
 
 
@@ -70,10 +71,10 @@ def stream_row(record: Any) -> dict[str, Any]:
 
 
 async def cmd_stream_list(args: argparse.Namespace, uri: str) -> int:
-    from scriba.client import Client
+    from scriba.client.shell import shell_connect
     from scriba.stream import list_namespaces, open_namespace
 
-    async with Client.connect(uri) as client:
+    async with shell_connect(uri, getattr(args, "client_tls", None)) as client:
         if args.namespace is None:
             names = sorted(await list_namespaces(client))
             emit(args, [{"namespace": n} for n in names], "\n".join(names) or "(no namespaces)")
@@ -124,7 +125,7 @@ def format_info(doc: dict[str, Any]) -> str:
 
 async def cmd_stream_info(args: argparse.Namespace, uri: str) -> int:
     namespace, stream = split_stream(args.stream)
-    async with _namespace(uri, namespace, args.password) as ns:
+    async with _namespace(args, uri, namespace, args.password) as ns:
         doc = await stream_info(ns, stream)
     emit(args, doc, format_info(doc))
     return 0
@@ -160,7 +161,7 @@ async def cmd_stream_append(args: argparse.Namespace, uri: str) -> int:
         raise ConfigError(f"--file {args.file}: {exc.strerror}") from None
     if not records:
         raise ConfigError("stream-append: no records to append (empty input)")
-    async with _namespace(uri, namespace, args.password, create=args.create) as ns:
+    async with _namespace(args, uri, namespace, args.password, create=args.create) as ns:
         writer = await ns.open_writer(stream, create=args.create,
                                       options=WriterOptions(lock_timeout_s=args.lock_timeout))
         try:
@@ -198,7 +199,7 @@ async def cmd_stream_tail(args: argparse.Namespace, uri: str) -> int:
         raise ConfigError(f"--count: 1..{TAIL_COUNT_MAX}, got {args.count}")
     start = args.start if args.start in ("earliest", "latest") else Position.parse(args.start)
     rows: list[dict[str, Any]] = []
-    async with _namespace(uri, namespace, args.password) as ns:
+    async with _namespace(args, uri, namespace, args.password) as ns:
         async for record in tail(ns, stream, start, count=args.count, follow=args.follow):
             row = {"position": str(record.position), **payload_view(record.payload),
                    "headers": _headers_view(record.headers), "publish_time_ms": record.publish_time_ms}
@@ -219,7 +220,7 @@ async def cmd_stream_truncate(args: argparse.Namespace, uri: str) -> int:
 
     namespace, stream = split_stream(args.stream)
     before = Position.parse(args.before)
-    async with _namespace(uri, namespace, args.password) as ns:
+    async with _namespace(args, uri, namespace, args.password) as ns:
         deleted = await ns.truncate(stream, before)
         record = (await ns.catalog.read_stream(stream)).value
     doc = {"stream": args.stream, "truncated_before": str(record.truncated_before), "ledgers_deleted": list(deleted)}
@@ -241,7 +242,7 @@ def _target(args: argparse.Namespace) -> tuple[str, str | None]:
 async def cmd_stream_retention(args: argparse.Namespace, uri: str) -> int:
     namespace, stream = _target(args)
     rows = []
-    async with _namespace(uri, namespace, args.password) as ns:
+    async with _namespace(args, uri, namespace, args.password) as ns:
         for name in [stream] if stream is not None else sorted(await ns.list_streams()):
             point = await ns.apply_retention(name)
             record = (await ns.catalog.read_stream(name)).value
@@ -253,7 +254,7 @@ async def cmd_stream_retention(args: argparse.Namespace, uri: str) -> int:
 
 async def cmd_stream_delete(args: argparse.Namespace, uri: str) -> int:
     namespace, stream = _target(args)
-    async with _namespace(uri, namespace, args.password) as ns:
+    async with _namespace(args, uri, namespace, args.password) as ns:
         if stream is not None:
             await ns.delete_stream(stream)
             doc = {"stream": args.stream, "deleted": True}

@@ -28,6 +28,7 @@ from typing import Any
 
 from scriba.errors import ConfigError
 from scriba.pipeline.access import Access
+from scriba.tls import TlsConfig
 
 AUDIT_SCHEMA_DDL = (
     "ledger_id BIGINT, segment_first BIGINT, entry_id BIGINT, bookie STRING, problem STRING, detail STRING"
@@ -108,16 +109,17 @@ async def check_ledger(client: Any, ledger_id: int, password: bytes | None) -> t
 
 def audit(
     spark: Any, metadata: str, *, namespace: str | None = None, ledgers: tuple[int, ...] = (),
-    password: str | None = "", ledgers_per_task: int = 4,
+    password: str | None = "", ledgers_per_task: int = 4, tls: TlsConfig | None = None,
 ) -> tuple[Any, AuditReport]:
     """Audit the ledgers of ``namespace`` (or ``ledgers``, or every ledger when neither is
-    given). ``password``: the ledgers' password for digest checks (None: headers only).
+    given). ``password``: the ledgers' password for digest checks (None: headers only);
+    ``tls``: the driver and every task dial the bookies with it.
     Returns (the problems as a persisted DataFrame, and the report)."""
     if namespace is not None and ledgers:
         raise ConfigError("audit takes a namespace or ledger ids, not both")
     if ledgers_per_task <= 0:
         raise ConfigError(f"ledgers_per_task must be positive, got {ledgers_per_task}")
-    with Access(metadata, (password or "").encode()) as access:
+    with Access(metadata, (password or "").encode(), tls=tls) as access:
         ids = list(ledgers) or access.ledger_ids(namespace)
     sc = spark.sparkContext
     checked, audited = sc.accumulator(0), sc.accumulator(0)
@@ -127,7 +129,7 @@ def audit(
         batch = list(part)
         if not batch:
             return
-        with Access(metadata, secret or b"") as task_access:
+        with Access(metadata, secret or b"", tls=tls) as task_access:
             for ledger_id in batch:
                 rows, n = task_access.run(check_ledger(task_access.client, ledger_id, secret))
                 checked.add(n)

@@ -42,7 +42,7 @@ from typing import Any
 
 from scriba.errors import ConfigError, PositionTruncatedError, SnapshotCorruptError
 from scriba.pipeline.access import Access
-from scriba.pipeline.plan import split_stream
+from scriba.pipeline.plan import split_stream, tls_options
 from scriba.rsm import RsmConfig, StateMachine
 from scriba.rsm import membership as mb
 from scriba.rsm.envelope import Envelope
@@ -50,6 +50,7 @@ from scriba.rsm.snapshot_store import digest_of, load_newest, read_snapshot, sto
 from scriba.rsm.state import ReplicatedState
 from scriba.stream import Position
 from scriba.stream.position import ZERO
+from scriba.tls import TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +90,11 @@ def machine_factory(spec: str) -> Callable[[], StateMachine]:
 def compact(
     spark: Any, metadata: str, stream: str, machine: Callable[[], StateMachine], *,
     up_to: str = "latest", password: str = "", config: RsmConfig | None = None,
-    max_records_per_partition: int | None = None,
+    max_records_per_partition: int | None = None, tls: TlsConfig | None = None,
 ) -> CompactReport:
     """Snapshot the RSM group whose command stream is ``stream`` ("ns/name") as of
-    ``up_to`` (exclusive; "latest" = its end now); see the module docstring."""
+    ``up_to`` (exclusive; "latest" = its end now; ``tls``: how every connection dials the
+    bookies); see the module docstring."""
     cfg = config or RsmConfig()
     cfg.validate()
     ns_name, name = split_stream(stream)
@@ -105,7 +107,7 @@ def compact(
                                session_results_max=cfg.session_results_max)
 
     state = fresh()
-    with Access(metadata, pw) as access:
+    with Access(metadata, pw, tls=tls) as access:
         found = access.run(load_newest(access.client, key, None, pw))
         if found is not None:
             state.restore(found[1])
@@ -121,7 +123,7 @@ def compact(
     if end > start:  # a start before the truncation point fails in the source (failOnDataLoss)
         reader = (spark.read.format("scriba").option("metadata", metadata).option("stream", stream)
                   .option("password", password).option("startingPosition", str(start))
-                  .option("endingPosition", str(end)))
+                  .option("endingPosition", str(end)).options(**tls_options(tls)))
         if max_records_per_partition is not None:
             reader = reader.option("maxRecordsPerPartition", str(max_records_per_partition))
         for row in reader.load().select("segment", "entry_id", "slot", "payload").toLocalIterator():
@@ -137,7 +139,7 @@ def compact(
         return CompactReport(group, str(started), str(info.position), 0, info.records_applied, info.ledger_id,
                              info.size_bytes, info.digest)
     chunks = state.snapshot(cfg.snapshot_chunk_bytes)
-    with Access(metadata, pw) as access:
+    with Access(metadata, pw, tls=tls) as access:
         info = access.run(store_snapshot(access.namespace(ns_name), name, key, chunks, state.applied,
                                          state.records_applied, state.token, cfg.snapshots_kept, pw))
         stored = access.run(read_snapshot(access.client, info, pw))  # digest-checked

@@ -27,7 +27,8 @@ from typing import Any
 
 from scriba.errors import ConfigError
 from scriba.pipeline.access import Access
-from scriba.pipeline.plan import SCHEMA_DDL, split_stream
+from scriba.pipeline.plan import SCHEMA_DDL, split_stream, tls_options
+from scriba.tls import TlsConfig
 
 STATE_DIR = "_scriba_export"
 STATE_FILE = "positions.json"
@@ -73,9 +74,10 @@ def _write_positions(directory: Path, positions: dict[str, str]) -> None:
 def export(
     spark: Any, metadata: str, directory: str | Path, *, streams: tuple[str, ...] = (),
     namespace: str | None = None, password: str = "", fail_on_data_loss: bool = True,
-    max_records_per_partition: int | None = None,
+    max_records_per_partition: int | None = None, tls: TlsConfig | None = None,
 ) -> ExportReport:
-    """Export ``streams`` (or every stream of ``namespace``) to Parquet under ``directory``."""
+    """Export ``streams`` (or every stream of ``namespace``) to Parquet under ``directory``;
+    ``tls``: the driver and every task dial the bookies with it."""
     from pyspark.sql import functions as F
 
     if bool(streams) == (namespace is not None):
@@ -85,7 +87,7 @@ def export(
     out = Path(directory)
     done = read_positions(out)
     ranges: dict[str, tuple[str, str]] = {}
-    with Access(metadata, password.encode()) as access:
+    with Access(metadata, password.encode(), tls=tls) as access:
         names = list(streams) or [f"{namespace}/{s}" for s in access.list_streams(namespace or "")]
         for full in names:
             view = access.view(full)
@@ -96,7 +98,8 @@ def export(
     for full, (first, last) in ranges.items():
         reader = (spark.read.format("scriba").option("metadata", metadata).option("stream", full)
                   .option("password", password).option("startingPosition", first)
-                  .option("endingPosition", last).option("failOnDataLoss", str(fail_on_data_loss).lower()))
+                  .option("endingPosition", last).option("failOnDataLoss", str(fail_on_data_loss).lower())
+                  .options(**tls_options(tls)))
         if max_records_per_partition is not None:
             reader = reader.option("maxRecordsPerPartition", str(max_records_per_partition))
         frames.append(reader.load())

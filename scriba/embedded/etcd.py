@@ -79,8 +79,10 @@ class EtcdCluster:
         """``fast_election`` shortens heartbeat and election timeout (tests, the sandbox);
         ``False`` runs etcd's own defaults, as a user's production cluster would.
         ``tls``: clients reach the members over TLS only (https client URLs; with
-        ``require_client_cert`` etcd's ``--client-cert-auth``); peers stay on plain
-        loopback."""
+        ``require_client_cert`` etcd's ``--client-cert-auth``); with a CA, the peer port
+        too (https peer URLs, the same certificate both ways, verified with the CA; with
+        ``require_client_cert`` ``--peer-client-cert-auth``: a peer without a certificate
+        the CA signed is refused). TLS without a CA: peers stay on plain loopback."""
         invariant(members >= 1, f"an etcd cluster needs at least one member, got {members}")
         self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
@@ -105,13 +107,14 @@ class EtcdCluster:
 
     def _build_members(self) -> list[ServerProcess]:
         host = self.host
+        peer_scheme = "https" if self._peer_tls else "http"
         initial_cluster = ",".join(
-            f"{name}=http://{host}:{peer}" for name, peer in zip(self.names, self.peer_ports, strict=True)
+            f"{name}={peer_scheme}://{host}:{peer}" for name, peer in zip(self.names, self.peer_ports, strict=True)
         )
         members = []
         for i, name in enumerate(self.names):
             client_url = f"{'https' if self.tls else 'http'}://{host}:{self.endpoints[i][1]}"
-            peer_url = f"http://{host}:{self.peer_ports[i]}"
+            peer_url = f"{peer_scheme}://{host}:{self.peer_ports[i]}"
             argv = [
                 self.binary,
                 f"--name={name}",
@@ -163,7 +166,15 @@ class EtcdCluster:
         argv = [f"--cert-file={tls.cert}", f"--key-file={tls.key}"]
         if tls.require_client_cert:  # etcd asks every client for a certificate once it has a CA file
             argv += [f"--trusted-ca-file={tls.ca}", "--client-cert-auth"]
+        if self._peer_tls:
+            argv += [f"--peer-cert-file={tls.cert}", f"--peer-key-file={tls.key}", f"--peer-trusted-ca-file={tls.ca}"]
+            if tls.require_client_cert:
+                argv.append("--peer-client-cert-auth")
         return argv
+
+    @property
+    def _peer_tls(self) -> bool:
+        return self.tls is not None and self.tls.ca is not None
 
     def uri(self, prefix: str = "scriba", **options: str) -> str:
         """The metadata URI of ``prefix`` (``etcd+tls://...?ca=...`` when serving TLS;

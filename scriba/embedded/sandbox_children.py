@@ -28,7 +28,7 @@ def start_console(metadata_uri: str, listen: str, data_dir: Path, tls_args: Sequ
     ``allow_actions``: started with ``--allow-actions`` (decommission, audit, leadership transfer)."""
     argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args,
                               *(["--allow-actions"] if allow_actions else []))
-    return _start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
+    return start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
                         if line.startswith("console: ") else None)
 
 
@@ -47,10 +47,10 @@ def start_autorecovery(metadata_uri: str, delay_s: float, data_dir: Path,
             return None
         return doc.get("autorecovery") if isinstance(doc, dict) else None
 
-    return _start_child(argv, data_dir, "autorecovery", ready)
+    return start_child(argv, data_dir, "autorecovery", ready)
 
 
-def _start_child(
+def start_child(
     argv: list[str], data_dir: Path, name: str, ready: Callable[[str], str | None]
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``argv`` in ``data_dir`` (stderr to ``DIR/NAME.log``); wait for the stdout line

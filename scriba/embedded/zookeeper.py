@@ -25,6 +25,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import time
 import urllib.parse
 from pathlib import Path
@@ -33,7 +34,7 @@ from types import TracebackType
 from scriba.embedded.process import ServerProcess, ServerStartError, free_ports
 from scriba.errors import ConfigError
 from scriba.invariant import invariant
-from scriba.tls import TlsConfig
+from scriba.tls import TlsConfig, as_client
 
 TICK_TIME_MS = 500
 MIN_SESSION_TIMEOUT_MS = 1000
@@ -105,11 +106,14 @@ def find_zookeeper_classpath() -> str:
 
 
 def four_letter_word(
-    host: str, port: int, word: str, timeout_s: float = FOUR_LETTER_TIMEOUT_S
+    host: str, port: int, word: str, timeout_s: float = FOUR_LETTER_TIMEOUT_S,
+    context: ssl.SSLContext | None = None,
 ) -> str:
-    """Send a four-letter word (``srvr``, ``ruok``, ``mntr``) and return the answer ('' on error)."""
+    """Send a four-letter word (``srvr``, ``ruok``, ``mntr``) and return the answer ('' on
+    error); ``context``: over TLS (a secure client port)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                (context.wrap_socket(raw, server_hostname=host) if context is not None else raw) as sock:
             sock.sendall(word.encode())
             chunks: list[bytes] = []
             while True:
@@ -122,9 +126,9 @@ def four_letter_word(
     return b"".join(chunks).decode(errors="replace")
 
 
-def server_mode(host: str, port: int) -> str | None:
+def server_mode(host: str, port: int, context: ssl.SSLContext | None = None) -> str | None:
     """``standalone`` / ``leader`` / ``follower`` once the server serves, else None."""
-    for line in four_letter_word(host, port, "srvr").splitlines():
+    for line in four_letter_word(host, port, "srvr", context=context).splitlines():
         if line.startswith("Mode:"):
             return line.split(":", 1)[1].strip()
     return None
@@ -153,7 +157,11 @@ class ZooKeeperEnsemble:
     ) -> None:
         """``tls``: each member also serves a secure client port (Netty, PEM stores; client
         certificates required when ``tls.require_client_cert``), which :meth:`uri` names;
-        the plaintext port stays on for the readiness probe (``srvr``)."""
+        with a CA there is no plaintext client port (the readiness probe, ``srvr``, goes to
+        the secure port with the members' certificate; without a CA the plaintext port
+        stays on for it), and with 3 members the quorum and election ports are TLS too
+        (``sslQuorum``: each member presents the certificate and verifies the others' with
+        the CA)."""
         invariant(members in (1, 3), f"a ZooKeeper ensemble here has 1 or 3 members, got {members}")
         self.base_dir = Path(base_dir).absolute()  # children run in their own dirs: no relative paths
         self.host = host
@@ -169,6 +177,10 @@ class ZooKeeperEnsemble:
         self.quorum_ports = ports[members : 2 * members]
         self.election_ports = ports[2 * members : 3 * members]
         self.secure_ports = ports[3 * members :]
+        # TLS with a CA: no plaintext client port; the readiness probe dials the secure one
+        self._tls_only = self.tls is not None and self.tls.ca is not None and self.tls.cert is not None
+        prober = as_client(self.tls) if self._tls_only else None  # the members' own certificate
+        self._probe_context = prober.load().client_ssl_context() if prober is not None else None
         self.names = [f"zk{i + 1}" for i in range(members)]
         self.members: list[ServerProcess] = []
         for name in self.names:
@@ -210,8 +222,8 @@ class ZooKeeperEnsemble:
             f"minSessionTimeout={MIN_SESSION_TIMEOUT_MS}",
             f"maxSessionTimeout={MAX_SESSION_TIMEOUT_MS}",
             f"dataDir={data_dir}",
-            f"clientPort={self.endpoints[index][1]}",
-            f"clientPortAddress={self.host}",
+            *([] if self._tls_only else [f"clientPort={self.endpoints[index][1]}",
+                                         f"clientPortAddress={self.host}"]),
             "maxClientCnxns=0",
             "admin.enableServer=false",
             "4lw.commands.whitelist=srvr,ruok,stat,mntr,cons",
@@ -251,6 +263,10 @@ class ZooKeeperEnsemble:
         ]
         if tls.ca is not None:
             lines += [f"ssl.trustStore.location={tls.ca}", "ssl.trustStore.type=PEM"]
+            if len(self.members) > 1:  # the quorum and election ports too: members verify each other
+                lines += ["sslQuorum=true", f"ssl.quorum.keyStore.location={key_store}",
+                          "ssl.quorum.keyStore.type=PEM", f"ssl.quorum.trustStore.location={tls.ca}",
+                          "ssl.quorum.trustStore.type=PEM"]
         return lines
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -267,6 +283,8 @@ class ZooKeeperEnsemble:
         return f"zk+tls://{hosts}/{prefix}" + (f"?{query}" if query else "")
 
     def mode(self, index: int) -> str | None:
+        if self._tls_only:
+            return server_mode(self.host, self.secure_ports[index], self._probe_context)
         host, port = self.endpoints[index]
         return server_mode(host, port)
 

@@ -571,8 +571,8 @@ async def test_zk_paused_member_is_left_for_another(zk3: ZooKeeperEnsemble) -> N
 async def test_zk_standalone_restart_keeps_the_session(tmp_path: Path) -> None:
     ensemble = ZooKeeperEnsemble(tmp_path, members=1)
     with ensemble:
-        # a session long enough to outlive a JVM restart on a loaded machine
-        async with await _open(ensemble.uri("r"), session_timeout_s=15.0) as store:
+        # a session long enough to outlive a JVM restart on a loaded machine (15 s was not: 17 s at load 12)
+        async with await _open(ensemble.uri("r"), session_timeout_s=45.0) as store:
             await store.create("e", b"x", ephemeral=True)
             session_id = store.session.session_id
             states: list[SessionState] = []
