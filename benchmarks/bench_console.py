@@ -20,7 +20,9 @@ a loop (cluster, ledger pages and searches, a ledger's page, streams, RSM, recov
 the JSON API) while a ledger is created and one deleted per round, and the console's RSS
 (``/proc/PID/status`` VmRSS) is sampled every ``--sample-every`` seconds. Prints each
 sample, then the RSS after the first minute (warm), at the end and at its highest, and the
-growth rate over the second half of the run (MB/min; flat is ~0).
+growth over the second half of the run, per minute and per 1,000 ledgers created and
+deleted (flat is ~0 for both; the second does not depend on how fast a busy machine let
+the rounds go).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
             pid = child.pid
             paths = ["", "ledgers", "api/ledgers?page=50&per_page=100", "ledgers?q=77", "ledgers?state=CLOSED&page=3",
                      "streams", "rsm", "recovery", "geo", "api/cluster", "api/bookies", "api/streams", "api/rsm"]
-            samples: list[tuple[float, float]] = []
+            samples: list[tuple[float, float, int]] = []  # (s since start, RSS MB, rounds so far)
             rounds = pages = 0
             next_id = ledgers + 1
             async with aiohttp.ClientSession() as http:
@@ -145,7 +147,7 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
                 page_n = 0
                 while (now := time.monotonic()) < end:
                     if now >= next_sample:
-                        samples.append((now - t0, _vm_rss_mb(pid)))
+                        samples.append((now - t0, _vm_rss_mb(pid), rounds))
                         mean_ms = page_s / page_n * 1000 if page_n else 0.0
                         print(f"t={now - t0:6.0f} s  console RSS {samples[-1][1]:7.1f} MB  pages {pages}  "
                               f"page mean {mean_ms:6.1f} ms  etcd writes {store_s:5.1f} s", flush=True)
@@ -165,7 +167,7 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
                     page_n += len(paths) + 1
                     pages += len(paths) + 1
                     rounds += 1
-            samples.append((time.monotonic() - t0, _vm_rss_mb(pid)))
+            samples.append((time.monotonic() - t0, _vm_rss_mb(pid), rounds))
             _report_memory(samples, rounds, pages)
             await store.close()
         finally:
@@ -187,21 +189,26 @@ async def _wait_synced(http: aiohttp.ClientSession, url: str, timeout_s: float) 
     raise TimeoutError(f"the console at {url} did not sync within {timeout_s} s")
 
 
-def _report_memory(samples: list[tuple[float, float]], rounds: int, pages: int) -> None:
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y over x (0 when x does not vary)."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+
+
+def _report_memory(samples: list[tuple[float, float, int]], rounds: int, pages: int) -> None:
     duration = samples[-1][0]
-    warm = next((rss for t, rss in samples if t >= 60), samples[0][1])
-    half = [(t, rss) for t, rss in samples if t >= duration / 2]
-    slope = 0.0
-    if len(half) >= 2:  # least squares over the second half, MB per minute
-        mt = sum(t for t, _ in half) / len(half)
-        mr = sum(r for _, r in half) / len(half)
-        var = sum((t - mt) ** 2 for t, _ in half)
-        slope = sum((t - mt) * (r - mr) for t, r in half) / var * 60 if var else 0.0
+    warm = next((rss for t, rss, _ in samples if t >= 60), samples[0][1])
+    half = [s for s in samples if s[0] >= duration / 2]
+    per_min = per_1000 = 0.0
+    if len(half) >= 2:  # over the second half: MB per minute, MB per 1,000 ledgers churned
+        per_min = _slope([(t, rss) for t, rss, _ in half]) * 60
+        per_1000 = _slope([(n, rss) for _, rss, n in half]) * 1000
     print(f"memory run: {duration / 60:.1f} min, {rounds} rounds ({pages} pages, {rounds} ledgers created and "
           f"deleted); console RSS first {samples[0][1]:.1f} MB, warm (1 min) {warm:.1f} MB, "
-          f"end {samples[-1][1]:.1f} MB, max {max(r for _, r in samples):.1f} MB; "
-          f"second-half trend {slope:+.2f} MB/min")
-
+          f"end {samples[-1][1]:.1f} MB, max {max(rss for _, rss, _ in samples):.1f} MB; "
+          f"second-half trend {per_min:+.2f} MB/min, {per_1000:+.2f} MB per 1000 ledgers churned")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

@@ -9,11 +9,16 @@ goes, the watches below it stop and their records go too. Each watch delivers th
 current records, then ``SYNCED``, then every change; the mirror applies them to a dict
 per section (:data:`PREFIXES`), so a page view reads memory and never the store. At
 each (re)``SYNCED`` a watch drops the keys it had that the store no longer has: a
-record deleted while the store was away does not linger.
+record deleted while the store was away does not linger. Whoever keeps something per
+key (the views' decode cache) registers with :meth:`Mirror.on_forget` and is told of
+every key the mirror drops, whichever of these ways it goes.
 
 If the store goes away (a watch raises, or connecting fails) the mirror keeps the last
 copy, says so in :attr:`Mirror.error` (the pages show it), and reconnects with a capped
-backoff; the console keeps serving meanwhile.
+backoff; the console keeps serving meanwhile. A driver may also ride out an outage
+itself, its watches silent until the server is back (etcd re-syncs them): then the
+store's session says SUSPENDED (or LOST), and the mirror reports that the same way until
+the session is CONNECTED again.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from scriba.autorecovery.records import DECOMMISSION_PREFIX, UNDERREPLICATED_PRE
 from scriba.errors import ScribaError
 from scriba.log import get_logger
 from scriba.meta.records import BOOKIES_PREFIX, COOKIES_PREFIX, LEDGERS_PREFIX
-from scriba.meta.store import EventKind, MetadataStore
+from scriba.meta.store import EventKind, MetadataStore, SessionState
 from scriba.stream.segments import STREAMS_PREFIX
 
 log = get_logger(__name__)
@@ -81,6 +86,12 @@ class Mirror:
         self.error: str | None = None
         self.changes = 0  # bumped on every applied event (views cache on it)
         self._task: asyncio.Task[None] | None = None
+        self._forget_listeners: list[Callable[[str], None]] = []
+        self._session_error: str | None = None  # set while the store's session is not CONNECTED
+
+    def on_forget(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(key)`` whenever a key leaves the mirror."""
+        self._forget_listeners.append(listener)
 
     # --- reading ---------------------------------------------------------------
     def records(self, prefix: str) -> Mapping[str, tuple[int, bytes]]:
@@ -88,8 +99,8 @@ class Mirror:
 
     @property
     def synced(self) -> bool:
-        """Every running watch has delivered its current state."""
-        return bool(self._tasks) and self._synced.issuperset(self._tasks)
+        """Every running watch has delivered its current state, and the store's session is up."""
+        return bool(self._tasks) and self._synced.issuperset(self._tasks) and self._session_error is None
 
     def status(self) -> dict[str, object]:
         return {"uri": self.uri, "synced": self.synced, "error": self.error, "watches": len(self._tasks)}
@@ -118,6 +129,7 @@ class Mirror:
             except (ScribaError, OSError) as exc:
                 self._failed(exc)
             else:
+                store.session.add_listener(self._on_session)
                 try:
                     async with asyncio.TaskGroup() as group:
                         self._group = group
@@ -126,6 +138,8 @@ class Mirror:
                 except* (ScribaError, OSError) as excs:
                     self._failed(excs.exceptions[0])
                 finally:
+                    store.session.remove_listener(self._on_session)
+                    self._session_error = None
                     self._group = None
                     self._tasks.clear()
                     self._synced.clear()
@@ -135,6 +149,16 @@ class Mirror:
                 backoff = RETRY_MIN_S  # it ran a good while: a fresh failure
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RETRY_MAX_S)
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            if self._session_error is not None and self.error == self._session_error:
+                self.error = None
+            self._session_error = None
+            return
+        self._session_error = self.error = (f"metadata store {self.uri}: session {state.value} "
+                                            "(the store does not answer)")
+        log.warning("console_store_unavailable", error=self.error)
 
     def _failed(self, exc: BaseException) -> None:
         self.error = f"metadata store {self.uri}: {type(exc).__name__}: {exc}"
@@ -160,7 +184,9 @@ class Mirror:
             self._start_watch(store, child)
 
     def _forget(self, key: str) -> None:
-        self._records[section_of(key)].pop(key, None)
+        if self._records[section_of(key)].pop(key, None) is not None:
+            for listener in self._forget_listeners:
+                listener(key)
         for child in children(key):
             self._stop_watch(child)
 

@@ -45,9 +45,15 @@ class BookieProbe:
     up: bool = False
     probed_s: float = 0.0  # last probe's wall time (0: never)
     last_up_s: float = 0.0
-    error: str = ""
+    error: str = ""  # why the last completed probe failed; "" when it answered (or none completed yet)
     health: dict[str, object] = field(default_factory=dict)
     samples: deque[Sample] = field(default_factory=deque)
+
+    @property
+    def failed(self) -> bool:
+        """The last completed probe failed. A first probe still in flight has not: ``probed_s`` is
+        set when a probe starts, and ``up`` is still False until the first one answers."""
+        return bool(self.error)
 
     def rates(self) -> tuple[float, float]:
         """Adds/s and reads/s over the last two samples (0 with fewer, or after a restart)."""

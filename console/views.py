@@ -25,8 +25,9 @@ from scriba.autorecovery.records import (
     Decommission,
     UnderReplicated,
 )
+from scriba.console.decode_cache import MISS, DecodeCache
 from scriba.console.geo_lag import GeoScraper
-from scriba.console.mirror import ELECTIONS_PREFIX, PREFIXES, RSM_PREFIX, Mirror, section_of
+from scriba.console.mirror import ELECTIONS_PREFIX, RSM_PREFIX, Mirror
 from scriba.console.probe import Prober, rates_between
 from scriba.console.rsm_probe import RsmProber
 from scriba.errors import BadRequestError, ConfigError, NoSuchLedgerError, ScribaError
@@ -48,7 +49,6 @@ from scriba.stream.segments import STREAMS_PREFIX, CursorRecord, StreamRecord, n
 T = TypeVar("T")
 
 PAGE_SIZE_MAX: Final = 500
-CACHE_SLACK: Final = 1000  # decoded records of deleted keys kept before a prune
 UNKNOWN: Final = "?"
 
 
@@ -94,31 +94,25 @@ class Model:
         self.prober: Prober | None = None
         self.rsm_prober: RsmProber | None = None
         self.geo: GeoScraper | None = None
-        self._decoded: dict[tuple[str, str], tuple[int, Any]] = {}  # (decoder, key) -> (version, record)
+        self.decoded = DecodeCache()
+        mirror.on_forget(self.decoded.forget)  # a key that goes takes its decodes along
         self._last_seen: dict[str, BookieRegistration] = {}  # bookie id -> last registration
         self._owners: tuple[int, dict[int, str]] = (-1, {})
 
     # --- decoding --------------------------------------------------------------
     def _decode(self, prefix: str, decode: Callable[[bytes], T]) -> Iterable[tuple[str, T]]:
-        self._prune()
+        name = decode.__qualname__
         for key, (version, value) in self.mirror.records(prefix).items():
-            hit = self._decoded.get((decode.__qualname__, key))
-            if hit is not None and hit[0] == version:
-                yield key, hit[1]
+            hit = self.decoded.get(name, key, version)
+            if hit is not MISS:
+                yield key, hit
                 continue
             try:
                 record = decode(value)
             except (ScribaError, ValueError, TypeError):
                 continue  # not a record of this kind (or malformed): not shown
-            self._decoded[(decode.__qualname__, key)] = (version, record)
+            self.decoded.put(name, key, version, record)
             yield key, record
-
-    def _prune(self) -> None:
-        """Drop cached decodes of records that went, once they could be half the cache."""
-        live = sum(len(self.mirror.records(p)) for p in PREFIXES)
-        if len(self._decoded) > 2 * live + CACHE_SLACK:
-            self._decoded = {k: v for k, v in self._decoded.items()
-                             if k[1] in self.mirror.records(section_of(k[1]))}
 
     def registrations(self) -> dict[str, BookieRegistration]:
         regs: dict[str, BookieRegistration] = {
@@ -144,7 +138,7 @@ class Model:
             reg = regs.get(bookie_id) or self._last_seen.get(bookie_id)
             probe = probes.get(bookie_id)
             registered = bookie_id in regs
-            if not registered or (probe is not None and probe.probed_s and not probe.up):
+            if not registered or (probe is not None and probe.failed):
                 state = "down"
             elif reg is not None and reg.mode is BookieMode.READ_ONLY:
                 state = "read-only"

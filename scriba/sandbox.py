@@ -7,7 +7,8 @@ round-robin over the regions first; the default bookie count is then one per zon
 ``--inter-region-latency-ms MS`` puts MS of latency each way between clients, taken to
 run in ``region-1``, and every other region's bookies, through the fault proxy:
 :mod:`scriba.embedded.fault_proxy`),
-starts the web console (``scriba console``, as a process; ``--no-console`` skips it)
+starts the web console (``scriba console``, as a process; ``--no-console`` skips it,
+``--console-allow-actions`` starts it with ``--allow-actions``)
 and an autorecovery process (``scriba autorecovery run``: the elected auditor and one
 replication worker, as BookKeeper's standalone runs autorecovery beside its bookies;
 ``--autorecovery-delay-s`` sets how long a bookie may be gone before its ledgers are
@@ -15,7 +16,8 @@ re-replicated, ``--no-autorecovery`` skips it); with ``--with kv`` three replica
 KV store example (etcd's v3 API, one per zone, ``scriba.embedded.kvstore``; their
 ``--endpoints`` line for etcdctl is printed), with ``--with namenode`` the namenode
 example's three replicas (:mod:`scriba.embedded.namenode`); writes ``DIR/sandbox.json``
-(metadata URI; per bookie: id, address, zone, data dir, PID; the console's URL and PID;
+(metadata URI; per bookie: id, address, zone, data dir, PID; the console's URL, PID and
+whether it allows actions;
 the autorecovery process's id and PID; the KV replicas and the namenodes), prints the
 URI, the console's URL and the next step, and runs until Ctrl-C / SIGTERM. Then it
 stops everything it started, by PID, and waits for each exit.
@@ -103,6 +105,7 @@ class SandboxOptions:
     metadata: str | None = None
     fresh: bool = False  # wipe the etcd and bookie dirs a previous sandbox left
     console: str | None = "127.0.0.1:0"  # the web console's HOST:PORT (port 0: any free one); None: none
+    console_allow_actions: bool = False  # the console's --allow-actions (each action confirmed; admin under --tls)
     autorecovery_delay_s: float | None = AUTORECOVERY_DELAY_S  # lost-bookie delay; None: no autorecovery
     tls: bool = False  # mutual TLS everywhere, with a throwaway CA (scriba.sandbox_tls)
     inter_region_latency_ms: int = 0  # > 0: other regions' bookies behind a latency proxy
@@ -133,6 +136,8 @@ class SandboxOptions:
                 "only the bookies' dirs would leave a broken cluster; wipe the store yourself, "
                 "or use another --data dir"
             )
+        if self.console_allow_actions and not self.console:
+            raise ConfigError("--console-allow-actions with --no-console: there is no console to act from")
         if self.tls and self.metadata:
             raise ConfigError("--tls with --metadata: the sandbox makes its own CA for the etcd it starts; "
                               "secure your own store and pass its etcd+tls:// URI without --tls")
@@ -356,7 +361,8 @@ class Sandbox:
             from scriba.embedded.bookie import tls_argv
 
             tls_args = tls_argv(self.pki.server_tls(self.pki.admin)) if self.pki is not None else []
-            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir, tls_args)
+            self.console = start_console(self.metadata_uri, self.options.console, self.data_dir, tls_args,
+                                         allow_actions=self.options.console_allow_actions)
         if self.options.autorecovery_delay_s is not None:
             from scriba.embedded.bookie import tls_argv
 
@@ -401,7 +407,8 @@ class Sandbox:
             "started_at": time.time(),
             "regions": sorted({self.options.location(i)[0] for i in range(len(self.bookies))}),
             "etcd": etcd,
-            "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid},
+            "console": None if self.console is None else {"url": self.console[1], "pid": self.console[0].pid,
+                                                          "actions": self.options.console_allow_actions},
             "autorecovery": None if self.autorecovery is None else {
                 "id": self.autorecovery[1], "pid": self.autorecovery[0].pid,
                 "delay_s": self.options.autorecovery_delay_s,

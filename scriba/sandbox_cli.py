@@ -66,6 +66,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="where the web console listens (default 127.0.0.1:0: any free port; its URL is printed)")
     p.add_argument("--no-console", action="store_true", help="do not start the web console")
+    p.add_argument("--console-allow-actions", action="store_true",
+                   help="start the console with --allow-actions: decommission, audit and leadership transfer "
+                        "from its pages, each confirmed (with --tls: by the admin certificate only)")
     p.add_argument("--autorecovery-delay-s", type=float, default=AUTORECOVERY_DELAY_S, metavar="S",
                    help="the autorecovery process re-replicates a bookie's ledgers once it has been gone "
                         f"this long (default {AUTORECOVERY_DELAY_S:g}; 0: at once)")
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     options = SandboxOptions(data_dir, bookies=args.bookies, zones=args.zones, regions=args.regions,
                              metadata=args.metadata, fresh=args.fresh,
                              console=None if args.no_console else args.console, tls=args.tls,
+                             console_allow_actions=args.console_allow_actions,
                              inter_region_latency_ms=args.inter_region_latency_ms,
                              autorecovery_delay_s=None if args.no_autorecovery else args.autorecovery_delay_s,
                              services=tuple(args.services))
@@ -194,6 +198,8 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
     if args.tls:
         argv.append("--tls")
     argv += ["--no-console"] if args.no_console else ["--console", args.console]
+    if args.console_allow_actions:
+        argv.append("--console-allow-actions")
     argv += (["--no-autorecovery"] if args.no_autorecovery
              else ["--autorecovery-delay-s", f"{args.autorecovery_delay_s:g}"])
     for service in args.services:

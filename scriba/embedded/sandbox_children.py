@@ -22,10 +22,12 @@ START_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
 
 
-def start_console(metadata_uri: str, listen: str, data_dir: Path,
-                  tls_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
-    """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens."""
-    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args)
+def start_console(metadata_uri: str, listen: str, data_dir: Path, tls_args: Sequence[str] = (),
+                  *, allow_actions: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """``scriba console`` as a child process (log ``DIR/console.log``); its URL once it listens.
+    ``allow_actions``: started with ``--allow-actions`` (decommission, audit, leadership transfer)."""
+    argv = python_module_argv("scriba.cli", "console", "--metadata", metadata_uri, "--listen", listen, *tls_args,
+                              *(["--allow-actions"] if allow_actions else []))
     return start_child(argv, data_dir, "console", lambda line: line.removeprefix("console: ")
                         if line.startswith("console: ") else None)
 

@@ -1,11 +1,13 @@
 """A populated cluster and a console on it: real etcd, three bookie processes in three
 zones, a zone-aware ledger and a stream with closed segments, the console in-process
-on a free port."""
+on a free port. And a console on an empty ``memory://`` store (``memory_console``), for
+the mirror's and the views' tests."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,8 @@ import pytest
 
 from scriba.client import Client, ClientConfig
 from scriba.console.cli import Console, ConsoleConfig
+from scriba.meta import connect
+from scriba.meta.store import MetadataStore
 from scriba.stream import open_namespace
 
 ZONES = ["z1", "z2", "z3"]
@@ -44,6 +48,32 @@ async def wait_for(what: str, check: Callable[[], Any], deadline_s: float) -> An
             return last
         await asyncio.sleep(0.1)
     raise AssertionError(f"{what}: not within {deadline_s} s (last: {last!r})")
+
+
+async def until(what: str, check: Callable[[], Any], deadline_s: float = 30.0) -> Any:
+    """Poll the plain ``check`` until it returns something truthy, or fail after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{what}: not within {deadline_s} s (last: {check()!r})")
+
+
+@pytest.fixture
+async def memory_console() -> AsyncIterator[tuple[MetadataStore, Console]]:
+    """A console on a fresh ``memory://`` store, synced; and a session to that store."""
+    uri = f"memory://console-{uuid.uuid4().hex[:8]}"
+    store = await connect(uri)
+    console = Console(ConsoleConfig(uri, "127.0.0.1:0"))
+    await console.start()
+    try:
+        await console.mirror.wait_synced(30.0)
+        yield store, console
+    finally:
+        await console.stop()
+        await store.close()
 
 
 @pytest.fixture

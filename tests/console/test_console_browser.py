@@ -3,7 +3,8 @@
 The cluster map shows every bookie inside its zone's box; after SIGKILL of one bookie the
 open page — refreshed by its own script, never reloaded — shows it down within
 ``DOWN_DEADLINE_S``; the ledger page draws one ensemble row per fragment with its write
-set spanning three zones; the streams page shows the stream's segments. A screenshot of
+set spanning three zones; the ledgers list shows every ledger, a segment's with its stream; the
+streams page shows the stream's segments. A screenshot of
 each page is kept (``SCRIBA_CONSOLE_SCREENSHOTS`` or the test's tmp dir).
 """
 
@@ -47,6 +48,15 @@ async def test_console_pages_in_chromium(populated: Populated, tmp_path: Path) -
         assert sorted(zones) == ["z1", "z2", "z3"]
         assert "(3 zones)" in await browser.evaluate("document.getElementById('placement').innerText")
         await browser.screenshot(shots / "ledger.png")
+
+        # the ledgers list: the plain ledger and the stream's segments, each segment with its owner stream
+        await browser.open(f"{populated.console.url}ledgers")
+        rows = json.loads(await browser.evaluate(
+            "JSON.stringify([...document.querySelectorAll('#ledgers tr')].slice(1).map(r => "
+            "[...r.cells].map(c => c.innerText.trim())))"))
+        assert [str(populated.ledger_id), "CLOSED", "3/3/2"] == rows[0][:3], rows
+        assert len(rows) >= 3 and {r[7] for r in rows[1:]} == {"apps/orders"}, rows
+        await browser.screenshot(shots / "ledgers.png")
 
         await browser.open(f"{populated.console.url}streams")
         assert await browser.evaluate("document.querySelectorAll('g.segment').length") >= 2

@@ -4,54 +4,37 @@ takes them along), and the pages change without the console reading the store pe
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
+import aiohttp
 
-from scriba.console.cli import Console, ConsoleConfig
-from scriba.console.views import CACHE_SLACK, LedgerQuery
-from scriba.meta import connect
-from scriba.meta.records import LedgerMetadata, ledger_key
+from scriba.console.cli import Console
+from scriba.console.probe import BookieProbe, Prober
+from scriba.console.views import LedgerQuery, Model
+from scriba.ids import BookieId
+from scriba.meta.records import BookieRegistration, LedgerMetadata, bookie_key, ledger_key
 from scriba.meta.store import MetadataStore
 from scriba.rsm import membership as mb
-from scriba.stream.segments import NamespaceRecord, StreamRecord, namespace_key, stream_key
-
-
-async def _until(what: str, check: Callable[[], Any], deadline_s: float = 5.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not within {deadline_s} s (last: {check()!r})")
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[tuple[MetadataStore, Console]]:
-    uri = f"memory://console-{uuid.uuid4().hex[:8]}"
-    store = await connect(uri)
-    console = Console(ConsoleConfig(uri, "127.0.0.1:0"))
-    await console.start()
-    try:
-        await console.mirror.wait_synced(5.0)
-        yield store, console
-    finally:
-        await console.stop()
-        await store.close()
+from scriba.stream.position import Position
+from scriba.stream.segments import (
+    CursorRecord,
+    NamespaceRecord,
+    StreamRecord,
+    cursor_key,
+    namespace_key,
+    stream_key,
+)
+from tests.console.conftest import until
 
 
 def _claim(candidate: str) -> bytes:
     return json.dumps({"candidate": candidate, "nonce": "n", "value": ""}).encode()
 
 
-async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_rsm_group_members_and_leader_follow_the_store(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
     await store.create(stream_key("apps", "counter"), StreamRecord("counter").to_bytes())
@@ -62,7 +45,7 @@ async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[Metadata
     election = f"elections/{mb.election_name(group)}/leader"
     version = await store.create(election, _claim("r0"))
 
-    groups = await _until("the group with its leader", lambda: [
+    groups = await until("the group with its leader", lambda: [
         g for g in model.rsm_groups() if g["leader"] == "r0" and len(g["members"]) == 2])
     [g] = groups
     assert (g["namespace"], g["name"]) == ("apps", "counter")
@@ -72,41 +55,74 @@ async def test_rsm_group_members_and_leader_follow_the_store(env: tuple[Metadata
     # the leader moves: r0's registration goes (it died), r1 wins the election
     await store.delete(mb.member_key(group, "r0"))
     await store.set(election, _claim("r1"), expected_version=version)
-    await _until("r1 leads, r0 gone", lambda: [
+    await until("r1 leads, r0 gone", lambda: [
         g for g in model.rsm_groups() if g["leader"] == "r1" and [m["replica_id"] for m in g["members"]] == ["r1"]])
 
     # the stream (the group's log) is deleted: its watches stop and its records go
     await store.delete(stream_key("apps", "counter"))
-    await _until("the group gone", lambda: model.rsm_groups() == [])
+    await until("the group gone", lambda: model.rsm_groups() == [])
     assert console.mirror.status()["watches"] == 7  # the six roots and the namespace's streams
 
 
-async def test_ledgers_appear_and_bad_records_are_skipped(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
+async def test_ledgers_appear_and_bad_records_are_skipped(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
     model = console.model
     for lid in (3, 1, 2):
         md = LedgerMetadata(lid, 3, 2, 2, ((0, ("b1", "b2", "b3")),))
         await store.create(ledger_key(lid), md.to_bytes())
     await store.create(ledger_key(9), b"not a ledger")  # malformed: not shown, nothing breaks
-    doc = await _until("three ledgers", lambda: (d := model.ledgers(LedgerQuery())) and d["total"] == 3 and d)
+    doc = await until("three ledgers", lambda: (d := model.ledgers(LedgerQuery())) and d["total"] == 3 and d)
     assert [row["ledger_id"] for row in doc["ledgers"]] == [1, 2, 3]
     assert model.ledgers(LedgerQuery(per_page=2, page=2))["ledgers"][0]["ledger_id"] == 3
     await store.delete(ledger_key(2))
-    await _until("ledger 2 gone", lambda: model.ledgers(LedgerQuery())["total"] == 2)
+    await until("ledger 2 gone", lambda: model.ledgers(LedgerQuery())["total"] == 2)
     ledger = model.ledger(1)
     assert [b["state"] for b in ledger["fragments"][0]["bookies"]] == ["down"] * 3  # none registered
 
 
-async def test_decode_cache_stays_bounded_under_churn(env: tuple[MetadataStore, Console]) -> None:
-    store, console = env
-    model = console.model
-    for batch in range(3):  # 1800 ledgers seen and deleted: more than the cache's slack
-        ids = range(batch * 600 + 1, batch * 600 + 601)
-        for lid in ids:
-            await store.create(ledger_key(lid), LedgerMetadata(lid, 1, 1, 1, ((0, ("b1",)),)).to_bytes())
-        await _until(f"batch {batch} seen", lambda ids=ids: [r["ledger_id"] for r in model.ledgers(
-            LedgerQuery(per_page=500))["ledgers"]] == list(ids)[:500])
-        for lid in ids:
-            await store.delete(ledger_key(lid))
-    await _until("all gone", lambda: model.ledgers(LedgerQuery())["total"] == 0)
-    assert len(model._decoded) <= CACHE_SLACK + 1
+
+async def test_a_bookie_is_down_only_once_a_probe_failed(memory_console: tuple[MetadataStore, Console]) -> None:
+    """A registered bookie whose first probe is still in flight is not shown down (the console
+    had shown every bookie down until its first probe answered: the API test's race)."""
+    store, console = memory_console
+    model = Model(console.mirror)
+    model.prober = Prober(dict, interval_s=1.0)  # never started: the test sets its probes
+    await store.create(bookie_key("b1"), BookieRegistration(BookieId("b1"), "127.0.0.1:1", zone="z1",
+                                                            http_address="127.0.0.1:2").to_bytes())
+    await until("b1 registered", lambda: model.registrations())
+
+    def state() -> str:
+        [row] = model.bookies()
+        return str(row["state"])
+
+    assert state() == "writable"  # not probed yet
+    probe = model.prober.probes["b1"] = BookieProbe("127.0.0.1:2")
+    probe.probed_s = time.time()  # the first probe started and has not answered
+    assert state() == "writable"
+    probe.up, probe.error = False, "ClientConnectorError: refused"
+    assert state() == "down"
+    probe.up, probe.error = True, ""  # it answers again
+    assert state() == "writable"
+    await store.delete(bookie_key("b1"))  # its registration goes: down whatever the probe said
+    await until("b1 down once unregistered", lambda: state() == "down")
+
+
+async def test_a_streams_cursors_truncation_and_retention_shown(memory_console: tuple[MetadataStore, Console]) -> None:
+    store, console = memory_console
+    await store.create(namespace_key("apps"), NamespaceRecord("apps").to_bytes())
+    settings = {"retention_age_s_max": 3600.0, "retention_bytes_max": 1 << 30}
+    await store.create(stream_key("apps", "orders"), StreamRecord(
+        "orders", settings=settings, truncated_before=Position(2, 5), next_seq=3).to_bytes())
+    await store.create(cursor_key("apps", "orders", "billing"), CursorRecord("billing", Position(2, 9)).to_bytes())
+
+    def orders() -> dict[str, Any] | None:
+        rows = [s for ns in console.model.streams()["namespaces"] for s in ns["streams"]]
+        return rows[0] if rows and rows[0]["cursors"] else None
+
+    stream = await until("the stream with its cursor", orders)
+    assert (stream["truncated_before"], stream["settings"]) == (str(Position(2, 5)), settings)
+    assert [(c["name"], c["position"]) for c in stream["cursors"]] == [("billing", str(Position(2, 9)))]
+    async with aiohttp.ClientSession() as http, http.get(console.url + "streams") as reply:
+        page = await reply.text()
+    assert f"truncated before {Position(2, 5)}" in page and f"billing at {Position(2, 9)}" in page
+    assert "retention_age_s_max" in page and "3600" in page
