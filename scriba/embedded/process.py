@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,8 +47,17 @@ def _ephemeral_port_min() -> int:
         return 32_768
 
 
+# Ports this process handed out lately, and when: a port is not handed out again while a
+# child it was meant for may still be on its way to binding it (a caller often picks the
+# ports of several children before starting any of them, and each call binds only its own).
+_HANDED_OUT_FOR_S = 600.0
+_handed_out: dict[int, float] = {}
+_handed_out_lock = threading.Lock()
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that were free a moment ago (all bound at once, then released).
+    """``count`` distinct ports that were free a moment ago (all bound at once, then released),
+    none of them handed out by this process in the last ten minutes.
 
     They are drawn at random *below* the kernel's ephemeral range: a port from bind(0)
     lies inside it, where any outgoing connection (a client's gRPC channel, say) may take
@@ -56,23 +66,32 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     low = min(_LISTEN_PORT_MIN, high // 2)
     rng = random.SystemRandom()
     socks: list[socket.socket] = []
-    try:
-        for _ in range(64 * count):
-            if len(socks) == count:
-                break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((host, rng.randrange(low, high)))
-            except OSError:
+    with _handed_out_lock:
+        now = time.monotonic()
+        for port in [p for p, at in _handed_out.items() if now - at > _HANDED_OUT_FOR_S]:
+            del _handed_out[port]
+        try:
+            for _ in range(64 * count):
+                if len(socks) == count:
+                    break
+                port = rng.randrange(low, high)
+                if port in _handed_out:
+                    continue
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    s.close()
+                    continue
+                socks.append(s)
+            if len(socks) < count:
+                raise ServerStartError(f"no {count} free ports on {host} in {low}..{high - 1}")
+            ports = [int(s.getsockname()[1]) for s in socks]
+            _handed_out.update((port, now) for port in ports)
+            return ports
+        finally:
+            for s in socks:
                 s.close()
-                continue
-            socks.append(s)
-        if len(socks) < count:
-            raise ServerStartError(f"no {count} free ports on {host} in {low}..{high - 1}")
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
