@@ -86,10 +86,11 @@ class CountingTransport(StorageTransport):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         result = await super().long_poll_lac(
-            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+            master_key=master_key)
         if not self.lie:
             return result
         storage = self._storage(bookie_id)
@@ -267,13 +268,14 @@ class WaitingPolls(CountingTransport):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         key = (bookie_id, int(previous_lac))
         self.waiting.append(key)
         try:
             return await super().long_poll_lac(
-                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+                master_key=master_key)
         finally:
             self.waiting.remove(key)
 
