@@ -56,7 +56,8 @@ def secret_forms(value: bytes) -> dict[str, bytes]:
         raise ConfigError(f"a scanned secret must be at least {FORM_BYTES_MIN} bytes (got {len(value)})")
     forms = {"raw": value, "hex": value.hex().encode(), "HEX": value.hex().upper().encode()}
     forms.update(_b64_cores(value, "base64"))
-    forms.update(_b64_cores(value, "base64url"))
+    standard = set(forms.values())
+    forms.update((k, v) for k, v in _b64_cores(value, "base64url").items() if v not in standard)  # differs by +/ only
     return {name: form for name, form in forms.items() if len(form) >= FORM_BYTES_MIN}
 
 

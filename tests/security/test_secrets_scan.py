@@ -56,11 +56,23 @@ asyncio.run(main())
 """
 
 
-def _shell(cwd: Path, uri: str, flags: list[str], *verb: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(python_module_argv("scriba.cli", "shell", "--metadata", uri, "--json", *flags, *verb),
-                          capture_output=True, text=True, timeout=120, cwd=cwd, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+def _run_together(cwd: Path, commands: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
+    """Run every command at once (each a process started in ``cwd``); each one's (stdout,
+    stderr) once all have ended, each asserted to have succeeded."""
+    children = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                       cwd=cwd, text=True) for name, argv in commands.items()}
+    outputs: dict[str, tuple[str, str]] = {}
+    try:
+        for name, child in children.items():
+            out, err = child.communicate(timeout=120)
+            assert child.returncode == 0, (name, out, err)
+            outputs[name] = (out, err)
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    return outputs
 
 
 def test_scan_finds_each_form_and_nothing_in_clean_text() -> None:
@@ -85,24 +97,26 @@ def test_no_secret_in_logs_metrics_json_or_data(etcd_cluster: Any, pki: TestPki,
     recovery: subprocess.Popen[bytes] | None = None
     try:
         cluster.start_bookies(3)
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, uri, password, str(pki.client.cert),
+                                   str(pki.client.key), str(pki.ca.cert)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path, text=True)
         argv = python_module_argv("scriba.cli", "autorecovery", "--metadata", uri, "run", "--http", "127.0.0.1:0",
                                   *tls_argv(pki.server_tls()))
-        recovery, line = start_child(argv, tmp_path, "autorecovery",
-                                     lambda text: text if text.startswith("{") else None)
-        client = subprocess.run([sys.executable, "-c", CLIENT_SCRIPT, uri, password, str(pki.client.cert),
-                                 str(pki.client.key), str(pki.ca.cert)],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
-        assert client.returncode == 0 and "read 20" in client.stdout, client.stdout + client.stderr
-        texts["client stdout"], texts["client stderr"] = client.stdout.encode(), client.stderr.encode()
-        ledger_id = client.stdout.split("ledger ")[1].split()[0]
-        read = _shell(tmp_path, uri, client_flags, "read-ledger", ledger_id, "--password", password)
-        assert [row["payload"] for row in json.loads(read.stdout)] == [f"entry-{i}" for i in range(20)]
-        for name, verb in (("read-ledger", read), ("list-ledgers", _shell(tmp_path, uri, client_flags, "list-ledgers")),
-                           ("ledger-metadata", _shell(tmp_path, uri, client_flags, "ledger-metadata", ledger_id)),
-                           ("list-bookies", _shell(tmp_path, uri, client_flags, "list-bookies"))):
-            texts[f"{name} --json"] = verb.stdout.encode()
-            texts[f"{name} stderr"] = verb.stderr.encode()
-        assert json.loads(texts["ledger-metadata --json"])["password_stored"] is True  # stored, never shown
+        try:  # autorecovery starts while the client writes
+            recovery, line = start_child(argv, tmp_path, "autorecovery",
+                                         lambda text: text if text.startswith("{") else None)
+        finally:
+            out, err = client.communicate(timeout=120)
+        assert client.returncode == 0 and "read 20" in out, out + err
+        texts["client stdout"], texts["client stderr"] = out.encode(), err.encode()
+        ledger_id = out.split("ledger ")[1].split()[0]
+        shell = python_module_argv("scriba.cli", "shell", "--metadata", uri, "--json", *client_flags)
+        verbs = _run_together(tmp_path, {"read-ledger": [*shell, "read-ledger", ledger_id, "--password", password],
+                                         "ledger-metadata": [*shell, "ledger-metadata", ledger_id]})
+        for name, (out, err) in verbs.items():
+            texts[f"{name} --json"], texts[f"{name} stderr"] = out.encode(), err.encode()
+        assert [row["payload"] for row in json.loads(verbs["read-ledger"][0])] == [f"entry-{i}" for i in range(20)]
+        assert json.loads(verbs["ledger-metadata"][0])["password_stored"] is True  # stored, never shown
         urls = [f"https://{b.http_address}/metrics" for b in cluster.bookies] + [json.loads(line)["metrics"]]
         for url in urls:
             status, body = asyncio.run(https_get(url, admin))
@@ -119,12 +133,18 @@ def test_no_secret_in_logs_metrics_json_or_data(etcd_cluster: Any, pki: TestPki,
         parts = pem_secrets(f"{who} key", getattr(pki, who).key.read_bytes())
         secrets.update(parts)
         pem_lines.update(name for name in parts if " line " in name)
-    logs = read_sources([tmp_path], ["*.log"])
-    data = read_sources([b.base_dir for b in cluster.bookies], ["*"])
-    assert len([p for p in logs if p.endswith("bookie.log")]) == 3 and any("autorecovery" in p for p in logs)
+
+    def sources() -> dict[str, bytes]:
+        """What the run left: the texts taken, every bookie file, every log file."""
+        return {**texts, **read_sources([b.base_dir for b in cluster.bookies], ["*"]),
+                **read_sources([tmp_path], ["*.log"])}
+
+    found = sources()
+    assert len([p for p in found if p.endswith("bookie.log")]) == 3 and any("autorecovery.log" in p for p in found)
+    assert any("journal" in p for p in found)  # the bookies' data was read too
     assert b"ledger_created" in texts["client stderr"] + texts["client stdout"]  # the debug log was seen
     assert any(b"scriba_autorecovery" in body for url, body in texts.items() if url.startswith("https"))
-    assert scan({**texts, **logs, **data}, secrets, raw_only=pem_lines) == []
+    assert scan(found, secrets, raw_only=pem_lines) == []
 
     # negative control: a leak of each kind, written into sources the scan reads
     bookie_log = cluster.bookies[0].log_path
@@ -132,8 +152,8 @@ def test_no_secret_in_logs_metrics_json_or_data(etcd_cluster: Any, pki: TestPki,
         f.write(json.dumps({"event": "oops", "password": password}) + "\n")
     key_line = sorted(pem_lines)[0]
     texts[urls[0]] += b"\n# " + secrets[key_line] + b"\n"
-    texts["list-ledgers --json"] += base64.b64encode(b"pw=" + password.encode())
-    leaks = scan({**texts, **read_sources([tmp_path], ["*.log"]), **data}, secrets, raw_only=pem_lines)
+    texts["ledger-metadata --json"] += base64.b64encode(b"pw=" + password.encode())
+    leaks = scan(sources(), secrets, raw_only=pem_lines)
     assert {(leak.source, leak.secret) for leak in leaks} == {
-        (str(bookie_log), "password"), (urls[0], key_line), ("list-ledgers --json", "password")
+        (str(bookie_log), "password"), (urls[0], key_line), ("ledger-metadata --json", "password")
     }, leaks
