@@ -33,7 +33,7 @@ from scriba.grpc_runtime import apply_defaults
 
 apply_defaults()  # tests run gRPC the way the scriba commands do (before anything imports it)
 
-pytest_plugins = ["scriba.testing.fixtures", "pytester"]
+pytest_plugins = ["scriba.testing.fixtures", "scriba.testing.hygiene", "pytester"]
 
 
 class LoopExceptions:
