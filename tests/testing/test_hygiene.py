@@ -125,8 +125,8 @@ def test_leaked_children_and_structlog_changes_are_reported(
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     pids = [int(p) for p in re.findall(r"- pid (\d+): .*(?:leaked-by-a-test|left-by-a-session-fixture)", out)]
     assert len(pids) == 2
-    for pid in pids:  # stopped by the checks, not left to run out
-        wait_until(lambda pid=pid: not _running(pid), 30, what=f"pid {pid} gone")
+    # stopped by the checks, not left to run out
+    wait_until(lambda: not any(_running(pid) for pid in pids), 30, what=f"pids {pids} gone")
 
 
 def test_a_clean_run_passes(pytester: pytest.Pytester) -> None:
