@@ -19,6 +19,8 @@ scoped fixture starts while it is set up (the shared SparkSession's JVM, the ses
 the pipeline tests' bookies) is recorded as *owned* by that fixture, with its whole
 subtree (Spark's Python workers are the JVM's children), and is listed, not flagged.
 :func:`own` records one more process by hand (a session server a test restarts).
+A process started later with the same command line as an owned one (a session etcd or
+ZooKeeper member a test kills and restarts on the same data and ports) is owned too.
 Zombies are not running and are not reported (their ``Popen`` reaps them when polled).
 
 **structlog's configuration.** structlog's configuration is process-global, and
@@ -110,6 +112,7 @@ class ChildWatch:
     def __init__(self, root: int | None = None) -> None:
         self.root = os.getpid() if root is None else root
         self.owned: dict[int, str] = {}  # pid -> who owns it (its subtree goes with it)
+        self._owned_cmdlines: dict[str, str] = {}  # the same server restarted (same argv)
 
     def all_running(self) -> dict[int, Proc]:
         return {pid: p for pid, p in descendants(self.root).items() if p.state != "Z"}
@@ -119,14 +122,19 @@ class ChildWatch:
         table = process_table()
         running = {pid: p for pid, p in descendants(self.root, table).items() if p.state != "Z"}
         excluded: set[int] = set()
-        for pid in self.owned:
-            if pid in running:
+        for pid, proc in running.items():
+            if pid in self.owned or proc.cmdline in self._owned_cmdlines:
                 excluded.add(pid)
                 excluded.update(descendants(pid, table))
         return {pid: p for pid, p in running.items() if pid not in excluded}
 
     def own(self, pid: int, owner: str) -> None:
+        """``pid``, its subtree, and a later process with its command line (a test that
+        restarts a member of a session server starts it with the same arguments)."""
         self.owned[pid] = owner
+        proc = _read_proc(pid)
+        if proc is not None and proc.cmdline:
+            self._owned_cmdlines.setdefault(proc.cmdline, owner)
 
     def new_since(
         self, before: set[int], grace_s: float | None = None, *, owned_too: bool = False

@@ -48,17 +48,22 @@ def test_captured_logs_captures_and_restores() -> None:
 
 
 def test_descendants_lists_a_running_child_with_its_command_line() -> None:
-    child = subprocess.Popen([sys.executable, "-c", SLEEPER, "hygiene-probe"])
+    children = [subprocess.Popen([sys.executable, "-c", SLEEPER, tag])
+                for tag in ("hygiene-probe", "hygiene-probe", "hygiene-other")]
+    first, _restarted, other = children
     try:
         watch = ChildWatch()
-        wait_until(lambda: child.pid in watch.unowned(), 30, what="the child in /proc")
-        assert "hygiene-probe" in descendants(os.getpid())[child.pid].cmdline
-        watch.own(child.pid, "this test")
-        assert child.pid not in watch.unowned() and child.pid in watch.all_running()
+        wait_until(lambda: {c.pid for c in children} <= set(watch.unowned()), 30, what="the children in /proc")
+        assert "hygiene-probe" in descendants(os.getpid())[first.pid].cmdline
+        watch.own(first.pid, "this test")
+        # owned: the process, and one with its command line (a session server restarted)
+        assert set(watch.unowned()) & {c.pid for c in children} == {other.pid}
+        assert {c.pid for c in children} <= set(watch.all_running())
     finally:
-        child.kill()
-        child.wait(30)
-    assert child.pid not in ChildWatch().all_running()
+        for child in children:
+            child.kill()
+            child.wait(30)
+    assert not {c.pid for c in children} & set(ChildWatch().all_running())
 
 
 INNER_TESTS = f'''
