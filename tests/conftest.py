@@ -136,10 +136,10 @@ def spark() -> Iterator[Any]:
     """One SparkSession (local[2], loopback binds) for the whole run — the pipeline tests and
     the namenode's ``webhdfs://`` test share it: a session costs 9-15 s (more on a busy machine)."""
     pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-    from scriba.pipeline import local_session
+    from scriba.pipeline import local_session, stop_session
 
     session = local_session("local[2]", "scriba-tests")
     try:
         yield session
     finally:
-        session.stop()
+        stop_session(session)  # and its JVM: session.stop() leaves it running to the end
