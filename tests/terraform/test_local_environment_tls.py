@@ -3,8 +3,9 @@
 One apply (1 etcd member, 3 bookies over 3 zones) with the test CA's certificates and
 allow-lists: the output URI is ``etcd+tls://`` with the CA and the client certificate,
 ``scriba shell simple-test`` with the ``client_tls_flags`` output passes (the positive
-control; the URI's etcd+tls handshake proves etcd serves TLS); the same test without the
-flags (plaintext to the bookies) and with a certificate no allow-list names is refused.
+control; the URI's etcd+tls handshake proves etcd serves TLS); a read of its ledger
+with the flags succeeds and without them (plaintext to the bookies) is refused; a
+simple-test with a certificate the CA signed but no allow-list names is refused.
 Destroy leaves no process and frees every port. A ``tls`` naming a missing file is refused
 at plan.
 """
@@ -66,10 +67,15 @@ def test_local_environment_runs_mutual_tls(tmp_path: Path, pki: TestPki) -> None
                    for r in status["metadata"] + [r for b in status["bookies"] for r in b["processes"]]]
         assert len(records) == 1 + BOOKIES and all(r.alive for r in records)
 
-        passed = _shell(uri, *flags, "simple-test", "--entries", "100")
-        assert passed.returncode == 0 and "simple-test PASSED" in passed.stdout, passed.stdout + passed.stderr
-        plaintext = _shell(uri, "simple-test", "--entries", "10")  # etcd over TLS, the bookies without
-        assert plaintext.returncode != 0 and "3 excluded or failed" in plaintext.stderr, plaintext.stderr[-2000:]
+        passed = _shell(uri, *flags, "--json", "simple-test", "--entries", "100", "--keep")
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        report = json.loads(passed.stdout)
+        assert report["ok"] and report["read"] == 100, report
+        read = ["read-ledger", str(report["ledger_id"]), "--password", "scriba-simple-test", "--to", "0"]
+        admitted = _shell(uri, *flags, *read)  # the positive control of the refusal below
+        assert admitted.returncode == 0 and admitted.stdout.startswith("0\t"), admitted.stdout + admitted.stderr
+        plaintext = _shell(uri, *read)  # etcd over TLS, the bookies without: every bookie refuses
+        assert plaintext.returncode != 0 and "UNAVAILABLE" in plaintext.stderr, plaintext.stderr[-2000:]
         intruder = ["--tls-cert", str(pki.intruder.cert), "--tls-key", str(pki.intruder.key), "--tls-ca",
                     str(pki.ca.cert)]
         refused = _shell(uri, *intruder, "simple-test", "--entries", "10")  # signed by the CA, on no allow-list
