@@ -80,14 +80,10 @@ def shared_server():
     proc.kill()
     proc.wait(30)
 
-@pytest.fixture(scope="session")
-def forgotten_server():
-    yield subprocess.Popen([sys.executable, "-c", SLEEPER, "left-by-a-session-fixture"])
-
 def test_leaks_a_child():
     subprocess.Popen([sys.executable, "-c", SLEEPER, "leaked-by-a-test"])
 
-def test_uses_the_shared_server(shared_server, forgotten_server):
+def test_uses_the_shared_server(shared_server):
     assert shared_server.poll() is None
 
 def test_reconfigures_structlog():
@@ -116,22 +112,46 @@ def test_leaked_children_and_structlog_changes_are_reported(
         "module test_inner.py left 1 child process(es) running (stopped now):",
         "- pid * leaked-by-a-test",
     ])
-    assert "owned-by-the-session" not in out.split("short test summary")[0].split("ERROR at teardown of test_structlog")[1]
+    assert "owned-by-the-session" not in out
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_reconfigures_structlog*",
         "*changed structlog's process-wide configuration (configured False -> True*",
     ])
-    # a session fixture that never stops its server: reported when the session ends
+    assert "the session left" not in out  # the module's leak was stopped at the module's end
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    (pid,) = [int(p) for p in re.findall(r"- pid (\d+): .*leaked-by-a-test", out)]
+    wait_until(lambda: not _running(pid), 30, what=f"pid {pid} gone")  # stopped, not left to run out
+
+
+SESSION_LEAK = f'''
+import subprocess, sys
+import pytest
+
+@pytest.fixture(scope="session")
+def forgotten_server():
+    yield subprocess.Popen([sys.executable, "-c", {SLEEPER!r}, "left-by-a-session-fixture"])
+
+def test_uses_it(forgotten_server):
+    assert forgotten_server.poll() is None
+'''
+
+
+def test_a_session_fixture_that_never_stops_its_server_fails_the_run(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a module's leak (the run owns it) but still running when the session ends."""
+    monkeypatch.setenv(LEAK_GRACE_ENV, "1")
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_forgets=SESSION_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "the session left 1 child process(es) running (stopped now):",
         "- pid * left-by-a-session-fixture",
         "owned by the run: *session fixture 'forgotten_server'*",
     ])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    pids = [int(p) for p in re.findall(r"- pid (\d+): .*(?:leaked-by-a-test|left-by-a-session-fixture)", out)]
-    assert len(pids) == 2
-    # stopped by the checks, not left to run out
-    wait_until(lambda: not any(_running(pid) for pid in pids), 30, what=f"pids {pids} gone")
+    (pid,) = [int(p) for p in re.findall(r"- pid (\d+): .*left-by-a-session-fixture", result.stdout.str())]
+    wait_until(lambda: not _running(pid), 30, what=f"pid {pid} gone")
 
 
 def test_a_clean_run_passes(pytester: pytest.Pytester) -> None:
