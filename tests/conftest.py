@@ -16,6 +16,11 @@ what it expected (``tests/test_no_silent_escapes.py``).
 Exceptions Python cannot raise (in ``__del__``, in a generator's close) reach
 ``sys.unraisablehook``; pytest turns them into ``PytestUnraisableExceptionWarning``,
 an error under ``filterwarnings = error`` (pyproject.toml).
+
+No leftovers (``scriba.testing.hygiene``): a test module that leaves a child process
+running, a run that ends with one, or a test that changes structlog's process-wide
+configuration fails, naming the process (pid, command line) or the test
+(``tests/testing/test_hygiene.py``).
 """
 
 from __future__ import annotations
