@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Final, cast
 
 from scriba.client.add_batcher import AddRun
@@ -209,9 +209,15 @@ class BinaryLink(asyncio.Protocol):
 
     async def write(self, body: bytes) -> None:
         """Send one ADD frame (the add stream's write); waits while the socket is full."""
+        await self.write_parts([body])
+
+    async def write_parts(self, parts: list[bytes]) -> None:
+        """Send one ADD frame whose body is ``parts`` (the runs' heads and entries, as
+        ``take_message`` left them): the header goes in front and the socket write joins
+        them, so a message's entries are copied once on their way out, not twice."""
         rid = self._next_id
         self._next_id = rid + 1
-        self._send(wire.encode_frame(FrameType.ADD, rid, (body,)))
+        self._send(wire.encode_frame(FrameType.ADD, rid, parts))
         while self._paused and not self.closed:
             if self._writable is None:
                 self._writable = asyncio.Event()
@@ -369,6 +375,9 @@ class BinaryTransport(GrpcBookieTransport):
 
     def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
         return _encode_run if isinstance(call, BinaryLink) else None
+
+    def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
+        return call.write_parts if isinstance(call, BinaryLink) else None
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         if not isinstance(call, BinaryLink):

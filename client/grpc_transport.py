@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from itertools import accumulate
 from typing import Any, Final
 
@@ -358,6 +358,11 @@ class GrpcBookieTransport:
         """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
         return None
 
+    def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
+        """How a message's parts are written to ``call`` when it frames them itself
+        (None: joined here into one ``AddBatch``, then ``call.write``)."""
+        return None
+
     def _ensure_channel(self, conn: _Connection) -> None:
         try:
             address = self._resolve(conn.bookie_id)
@@ -439,6 +444,7 @@ class GrpcBookieTransport:
         wake = conn.wake
         join = b"".join
         encode = self._run_encoder(call)
+        write_parts = self._parts_writer(call)
         try:
             while True:
                 if not adds.ready():
@@ -449,7 +455,10 @@ class GrpcBookieTransport:
                 count = adds.take_message(parts, encode)
                 self.batches_sent += 1
                 self.entries_sent += count
-                await call.write(join(parts))
+                if write_parts is not None:
+                    await write_parts(parts)
+                else:
+                    await call.write(join(parts))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
