@@ -211,13 +211,23 @@ class BinaryLink(asyncio.Protocol):
         """Send one ADD frame (the add stream's write); waits while the socket is full."""
         await self.write_parts([body])
 
-    async def write_parts(self, parts: list[bytes]) -> None:
-        """Send one ADD frame whose body is ``parts`` (the runs' heads and entries, as
+    @property
+    def sendable(self) -> bool:
+        """Whether a frame can be written now without waiting (open, socket not full)."""
+        return not self._paused and not self._closed.done() and self._transport is not None
+
+    def send_parts(self, parts: list[bytes]) -> None:
+        """Write one ADD frame whose body is ``parts`` (the runs' heads and entries, as
         ``take_message`` left them): the header goes in front and the socket write joins
         them, so a message's entries are copied once on their way out, not twice."""
         rid = self._next_id
         self._next_id = rid + 1
         self._send(wire.encode_frame(FrameType.ADD, rid, parts))
+
+    async def write_parts(self, parts: list[bytes]) -> None:
+        """Send one ADD frame whose body is ``parts`` (``send_parts``); waits while the
+        socket is full."""
+        self.send_parts(parts)
         while self._paused and not self.closed:
             if self._writable is None:
                 self._writable = asyncio.Event()
@@ -378,6 +388,19 @@ class BinaryTransport(GrpcBookieTransport):
 
     def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
         return call.write_parts if isinstance(call, BinaryLink) else None
+
+    def _send_now(self, conn: _Connection) -> bool:
+        """An idle link takes the message in this call: no sender task wake-up and no
+        loop turn between an append and its frame (one append in flight)."""
+        link = conn.call
+        if type(link) is not BinaryLink or not link.sendable or not conn.adds.ready():
+            return False
+        parts: list[bytes] = []
+        count = conn.adds.take_message(parts, _encode_run)
+        self.batches_sent += 1
+        self.entries_sent += count
+        link.send_parts(parts)
+        return True
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         if not isinstance(call, BinaryLink):

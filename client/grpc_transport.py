@@ -239,7 +239,10 @@ class GrpcBookieTransport:
                     continue
                 ((_, code),) = again
             if code == WAKE:
-                self._conns[bookie_id].wake.set()
+                conn = self._conns[bookie_id]
+                if not conn.adds.sent_unanswered and self._send_now(conn):
+                    continue
+                conn.wake.set()
             elif code == REFUSED:
                 self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
 
@@ -357,6 +360,13 @@ class GrpcBookieTransport:
     def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
         """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
         return None
+
+    def _send_now(self, conn: _Connection) -> bool:
+        """Send ``conn``'s queued adds at once, without waking its sender task, when its
+        call can take a message synchronously; False: the sender task must do it. Only
+        asked for the first add queued while nothing is unanswered (an idle bookie:
+        waiting gains no batching there; a busy one keeps batching in its task)."""
+        return False
 
     def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
         """How a message's parts are written to ``call`` when it frames them itself

@@ -341,7 +341,10 @@ class LedgerWriter:
         if self._waiting:
             self._drain_waiting()
         delay_s = self._config.explicit_lac_delay_s
-        if delay_s is not None and self._lac_timer is None and self._lac_push is None:
+        if (
+            delay_s is not None and self._lac_timer is None and self._lac_push is None
+            and self._core.next_entry_id == self._lac_mark  # else an entry appended by a callback carries it
+        ):
             self._lac_timer = (
                 self._loop.call_later(delay_s, self._explicit_lac_due) if delay_s
                 else self._loop.call_soon(self._explicit_lac_due)
