@@ -10,28 +10,14 @@ writer goes on. In-process bookies behind a minimal transport (``test_writer_inp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-from test_writer_input import Env, closes_with, open_env
+from test_writer_input import Env, bounded_client, closes_with, open_env
+from test_writer_input import env as env  # the fixture: in-process bookies and a client
 
-from scriba.client import Client, ClientConfig
-from scriba.client.driver import DriverConfig
-from scriba.client.write_core import WriteConfig
 from scriba.entry import master_key
 from scriba.errors import LedgerFencedError
 from scriba.testing.waiting import eventually
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    the_env, store = await open_env()
-    try:
-        yield the_env
-    finally:
-        await the_env.client.close()
-        await the_env.bookies.close()
-        await store.close()
 
 
 async def test_callbacks_confirm_in_entry_order_and_may_append_again(env: Env) -> None:
@@ -93,14 +79,7 @@ async def test_a_failed_writer_calls_back_every_pending_append_with_the_error() 
     """Fenced (another client recovered the ledger): each append in flight gets its id
     and the error, in order; an append still waiting for room gets -1; futures fail alike."""
     the_env, store = await open_env()
-    client = await Client.connect(
-        store.uri, store=store, transport=the_env.bookies,  # type: ignore[arg-type]
-        config=ClientConfig(
-            add_timeout_s=2.0, bookie_wait_s=2.0,
-            driver=DriverConfig(explicit_lac_delay_s=None),
-            write=WriteConfig(entries_inflight_max=2),
-        ),
-    )
+    client = await bounded_client(the_env, store, 2)
     try:
         w = await client.create_ledger(3, 3, 2)
         assert await w.append(b"confirmed") == 0

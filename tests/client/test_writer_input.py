@@ -207,17 +207,23 @@ async def test_a_mutable_payload_is_copied_before_the_call_returns(env: Env) -> 
     await closes_with(w, [b"original", b"changed!"], env)
 
 
-async def test_appends_waiting_for_room_hold_a_copy() -> None:
-    """Past the in-flight bound appends wait in the writer: they too keep a copy."""
-    the_env, store = await open_env()
-    client = await Client.connect(
+async def bounded_client(the_env: Env, store: MetadataStore, entries_inflight_max: int) -> Client:
+    """A second client on ``the_env``'s bookies whose writers hold at most
+    ``entries_inflight_max`` entries in flight (later appends wait in the writer)."""
+    return await Client.connect(
         store.uri, store=store, transport=the_env.bookies,  # type: ignore[arg-type]
         config=ClientConfig(
             add_timeout_s=2.0, bookie_wait_s=2.0,
             driver=DriverConfig(explicit_lac_delay_s=None),
-            write=WriteConfig(entries_inflight_max=1),
+            write=WriteConfig(entries_inflight_max=entries_inflight_max),
         ),
     )
+
+
+async def test_appends_waiting_for_room_hold_a_copy() -> None:
+    """Past the in-flight bound appends wait in the writer: they too keep a copy."""
+    the_env, store = await open_env()
+    client = await bounded_client(the_env, store, 1)
     try:
         w = await client.create_ledger(3, 3, 2)
         buffer = bytearray(b"A")
