@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog
 from test_writer_input import Env, bounded_client, closes_with, open_env
 from test_writer_input import env as env  # the fixture: in-process bookies and a client
 
@@ -67,9 +68,12 @@ async def test_a_raising_callback_is_logged_and_the_writer_goes_on(env: Env) -> 
         calls.append(entry_id)
         raise RuntimeError("a caller's bug")
 
-    w.append_callback(b"a", broken)
-    w.append_callback(b"b", broken)
-    await eventually(lambda: calls == [0, 1], timeout_s=20)
+    with structlog.testing.capture_logs() as logs:
+        w.append_callback(b"a", broken)
+        w.append_callback(b"b", broken)
+        await eventually(lambda: calls == [0, 1], timeout_s=20)
+    failed = [(e["entry_id"], e["error"]) for e in logs if e["event"] == "append_callback_failed"]
+    assert failed == [(0, "RuntimeError(\"a caller's bug\")"), (1, "RuntimeError(\"a caller's bug\")")], logs
     assert not w.is_closed and w.pending == 0
     assert await asyncio.wait_for(w.append(b"c"), 10) == 2
     await closes_with(w, [b"a", b"b", b"c"], env)
