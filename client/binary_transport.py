@@ -15,10 +15,14 @@ batching without delay when one add waits, bounded in-flight bytes, the Nagle-li
 window), the same deadlines (an add sweep answers TIMEOUT; reads carry
 ``read_timeout_s``), the same failure handling (a broken link answers every pending add
 UNAVAILABLE, which the write core turns into an ensemble change; the next add redials
-after a bounded backoff). Only three hooks differ: the add "call" is the link (its
-``write`` frames an ADD; answers arrive in ``data_received`` and are dispatched
-directly, with no reader task in between), runs are encoded as binary runs, and reads
-are request/answer frames matched by request id.
+after a bounded backoff). Only four hooks differ: the add "call" is the link (its
+``write_parts`` frames an ADD around the message's parts, which the socket write joins:
+the entries are copied once; answers arrive in ``data_received`` and are dispatched
+directly, with no reader task in between), runs are encoded as binary runs, reads are
+request/answer frames matched by request id, and a bookie with nothing unanswered gets
+its first queued add framed and written inside the append itself (``_send_now``: no
+sender-task wake-up and no loop turn before the frame leaves, which is what one append
+in flight waits for; a busy bookie's adds keep batching in its sender task).
 
 A link's states: DIALING (TCP connect + HELLO/HELLO_OK, bounded by ``read_timeout_s``)
 -> OPEN -> CLOSED (socket lost, ERROR frame, protocol error, or closed by the
