@@ -170,6 +170,8 @@ class GrpcBookieTransport:
         self.inflight_bytes_max = config.inflight_bytes_max
         self._batcher = AddBatcher(config, time.monotonic)
         self._push = self._batcher.push  # bound once: called once per entry
+        self._corked = 0  # cork() depth: adds held for one message (uncork sends them)
+        self._corked_conns: list[_Connection] = []
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -240,9 +242,12 @@ class GrpcBookieTransport:
                 ((_, code),) = again
             if code == WAKE:
                 conn = self._conns[bookie_id]
-                if not conn.adds.sent_unanswered and self._send_now(conn):
+                if self._corked:  # a burst of adds is being made: sent once it is complete
+                    self._corked_conns.append(conn)
+                elif not conn.adds.sent_unanswered and self._send_now(conn):
                     continue
-                conn.wake.set()
+                else:
+                    conn.wake.set()
             elif code == REFUSED:
                 self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
 
@@ -360,6 +365,21 @@ class GrpcBookieTransport:
     def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
         """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
         return None
+
+    def cork(self) -> None:
+        """Hold the adds made until ``uncork`` (a writer calling back many appends at
+        once): an idle bookie then gets them in one message, not the first alone."""
+        self._corked += 1
+
+    def uncork(self) -> None:
+        self._corked -= 1
+        if self._corked or not self._corked_conns:
+            return
+        conns, self._corked_conns = self._corked_conns, []
+        for conn in conns:
+            if conn.sender is None or (not conn.adds.sent_unanswered and self._send_now(conn)):
+                continue
+            conn.wake.set()
 
     def _send_now(self, conn: _Connection) -> bool:
         """Send ``conn``'s queued adds at once, without waking its sender task, when its

@@ -151,6 +151,9 @@ class LedgerWriter:
         # the batched path (one call per write set, answers per run), when offered
         self._add_entry: Callable[..., None] | None = getattr(transport, "add_entry", None)
         self._new_future = functools.partial(asyncio.Future, loop=self._loop)  # create_future, one call less
+        # a transport that can hold the adds a burst of callbacks makes (one message each bookie)
+        self._cork: Callable[[], None] | None = getattr(transport, "cork", None)
+        self._uncork: Callable[[], None] = getattr(transport, "uncork", lambda: None)
 
     # --- views -----------------------------------------------------------------------
     @property
@@ -331,13 +334,20 @@ class LedgerWriter:
         futures = self._futures
         # Entries packed from here on carry this confirmation (callbacks may append).
         self._lac_mark = self._core.next_entry_id
-        for entry_id in range(effect.first, effect.last + 1):
-            waiter = futures.popleft()
-            if type(waiter) is _Future:
-                if not waiter.done():  # type: ignore[union-attr]
-                    waiter.set_result(entry_id)  # type: ignore[union-attr]
-            else:
-                self._call_back(waiter, entry_id, None)  # type: ignore[arg-type]
+        cork = self._cork
+        if cork is not None:  # appends made by the callbacks leave as one message per bookie
+            cork()
+        try:
+            for entry_id in range(effect.first, effect.last + 1):
+                waiter = futures.popleft()
+                if type(waiter) is _Future:
+                    if not waiter.done():  # type: ignore[union-attr]
+                        waiter.set_result(entry_id)  # type: ignore[union-attr]
+                else:
+                    self._call_back(waiter, entry_id, None)  # type: ignore[arg-type]
+        finally:
+            if cork is not None:
+                self._uncork()
         if self._waiting:
             self._drain_waiting()
         delay_s = self._config.explicit_lac_delay_s
