@@ -19,10 +19,13 @@ after a bounded backoff). Only four hooks differ: the add "call" is the link (it
 ``write_parts`` frames an ADD around the message's parts, which the socket write joins:
 the entries are copied once; answers arrive in ``data_received`` and are dispatched
 directly, with no reader task in between), runs are encoded as binary runs, reads are
-request/answer frames matched by request id, and a bookie with nothing unanswered gets
-its first queued add framed and written inside the append itself (``_send_now``: no
-sender-task wake-up and no loop turn before the frame leaves, which is what one append
-in flight waits for; a busy bookie's adds keep batching in its sender task).
+request/answer frames matched by request id, and a bookie with nothing unanswered has
+its adds framed and written without its sender task (``_send_now``): at the end of the
+loop turn that queued them (a ``call_soon``, with whatever else that turn adds), or,
+for the appends a writer's callbacks make while it processes one confirmation, when
+that processing ends (``cork``/``uncork``: inside the answer's own handling, no loop
+turn). One append in flight waits for no task wake-up; a busy bookie's adds keep
+batching in its sender task.
 
 A link's states: DIALING (TCP connect + HELLO/HELLO_OK, bounded by ``read_timeout_s``)
 -> OPEN -> CLOSED (socket lost, ERROR frame, protocol error, or closed by the
@@ -392,6 +395,9 @@ class BinaryTransport(GrpcBookieTransport):
 
     def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
         return call.write_parts if isinstance(call, BinaryLink) else None
+
+    def _sends_now(self, conn: _Connection) -> bool:
+        return type(conn.call) is BinaryLink
 
     def _send_now(self, conn: _Connection) -> bool:
         """An idle link takes the message in this call: no sender task wake-up and no

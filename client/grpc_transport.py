@@ -172,6 +172,7 @@ class GrpcBookieTransport:
         self._push = self._batcher.push  # bound once: called once per entry
         self._corked = 0  # cork() depth: adds held for one message (uncork sends them)
         self._corked_conns: list[_Connection] = []
+        self._flush_conns: list[_Connection] = []  # idle bookies to send to at the end of this loop turn
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -244,8 +245,12 @@ class GrpcBookieTransport:
                 conn = self._conns[bookie_id]
                 if self._corked:  # a burst of adds is being made: sent once it is complete
                     self._corked_conns.append(conn)
-                elif not conn.adds.sent_unanswered and self._send_now(conn):
-                    continue
+                elif not conn.adds.sent_unanswered and self._sends_now(conn):
+                    # an idle bookie: sent at the end of this loop turn, with whatever the
+                    # turn's other callbacks add (a burst of futures' callbacks), by no task
+                    if not self._flush_conns:
+                        asyncio.get_running_loop().call_soon(self._flush)
+                    self._flush_conns.append(conn)
                 else:
                     conn.wake.set()
             elif code == REFUSED:
@@ -376,10 +381,21 @@ class GrpcBookieTransport:
         if self._corked or not self._corked_conns:
             return
         conns, self._corked_conns = self._corked_conns, []
+        self._send_or_wake(conns)
+
+    def _flush(self) -> None:
+        conns, self._flush_conns = self._flush_conns, []
+        self._send_or_wake(conns)
+
+    def _send_or_wake(self, conns: list[_Connection]) -> None:
         for conn in conns:
             if conn.sender is None or (not conn.adds.sent_unanswered and self._send_now(conn)):
                 continue
             conn.wake.set()
+
+    def _sends_now(self, conn: _Connection) -> bool:
+        """Whether ``_send_now`` can send to ``conn`` without its task."""
+        return False
 
     def _send_now(self, conn: _Connection) -> bool:
         """Send ``conn``'s queued adds at once, without waking its sender task, when its
