@@ -88,7 +88,8 @@ class Leading:
         self._leadership = leadership
         self._run(self.role.elected(token))
         writer = await self._ns.open_writer(
-            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s)
+            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s,
+                                             lac_push_delay_s=self.config.lac_push_delay_s)
         )
         if leadership.lost.is_set() or self.role.token != token:
             await writer.abort()
