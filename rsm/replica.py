@@ -461,8 +461,13 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
                     assert self.state.applied is not None
                     return Committed(kept, self.state.applied)
             future = term.propose(kind, bytes(payload), int(time.time() * 1000), session_id, seq, acked_below)
+            # A session's proposal is shared with its retries (``LeaderTerm.propose``): a caller
+            # giving up must not cancel it for them. One without a session is this caller's
+            # alone, awaited directly: two loop turns fewer between the apply and the answer.
+            waited = future if session_id == NO_SESSION else asyncio.shield(future)
             try:
-                outcome, position = await asyncio.wait_for(asyncio.shield(future), self.config.propose_timeout_s)
+                async with asyncio.timeout(self.config.propose_timeout_s):
+                    outcome, position = await waited
             except TimeoutError:
                 raise CommandOutcomeUnknownError(
                     f"no confirmation within {self.config.propose_timeout_s} s; retry with the same session/seq"
