@@ -110,8 +110,8 @@ class Leading:
             await self._clear_transfer()
         lost = self._spawn(leadership.lost.wait())
         while self.role.accepts(token) and not lost.done():
-            self._changed.clear()
-            await asyncio.wait({lost, self._spawn(self._changed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            self._role_moved.clear()
+            await asyncio.wait({lost, self._spawn(self._role_moved.wait())}, return_when=asyncio.FIRST_COMPLETED)
         if lost.done():
             self._run(self.role.deposed(token, f"leadership lost ({leadership.reason})"))
         lost.cancel()
