@@ -32,8 +32,20 @@ window. Stages (ms):
 then the slowest 1% broken down by stage (mean excess over the stage's median), the GC
 pauses and fdatasyncs that overlapped them.
 
-Run: ``.venv/bin/python benchmarks/probe_rsm.py [--seconds 10] [--json OUT]``. On 2 shared
-cores the tail is mostly CPU contention: compare runs made together.
+Also per proposal and process: CPU µs (``/proc``), and the leader's main-thread CPU on
+the commit path (``cpu: srv_in->srv_out``, from ``time.thread_time_ns`` noted at the
+hops: what contention cannot inflate much, unlike wall time); ``--profile DIR`` adds
+``py-spy record`` stacks of the leader, a follower and the bookies (``pip install
+py-spy``, not a dependency).
+
+``--ab``: no tracing; two groups of 3 replica processes on the same bookies, group A with
+``--config-a`` (``RsmConfig`` fields as JSON) and ``--env-a``, group B likewise, one
+proposer against each in turn for ``--rounds`` rounds; per round p50/p90/p99, CPU µs and
+context switches per proposal over every process, then medians and B/A ratios.
+
+Run: ``.venv/bin/python benchmarks/probe_rsm.py [--seconds 10] [--json OUT] [--profile DIR]``
+or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``.
+On 2 shared cores the tail is mostly CPU contention: compare runs made together.
 """
 
 from __future__ import annotations
