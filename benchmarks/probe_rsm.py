@@ -373,12 +373,7 @@ def main() -> int:
     configure(stream=sys.stderr, level="warning")
     with tempfile.TemporaryDirectory(prefix="probe-rsm-") as tmp:
         base = Path(tmp)
-        site = base / "site"
-        site.mkdir()
-        (site / "sitecustomize.py").write_text(SITE.format(bench=str(Path(__file__).parent)))
-        trace = base / "trace"
-        trace.mkdir()
-        env = {"PYTHONPATH": str(site), "SCRIBA_TAIL_TRACE": str(trace)}
+        env, trace = tail_trace.traced_env(base, SITE.format(bench=str(Path(__file__).parent)))
         etcd = EtcdCluster(base / "etcd", 1)
         etcd.start()
         uri = etcd.uri("probe")
