@@ -21,7 +21,11 @@ Tailing readers learn of a confirmation from the LAC that the next entry carries
 its bookies explicitly (``WriteLac`` with ``hint_only``: raised in the bookies' memory,
 not journaled, so it costs no fsync), one push at a time: a reader's long poll then
 answers one round trip after the confirmation instead of when (if ever) a later entry
-brings it, and a writer whose next entries carry the LAC sends no push at all.
+brings it, and a writer whose next entries carry the LAC sends no push at all. A
+writer whose entries usually follow each other within a few ms (an RSM leader with
+one proposer) can set a longer delay for itself (``set_explicit_lac_delay``): it then
+pushes only after that long without an entry, as BookKeeper's ``explicitLacInterval``
+does, and its pushes (a message to every bookie and back) leave its critical path.
 
 Every append entry point checks its payload before anything changes, so a refused
 payload leaves the writer as it was: a bytes-like payload (``bytearray``,
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -350,6 +355,9 @@ class LedgerWriter:
                 self._uncork()
         if self._waiting:
             self._drain_waiting()
+        self._arm_lac_timer()
+
+    def _arm_lac_timer(self) -> None:
         delay_s = self._config.explicit_lac_delay_s
         if (
             delay_s is not None and self._lac_timer is None and self._lac_push is None
@@ -430,6 +438,20 @@ class LedgerWriter:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @property
+    def explicit_lac_delay_s(self) -> float | None:
+        """How long after a confirmation no later entry carries this writer pushes its LAC."""
+        return self._config.explicit_lac_delay_s
+
+    def set_explicit_lac_delay(self, delay_s: float | None) -> None:
+        """This writer's ``explicit_lac_delay_s`` (the client's until set; ``None``: never
+        push). A check already due is re-timed from now."""
+        self._config = dataclasses.replace(self._config, explicit_lac_delay_s=delay_s).validate()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+            self._arm_lac_timer()
 
     def _explicit_lac_due(self) -> None:
         """Push the LAC explicitly unless a later entry carries it (see ``_push_lac``)."""
