@@ -42,6 +42,17 @@ def _dump(path: Path) -> None:
     path.write_text(json.dumps(EVENTS))
 
 
+def traced_env(base: Path, site_code: str) -> tuple[dict[str, str], Path]:
+    """A ``sitecustomize`` (``site_code``) under ``base`` and a trace folder: the environment
+    that makes a child process (a bookie) install its tracing, and where traces go."""
+    site = base / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(site_code)
+    trace = base / "trace"
+    trace.mkdir()
+    return {"PYTHONPATH": str(site), "SCRIBA_TAIL_TRACE": str(trace)}, trace
+
+
 def install(role: str, out_dir: str | None = None) -> None:
     out = out_dir or os.environ.get("SCRIBA_TAIL_TRACE")
     if not out:

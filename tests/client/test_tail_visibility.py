@@ -6,13 +6,15 @@ writer pushes a confirmed LAC that no later entry carries (in-process bookies, m
   control: a transport that piggybacks stored but unconfirmed entries);
 - ``piggybacked`` checks each entry (digest, ids) and stops at the first bad one;
 - the writer pushes its LAC explicitly only when no entry packed since the confirmation
-  carries it (``explicit_lac_delay_s``; ``None``: never).
+  carries it (``explicit_lac_delay_s``; ``None``: never); a writer given its own delay
+  (``set_explicit_lac_delay``) pushes only after that long without an entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from scriba.client.driver import DriverConfig
 from scriba.client.reader import piggybacked
 from scriba.client.transport import LacResult
 from scriba.entry import Entry, make_digest, pack_entry
+from scriba.errors import ConfigError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.testing.sim import StorageTransport, register_bookies
@@ -72,6 +75,7 @@ class CountingTransport(StorageTransport):
         self.lie = lie
         self.push_delay_s = push_delay_s  # a slow network for the LAC pushes
         self.lac_pushes: list[tuple[BookieId, int]] = []
+        self.push_times: list[float] = []
         self.durable_lacs = 0  # write_lac calls without hint_only
 
     async def write_lac(
@@ -79,6 +83,7 @@ class CountingTransport(StorageTransport):
     ) -> None:
         if hint_only:
             self.lac_pushes.append((bookie_id, lac))
+            self.push_times.append(time.monotonic())
             await asyncio.sleep(self.push_delay_s)
         else:
             self.durable_lacs += 1
@@ -222,6 +227,59 @@ async def test_no_push_when_disabled() -> None:
             await w.append(b"%d" % i)
         await w.close()
         assert transport.lac_pushes == []
+    finally:
+        await client.close()
+        await client.store.close()
+
+
+async def test_a_writer_with_its_own_delay_pushes_only_once_idle_that_long(
+    counting: tuple[Client, CountingTransport],
+) -> None:
+    """``set_explicit_lac_delay``: entries that follow each other within the delay (here an
+    hour, with loop turns and a short pause between them, as a remote proposer's next
+    command would) are not pushed, and the check due is re-timed when the delay changes;
+    with a short delay an entry is pushed no sooner than the delay after its
+    confirmation. Negative control: the client's delay of 0 pushes in the first pause (its
+    check runs on the next loop turn, before the pause ends) and after the last entry."""
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    assert w.explicit_lac_delay_s == 0.0  # the client's
+    w.set_explicit_lac_delay(3600.0)
+    assert w.explicit_lac_delay_s == 3600.0
+    for i in range(10):
+        await w.append(b"%d" % i)
+        await asyncio.sleep(0.01)
+    assert transport.lac_pushes == []
+    w.set_explicit_lac_delay(0.05)  # the pending hour-long check, re-timed
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {9}, what="the idle writer's LAC pushed")
+    await w.close()
+    transport.lac_pushes.clear()
+    transport.push_times.clear()
+    short = await client.create_ledger(3, 3, 2)
+    short.set_explicit_lac_delay(0.2)
+    await short.append(b"alone")
+    confirmed = time.monotonic()
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {0}, what="the LAC pushed after the delay")
+    assert min(transport.push_times) >= confirmed + 0.19  # a timer never fires early (clock resolution aside)
+    await short.close()
+    transport.lac_pushes.clear()
+    control = await client.create_ledger(3, 3, 2)
+    for i in range(3):
+        await control.append(b"%d" % i)
+        await asyncio.sleep(0.01)
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} >= {0, 2}, what="pauses pushed, the last too")
+    await control.close()
+
+
+async def test_an_explicit_lac_delay_is_checked() -> None:
+    transport = CountingTransport(BOOKIES)
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        with pytest.raises(ConfigError, match="explicit_lac_delay_s"):
+            w.set_explicit_lac_delay(-1.0)
+        assert w.explicit_lac_delay_s == 0.0
+        await w.close()
     finally:
         await client.close()
         await client.store.close()
