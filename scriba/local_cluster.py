@@ -319,11 +319,12 @@ def start_bookie(data_dir: Path, spec: BookieSpec, timeout_s: float = START_TIME
 
 
 def _format(argv: list[str]) -> None:
-    """Run ``scriba bookie format`` in this process (argv as BookieProcess builds it)."""
-    from scriba.bookie.cli import main as bookie_main
+    """Run ``scriba bookie format`` in this process (argv as BookieProcess builds it),
+    leaving the process's logging as its caller set it up."""
+    from scriba.bookie.cli import parse_command, run_command
 
     verb = argv.index("format")
-    if bookie_main(argv[verb:]) != 0:
+    if run_command(parse_command(argv[verb:])) != 0:
         raise LocalClusterError(f"formatting a new bookie failed: {' '.join(argv[verb:])}")
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import structlog
 from test_writer_input import Env, bounded_client, closes_with, open_env
 from test_writer_input import env as env  # the fixture: in-process bookies and a client
 
 from scriba.entry import master_key
 from scriba.errors import LedgerFencedError
+from scriba.testing.hygiene import captured_logs
 from scriba.testing.waiting import eventually
 
 
@@ -68,7 +68,7 @@ async def test_a_raising_callback_is_logged_and_the_writer_goes_on(env: Env) -> 
         calls.append(entry_id)
         raise RuntimeError("a caller's bug")
 
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         w.append_callback(b"a", broken)
         w.append_callback(b"b", broken)
         await eventually(lambda: calls == [0, 1], timeout_s=20)
