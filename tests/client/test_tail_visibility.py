@@ -6,7 +6,10 @@ writer pushes a confirmed LAC that no later entry carries (in-process bookies, m
   control: a transport that piggybacks stored but unconfirmed entries);
 - ``piggybacked`` checks each entry (digest, ids) and stops at the first bad one;
 - the writer pushes its LAC explicitly only when no entry packed since the confirmation
-  carries it (``explicit_lac_delay_s``; ``None``: never).
+  carries it (``explicit_lac_delay_s``; ``None``: never), one push at a time per bookie:
+  a bookie whose push hangs holds back no other bookie's; and a push never carries an
+  entry that is sent but not yet confirmed (negative control: entries held on all but
+  one bookie).
 """
 
 from __future__ import annotations
@@ -297,3 +300,90 @@ async def test_the_next_polls_wait_at_one_bookie_while_the_consumer_holds_an_ent
         await tail.aclose()
         await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
         await w.close()
+
+
+class HeldTransport(CountingTransport):
+    """Pushes to ``push_held`` bookies wait for ``release``; adds of entry ``add_held_entry``
+    to ``add_held`` bookies are not answered until ``release`` either."""
+
+    def __init__(self, bookie_ids: list[str], *, push_held: frozenset[str] = frozenset(),
+                 add_held: frozenset[str] = frozenset(), add_held_entry: int = -1) -> None:
+        super().__init__(bookie_ids)
+        self.push_held = push_held
+        self.add_held = add_held
+        self.add_held_entry = add_held_entry
+        self.release = asyncio.Event()
+        self._held: set[asyncio.Task[None]] = set()
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes, *, hint_only: bool = False,
+    ) -> None:
+        if bookie_id in self.push_held:
+            self.lac_pushes.append((bookie_id, lac))
+            await self.release.wait()
+            await StorageTransport.write_lac(self, bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+            return
+        await super().write_lac(bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+
+    def add(self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, master_key: bytes,
+            entry: bytes, on_response: Any, *, recovery: bool = False) -> None:
+        if bookie_id in self.add_held and entry_id == self.add_held_entry and not self.release.is_set():
+            async def later() -> None:
+                await self.release.wait()
+                StorageTransport.add(self, bookie_id, ledger_id, entry_id, master_key, entry, on_response,
+                                     recovery=recovery)
+            task = asyncio.get_running_loop().create_task(later())
+            self._held.add(task)
+            task.add_done_callback(self._held.discard)
+            return
+        super().add(bookie_id, ledger_id, entry_id, master_key, entry, on_response, recovery=recovery)
+
+
+async def test_a_bookie_whose_push_hangs_holds_back_no_other_bookies_pushes() -> None:
+    """bk2 never answers a push until released: bk0 and bk1 still learn each new LAC
+    (one push at a time per bookie, not one round of the whole ensemble at a time), and
+    bk2 gets the newest LAC once its push returns."""
+    transport = HeldTransport(BOOKIES, push_held=frozenset({"bk2"}))
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        storages = transport.storages
+        for i in range(4):
+            await w.append(b"%d" % i)
+            await eventually(
+                lambda: [storages[BookieId(b)].lac_state(w.ledger_id).lac for b in ("bk0", "bk1")] == [i, i],  # noqa: B023
+                what=f"LAC {i} pushed to bk0 and bk1 while bk2's push hangs")
+        assert [lac for b, lac in transport.lac_pushes if b == "bk2"] == [0], "one push in flight at bk2"
+        transport.release.set()
+        await eventually(lambda: storages[BookieId("bk2")].lac_state(w.ledger_id).lac == 3,
+                         what="bk2 pushed the newest LAC once its push returned")
+        await w.close()
+    finally:
+        transport.release.set()
+        await client.close()
+        await client.store.close()
+
+
+async def test_a_push_never_carries_an_entry_sent_but_not_confirmed() -> None:
+    """Entries 0 and 1 sent together; entry 1 is held at bk1 and bk2 (only bk0 holds it,
+    short of the ack quorum of 2): the push after entry 0's confirmation carries 0, never
+    1, to every bookie; once released, 1 is confirmed and pushed."""
+    transport = HeldTransport(BOOKIES, add_held=frozenset({"bk1", "bk2"}), add_held_entry=1)
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        first, second = w.append_async(b"0"), w.append_async(b"1")
+        assert await asyncio.wait_for(first, 10) == 0
+        await eventually(lambda: {b for b, _ in transport.lac_pushes} == set(BOOKIES),
+                         what="the LAC pushed to every bookie")
+        assert {lac for _, lac in transport.lac_pushes} == {0}, transport.lac_pushes
+        assert [transport.storages[BookieId(b)].lac_state(w.ledger_id).lac for b in BOOKIES] == [0, 0, 0]
+        assert not second.done()
+        transport.release.set()
+        assert await asyncio.wait_for(second, 10) == 1
+        await eventually(lambda: (BookieId("bk0"), 1) in transport.lac_pushes, what="LAC 1 pushed")
+        await w.close()
+    finally:
+        transport.release.set()
+        await client.close()
+        await client.store.close()
