@@ -281,21 +281,22 @@ class WaitingPolls(CountingTransport):
             self.waiting.remove(key)
 
 
-async def test_the_next_polls_wait_at_one_bookie_while_the_consumer_holds_an_entry() -> None:
+async def test_the_next_polls_wait_at_two_bookies_while_the_consumer_holds_an_entry() -> None:
     """Re-armed before delivering: while the consumer still holds entry i (it has not
-    asked for the next), polls for entries i + 1 and i + 2 already wait, at one bookie,
-    so an LAC that moves meanwhile is answered at once; and everything still comes from
-    the polls' answers (no read)."""
+    asked for the next), polls for entries i + 1 and i + 2 already wait, each at two
+    bookies, so an LAC that moves meanwhile is answered at once by whichever
+    learns it first; and everything still comes from the polls' answers (no read)."""
     async with tailing(WaitingPolls(BOOKIES), 20.0) as (transport, w, tail):
         reads = transport.range_reads + transport.entry_reads
         for i in range(5):
             await w.append(b"e%d" % i)
             entry = await asyncio.wait_for(anext(tail), 10)
             assert entry.entry_id == i
-            ahead = [i, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2
+            ahead = [i, i, i + 1, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2, twice each
             await eventually(lambda: sorted(p for _, p in transport.waiting) == ahead,  # noqa: B023 (awaited here)
                              what=f"polls for entries {i + 1} and {i + 2} waiting while entry {i} is held")
-            assert len({b for b, _ in transport.waiting}) == 1, transport.waiting
+            for previous in (i, i + 1):
+                assert len({b for b, p in transport.waiting if p == previous}) == 2, transport.waiting
         assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
         await tail.aclose()
         await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
@@ -387,3 +388,45 @@ async def test_a_push_never_carries_an_entry_sent_but_not_confirmed() -> None:
         transport.release.set()
         await client.close()
         await client.store.close()
+
+
+class HungPolls(WaitingPolls):
+    """The first bookie a long poll goes to never answers one (until ``release``)."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.hung: BookieId | None = None
+        self.release = asyncio.Event()
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        if self.hung is None:
+            self.hung = bookie_id
+        if bookie_id == self.hung:
+            await self.release.wait()
+        return await super().long_poll_lac(
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+
+
+async def test_a_bookie_that_never_answers_a_long_poll_holds_back_no_tail() -> None:
+    """The first bookie polled hangs (a poll of 30 s that never ends): each entry still
+    reaches the tail from the other replica its polls wait at, long before the hung poll
+    would time out, and without reads."""
+    transport = HungPolls(BOOKIES)
+    try:
+        async with tailing(transport, 30.0) as (_, w, tail):
+            reads = transport.range_reads + transport.entry_reads
+            for i in range(5):
+                await w.append(b"e%d" % i)
+                entry = await asyncio.wait_for(anext(tail), 10)
+                assert (entry.entry_id, entry.payload) == (i, b"e%d" % i)
+            assert transport.hung is not None
+            assert transport.range_reads + transport.entry_reads == reads, "delivered from the other replica's answers"
+            await tail.aclose()
+            transport.release.set()
+            await w.close()
+    finally:
+        transport.release.set()
+
