@@ -6,7 +6,8 @@ temporary folder and laid out as an installed ``scriba`` package (each library f
 as a subpackage, as ``pyproject.toml``'s ``package-dir`` maps them); a run of the base
 puts that folder first on ``PYTHONPATH``, so the benchmark, its children and the bookie
 processes all import the base's code (the editable install's finder comes after the
-path). A run of the head uses this tree. Each round runs base then head, or head then
+path). A run of the head uses this tree. Both run this tree's ``bench_stream.py`` (the
+same measurement of two versions of the library). Each round runs base then head, or head then
 base on alternate rounds, each with its own etcd and bookies
 (``bench_stream.py --parts tail``: a stream tail and a bare ledger's tail, 1k records/s).
 
@@ -61,7 +62,9 @@ def run(bench: Path, pythonpath: str | None, seconds: float) -> dict[str, Any]:
         r = json.loads(Path(out.name).read_text())
     s, led = r["tail"], r["ledger_tail"]
     return {"stream_p50_ms": s["p50_ms"], "stream_p99_ms": s["p99_ms"], "ledger_p50_ms": led["p50_ms"],
-            "ledger_p99_ms": led["p99_ms"], "stream_over_ledger_p99": round(s["p99_ms"] / led["p99_ms"], 3)}
+            "ledger_p99_ms": led["p99_ms"], "stream_over_ledger_p99": round(s["p99_ms"] / led["p99_ms"], 3),
+            # CPU µs per record of all the run's processes
+            "stream_cpu_us": s["cpu_us_per_record"], "ledger_cpu_us": led["cpu_us_per_record"]}
 
 
 def main(argv: list[str]) -> None:
@@ -73,8 +76,8 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ab-tail-") as tmp:
         base = export(args.base, Path(tmp))
-        variants = {"base": (base / "tree" / "benchmarks" / "bench_stream.py", str(base / "pkg")),
-                    "head": (ROOT / "benchmarks" / "bench_stream.py", None)}
+        bench = ROOT / "benchmarks" / "bench_stream.py"  # one measurement, two versions of the library
+        variants = {"base": (bench, str(base / "pkg")), "head": (bench, None)}
         rounds: list[dict[str, dict[str, Any]]] = []
         for i in range(args.rounds):
             order = ("base", "head") if i % 2 == 0 else ("head", "base")
@@ -82,7 +85,7 @@ def main(argv: list[str]) -> None:
             for name in order:
                 one[name] = run(*variants[name], args.seconds)
                 print(f"round {i + 1} {name}: {json.dumps(one[name])}", flush=True)
-            for key in ("stream_p99_ms", "ledger_p99_ms"):
+            for key in ("stream_p99_ms", "ledger_p99_ms", "stream_cpu_us", "ledger_cpu_us"):
                 one.setdefault("head/base", {})[key] = round(one["head"][key] / one["base"][key], 3)
             print(f"round {i + 1} head/base: {json.dumps(one['head/base'])}", flush=True)
             rounds.append(one)

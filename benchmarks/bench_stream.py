@@ -43,6 +43,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from proc_cpu import all_cpu_s
+
 from scriba.grpc_runtime import apply_defaults
 
 apply_defaults()
@@ -287,17 +289,26 @@ def tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
         await client.close()
 
     asyncio.run(create())
+    cpu0 = all_cpu_s()
     reader = _spawn("tail-reader", uri, namespace=namespace)
     assert reader.stdout is not None
     if reader.stdout.readline().strip() != "ready":
         raise RuntimeError(f"tail reader did not start: {reader.communicate(timeout=10)[1][-2000:]}")
     written = run("tail-writer", uri, seconds + 120, namespace=namespace, seconds=seconds)
     seen = _result(reader, 120)
-    return {**seen, "written": written["records"], "rate_per_s": TAIL_RATE_PER_S}
+    return {**seen, "written": written["records"], "rate_per_s": TAIL_RATE_PER_S,
+            "cpu_us_per_record": _cpu_per(cpu0, written["records"])}
+
+
+def _cpu_per(cpu0: float, records: int) -> int:
+    """CPU µs per record since ``cpu0`` of every process of the run (writer, reader,
+    bookies, etcd): what a tail costs, steadier than its latency on a busy machine."""
+    return round((all_cpu_s() - cpu0) / max(records, 1) * 1e6)
 
 
 def ledger_tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
     """The same measurement on a bare ledger (``LedgerReader.tail``): the floor under the stream's."""
+    cpu0 = all_cpu_s()
     writer = subprocess.Popen([sys.executable, __file__, "--child", "ledger-tail-writer", "--metadata", uri,
                                "--seconds", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -309,8 +320,8 @@ def ledger_tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
         raise RuntimeError(f"ledger tail reader did not start: {reader.communicate(timeout=10)[1][-2000:]}")
     writer.stdin.write("go\n")
     writer.stdin.flush()
-    _result(writer, seconds + 120)
-    return _result(reader, 120)
+    written = _result(writer, seconds + 120)
+    return {**_result(reader, 120), "cpu_us_per_record": _cpu_per(cpu0, written["records"])}
 
 
 def main(argv: list[str]) -> None:
