@@ -283,8 +283,8 @@ class WaitingPolls(CountingTransport):
 
 async def test_the_next_polls_wait_at_two_bookies_while_the_consumer_holds_an_entry() -> None:
     """Re-armed before delivering: while the consumer still holds entry i (it has not
-    asked for the next), polls for entries i + 1 and i + 2 already wait, each at two
-    bookies, so an LAC that moves meanwhile is answered at once by whichever
+    asked for the next), polls for entries i + 1 and i + 2 already wait, each at the
+    same two bookies, so an LAC that moves meanwhile is answered at once by whichever
     learns it first; and everything still comes from the polls' answers (no read)."""
     async with tailing(WaitingPolls(BOOKIES), 20.0) as (transport, w, tail):
         reads = transport.range_reads + transport.entry_reads
@@ -295,8 +295,8 @@ async def test_the_next_polls_wait_at_two_bookies_while_the_consumer_holds_an_en
             ahead = [i, i, i + 1, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2, twice each
             await eventually(lambda: sorted(p for _, p in transport.waiting) == ahead,  # noqa: B023 (awaited here)
                              what=f"polls for entries {i + 1} and {i + 2} waiting while entry {i} is held")
-            for previous in (i, i + 1):
-                assert len({b for b, p in transport.waiting if p == previous}) == 2, transport.waiting
+            pair = {b for b, p in transport.waiting if p == i}
+            assert len(pair) == 2 and {b for b, p in transport.waiting if p == i + 1} == pair, transport.waiting
         assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
         await tail.aclose()
         await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
@@ -430,3 +430,40 @@ async def test_a_bookie_that_never_answers_a_long_poll_holds_back_no_tail() -> N
     finally:
         transport.release.set()
 
+
+
+class CountedPolls(CountingTransport):
+    """Counts long polls per bookie."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.polls: dict[BookieId, int] = {}
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        self.polls[bookie_id] = self.polls.get(bookie_id, 0) + 1
+        return await super().long_poll_lac(
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+
+
+async def test_a_tail_stops_polling_a_bookie_that_failed() -> None:
+    """The bookie polled first goes down: entries keep coming from the other replicas'
+    answers, and the tail's polls leave it (a few polls that were already waiting or
+    picked fail there; 20 entries later it still has no more than those)."""
+    transport = CountedPolls(BOOKIES)
+    async with tailing(transport, 30.0) as (_, w, tail):
+        await w.append(b"first")
+        assert (await asyncio.wait_for(anext(tail), 10)).entry_id == 0
+        first = max(transport.polls, key=lambda b: transport.polls[b])
+        transport.down.add(first)  # its waiting polls end with an error; new ones fail at once
+        before = transport.polls[first]
+        for i in range(1, 21):
+            await w.append(b"e%d" % i)
+            entry = await asyncio.wait_for(anext(tail), 10)
+            assert (entry.entry_id, entry.payload) == (i, b"e%d" % i)
+        assert transport.polls[first] - before <= 2, (first, transport.polls)
+        await tail.aclose()
+        transport.down.discard(first)
+        await w.close()
