@@ -4,7 +4,6 @@ report CPU per operation beside their rates: steadier than rates on a busy machi
 from __future__ import annotations
 
 import os
-import resource
 from pathlib import Path
 
 _TICKS_S = os.sysconf("SC_CLK_TCK")
@@ -33,8 +32,13 @@ def descendants_cpu_s(root: int | None = None) -> float:
     return total
 
 
-def all_cpu_s() -> float:
-    """CPU seconds of every descendant of this process, living (``/proc``) or ended and
-    waited for (``RUSAGE_CHILDREN``): before and after a run, the run's whole cost."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return descendants_cpu_s() + usage.ru_utime + usage.ru_stime
+def pids_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of the living processes ``pids`` (ended ones count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS_S
+    return total
