@@ -57,8 +57,10 @@ def run(bench: Path, pythonpath: str | None, seconds: float) -> dict[str, Any]:
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([sys.executable, str(bench), "--seconds", str(seconds), "--parts", "tail",
-                        "--json", out.name], check=True, env=env, capture_output=True, timeout=seconds * 4 + 600)
+        done = subprocess.run([sys.executable, str(bench), "--seconds", str(seconds), "--parts", "tail",
+                               "--json", out.name], env=env, capture_output=True, text=True, timeout=seconds * 4 + 600)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench_stream failed ({done.returncode}):\n{done.stderr[-3000:]}")
         r = json.loads(Path(out.name).read_text())
     s, led = r["tail"], r["ledger_tail"]
     return {"stream_p50_ms": s["p50_ms"], "stream_p99_ms": s["p99_ms"], "ledger_p50_ms": led["p50_ms"],
