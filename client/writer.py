@@ -19,10 +19,14 @@ Tailing readers learn of a confirmation from the LAC that the next entry carries
 (piggybacked). When no entry is packed between a confirmation and the next loop turn
 (``explicit_lac_delay_s``: an idle or slow-paced writer), the writer pushes the LAC to
 its bookies explicitly (``WriteLac`` with ``hint_only``: raised in the bookies' memory,
-not journaled, so it costs no fsync), one push at a time: a reader's long poll then
-answers one round trip after the confirmation instead of when (if ever) a later entry
-brings it, and a writer whose next entries carry the LAC sends no push at all. A
-writer whose entries usually follow each other within a few ms (an RSM leader with
+not journaled, so it costs no fsync), one push at a time **per bookie**: a reader's long
+poll then answers one round trip after the confirmation instead of when (if ever) a later
+entry brings it, and a writer whose next entries carry the LAC sends no push at all. Each
+bookie's pushes are paced by that bookie's own round trip, so a slow bookie (descheduled,
+busy with its journal) delays only its own copy of the LAC, never the push to the bookie
+a reader polls. Every value pushed is ``last_add_confirmed`` as the core holds it when
+the push leaves: the LAC a bookie learns never runs ahead of what an ack quorum holds.
+A writer whose entries usually follow each other within a few ms (an RSM leader with
 one proposer) can set a longer delay for itself (``set_explicit_lac_delay``): it then
 pushes only after that long without an entry, as BookKeeper's ``explicitLacInterval``
 does, and its pushes (a message to every bookie and back) leave its critical path.
@@ -43,7 +47,7 @@ import builtins
 import dataclasses
 import functools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
@@ -146,9 +150,11 @@ class LedgerWriter:
         self._close_future: asyncio.Future[None] | None = None
         self._lac_timer: asyncio.Handle | None = None  # the LAC check to come
         self._timers: list[asyncio.TimerHandle] = []
-        self._explicit_lac = core.last_add_confirmed  # the highest LAC pushed explicitly
+        # per bookie: the highest LAC pushed to it explicitly, and its push in flight (at
+        # most one per bookie: each bookie's pushes are paced by its own round trip)
+        self._lac_pushed: dict[BookieId, int] = {}
+        self._lac_pushes: dict[BookieId, asyncio.Task[None]] = {}
         self._lac_mark = core.next_entry_id  # entries from this id carry the LAC of the last confirmation
-        self._lac_push: asyncio.Task[None] | None = None  # the push in flight (at most one at a time)
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
         self._on_adds = self._on_add_responses
@@ -360,7 +366,8 @@ class LedgerWriter:
     def _arm_lac_timer(self) -> None:
         delay_s = self._config.explicit_lac_delay_s
         if (
-            delay_s is not None and self._lac_timer is None and self._lac_push is None
+            delay_s is not None and self._lac_timer is None
+            and len(self._lac_pushes) < len(self._core.ensemble)
             and self._core.next_entry_id == self._lac_mark  # else an entry appended by a callback carries it
         ):
             self._lac_timer = (
@@ -454,28 +461,34 @@ class LedgerWriter:
             self._arm_lac_timer()
 
     def _explicit_lac_due(self) -> None:
-        """Push the LAC explicitly unless a later entry carries it (see ``_push_lac``)."""
+        """Push the LAC explicitly unless a later entry carries it: to each bookie of the
+        ensemble that has no push in flight and has not been sent it (see ``_push_lac``)."""
         self._lac_timer = None
         core = self._core
-        lac = core.last_add_confirmed
-        if lac <= self._explicit_lac or core.state is WriterState.FAILED:
+        if core.state is WriterState.FAILED:
             return  # closing or closed: still pushed (the last entries would wait for a poll's timeout)
         if core.next_entry_id > self._lac_mark:
             return  # an entry packed since the last confirmation carries it (piggybacked)
-        self._explicit_lac = lac
-        self._lac_push = self._loop.create_task(self._push_lac(core.ensemble, lac))
-        self._tasks.add(self._lac_push)
-        self._lac_push.add_done_callback(self._tasks.discard)
+        lac = core.last_add_confirmed
+        pushed = self._lac_pushed
+        pushes = self._lac_pushes
+        for bookie_id in core.ensemble:
+            if bookie_id not in pushes and pushed.get(bookie_id, -1) < lac:
+                pushed[bookie_id] = lac
+                task = pushes[bookie_id] = self._loop.create_task(self._push_lac(bookie_id, lac))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
-    async def _push_lac(self, ensemble: Sequence[BookieId], lac: int) -> None:
-        """The LAC to every bookie of the ensemble, so that a tailing reader's long poll
-        answers now rather than when a later entry (if any) brings it. One push at a time:
-        under a stream of confirmations the pushes coalesce, paced by their round trip;
-        entries that carry the LAC themselves make pushing unnecessary."""
+    async def _push_lac(self, bookie_id: BookieId, lac: int) -> None:
+        """The LAC to one bookie, so that a tailing reader's long poll there answers now
+        rather than when a later entry (if any) brings it. One push at a time per bookie:
+        under a stream of confirmations a bookie's pushes coalesce, paced by its round trip
+        (a slow bookie holds back no other's); entries that carry the LAC themselves make
+        pushing unnecessary."""
         try:
-            await asyncio.gather(*(self._write_lac(bookie_id, lac) for bookie_id in ensemble))
+            await self._write_lac(bookie_id, lac)
         finally:
-            self._lac_push = None
+            del self._lac_pushes[bookie_id]
         if self._lac_timer is None:
             self._explicit_lac_due()  # confirmed meanwhile, with no later entry to carry it?
 
@@ -533,13 +546,15 @@ class LedgerWriter:
         process exits at once. Waits at most ``long_poll_s`` (past that, a reader's poll
         has timed out and shown the close anyway): an unreachable bookie delays no close
         by more."""
-        if self._lac_push is None and self._lac_timer is not None:
+        if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
             self._explicit_lac_due()
         deadline = self._loop.time() + self._config.long_poll_s
-        while self._lac_push is not None and (left := deadline - self._loop.time()) > 0:
-            await asyncio.wait({self._lac_push}, timeout=left)
+        while (pushes := {t for t in self._lac_pushes.values() if not t.done()}) and (
+            left := deadline - self._loop.time()
+        ) > 0:
+            await asyncio.wait(pushes, timeout=left)
 
     async def abort(self) -> None:
         """Stop without closing (tests, shutdown): pending appends fail, tasks end."""
