@@ -18,7 +18,9 @@
    on the bookies' disk in the same run, and the ratios binary/gRPC and N ledgers/1.
 
 Run: ``.venv/bin/python benchmarks/bench_client.py [--seconds 10] [--runs 3] [--json OUT]``
-(``--skip-etcd`` for the Scriba side only; ``--transport binary`` for one wire).
+(``--skip-etcd`` for the Scriba side only; ``--transport binary`` for one wire;
+``--append-api future`` to append through ``append_async``, a future per append, instead
+of ``append_callback``: compare the client's CPU per append of both).
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
 
@@ -48,11 +50,12 @@ VALUE_BYTES = 1024
 
 
 def run_scriba_bench(uri: str, *, seconds: float | None, entries: int | None, inflight: int, ledgers: int,
-                     batch_entries: int = 512, transport: str = "binary") -> dict[str, Any]:
+                     batch_entries: int = 512, transport: str = "binary",
+                     append_api: str = "callback") -> dict[str, Any]:
     argv = [sys.executable, "-m", "scriba.cli", "--log-level", "warning", "bench", "--metadata", uri,
             "--ensemble", "3", "--write", "3", "--ack", "2", "--size", str(VALUE_BYTES),
             "--inflight", str(inflight), "--ledgers", str(ledgers), "--json", "--quiet",
-            "--batch-entries", str(batch_entries), "--transport", transport]
+            "--batch-entries", str(batch_entries), "--transport", transport, "--append-api", append_api]
     argv += ["--seconds", str(seconds)] if seconds is not None else ["--entries", str(entries)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=(seconds or 60) + 120)
     if done.returncode not in (0, 1) or not done.stdout.strip():
@@ -83,7 +86,8 @@ def measured(bookies: list[BookieProcess], bench: Any) -> dict[str, Any]:
 
 
 def scriba_side(base: Path, *, seconds: float, inflights: list[int], runs: int, ledgers: list[int],
-                latency_entries: int, batch_entries: int, transports: list[str]) -> dict[str, Any]:
+                latency_entries: int, batch_entries: int, transports: list[str],
+                append_api: str = "callback") -> dict[str, Any]:
     etcd = EtcdCluster(base / "meta-etcd", 1)
     etcd.start()
     uri = etcd.uri("bench")
@@ -97,11 +101,11 @@ def scriba_side(base: Path, *, seconds: float, inflights: list[int], runs: int, 
             throughput = {
                 f"{n}x{nl}": [measured(bookies, lambda n=n, nl=nl, transport=transport: run_scriba_bench(
                     uri, seconds=seconds, entries=None, inflight=n, ledgers=nl, batch_entries=batch_entries,
-                    transport=transport)) for _ in range(runs)]
+                    transport=transport, append_api=append_api)) for _ in range(runs)]
                 for n in inflights for nl in ledgers
             }
             latency = run_scriba_bench(uri, seconds=None, entries=latency_entries, inflight=1, ledgers=1,
-                                       transport=transport)
+                                       transport=transport, append_api=append_api)
             floor = asyncio.run(transport_latency(bookies, latency_entries, transport))
             out[transport] = {"throughput": throughput, "one_in_flight": latency, "transport_one_in_flight": floor}
     finally:
@@ -281,6 +285,8 @@ def main() -> int:
     parser.add_argument("--skip-etcd", action="store_true", help="Scriba only (no etcd baseline)")
     parser.add_argument("--latency-entries", type=int, default=2000)
     parser.add_argument("--batch-entries", type=int, default=512, help="adds per message per bookie")
+    parser.add_argument("--append-api", choices=["callback", "future"], default="callback",
+                        help="the writer API scriba bench appends through (append_callback or append_async)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     ledgers = sorted(set(args.ledgers) | {1})
@@ -289,7 +295,8 @@ def main() -> int:
         base = Path(tmp)
         scriba = scriba_side(base, seconds=args.seconds, inflights=sorted({args.inflight, args.same_inflight}),
                              runs=args.runs, ledgers=ledgers, latency_entries=args.latency_entries,
-                             batch_entries=args.batch_entries, transports=args.transport)
+                             batch_entries=args.batch_entries, transports=args.transport,
+                             append_api=args.append_api)
         etcd = None if args.skip_etcd else etcd_side(base, seconds=args.seconds, inflights=etcd_inflights,
                                                      runs=args.runs, latency_entries=args.latency_entries)
     rates = report_scriba(scriba, args.transport, args.runs)

@@ -132,8 +132,6 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
             print(f"{ledgers} ledger records in etcd in {time.perf_counter() - started:.1f} s")
             child, url = start_console(uri, "127.0.0.1:0", base)
             pid = child.pid
-            paths = ["", "ledgers", "api/ledgers?page=50&per_page=100", "ledgers?q=77", "ledgers?state=CLOSED&page=3",
-                     "streams", "rsm", "recovery", "geo", "api/cluster", "api/bookies", "api/streams", "api/rsm"]
             samples: list[tuple[float, float, int]] = []  # (s since start, RSS MB, rounds so far)
             rounds = pages = 0
             next_id = ledgers + 1
@@ -154,18 +152,12 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
                         page_s = store_s = 0.0
                         page_n = 0
                         next_sample += sample_every_s
-                    started = time.monotonic()
-                    await store.create(ledger_key(next_id), _ledger(next_id).to_bytes())
-                    await store.delete(ledger_key(next_id - ledgers))
-                    store_s += time.monotonic() - started
-                    started = time.monotonic()
-                    await _time(http, url + f"ledgers/{next_id - ledgers // 2}", 1)
+                    store_s_round, page_s_round = await churn_round(store, http, url, next_id, ledgers)
+                    store_s += store_s_round
+                    page_s += page_s_round
                     next_id += 1
-                    for path in paths:
-                        await _time(http, url + path, 1)
-                    page_s += time.monotonic() - started
-                    page_n += len(paths) + 1
-                    pages += len(paths) + 1
+                    page_n += len(PAGES) + 1
+                    pages += len(PAGES) + 1
                     rounds += 1
             samples.append((time.monotonic() - t0, _vm_rss_mb(pid), rounds))
             _report_memory(samples, rounds, pages)
@@ -177,6 +169,26 @@ async def memory_run(ledgers: int, minutes: float, sample_every_s: float) -> Non
                 if child.stdout is not None:
                     child.stdout.close()
             etcd.stop()
+
+
+PAGES = ("", "ledgers", "api/ledgers?page=50&per_page=100", "ledgers?q=77", "ledgers?state=CLOSED&page=3",
+         "streams", "rsm", "recovery", "geo", "api/cluster", "api/bookies", "api/streams", "api/rsm")
+"""What one round of the memory run fetches, besides one ledger's page."""
+
+
+async def churn_round(store: MetadataStore, http: aiohttp.ClientSession, url: str, next_id: int,
+                      ledgers: int) -> tuple[float, float]:
+    """One round of the memory run: ledger ``next_id`` created, ``next_id - ledgers`` deleted, then
+    a ledger's page and every page of :data:`PAGES` fetched. Returns (s in etcd writes, s in pages)."""
+    started = time.monotonic()
+    await store.create(ledger_key(next_id), _ledger(next_id).to_bytes())
+    await store.delete(ledger_key(next_id - ledgers))
+    store_s = time.monotonic() - started
+    started = time.monotonic()
+    await _time(http, url + f"ledgers/{next_id - ledgers // 2}", 1)
+    for path in PAGES:
+        await _time(http, url + path, 1)
+    return store_s, time.monotonic() - started
 
 
 async def _wait_synced(http: aiohttp.ClientSession, url: str, timeout_s: float) -> None:

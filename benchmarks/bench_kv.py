@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aetcd
+from proc_cpu import descendants_cpu_s
 
 from scriba.embedded.etcd import EtcdCluster
 from scriba.embedded.kvstore import KvCluster
@@ -84,32 +84,6 @@ async def drive(clients: list[aetcd.Client], op: Callable[[aetcd.Client, int], A
     start = time.monotonic()
     await asyncio.gather(*(loop(k) for k in range(concurrency)))
     return len(latencies) / (time.monotonic() - start), latencies
-
-
-_TICKS_S = os.sysconf("SC_CLK_TCK")
-
-
-def descendants_cpu_s(root: int | None = None) -> float:
-    """User + system CPU seconds of every living descendant of ``root`` (this process)."""
-    root = os.getpid() if root is None else root
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended while we looked
-        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS_S)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        total += stats[pid][1]
-        todo += children.get(pid, [])
-    return total
 
 
 async def put(c: aetcd.Client, i: int) -> None:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from proc_cpu import pids_cpu_s
 
 from scriba.grpc_runtime import apply_defaults
 
@@ -107,7 +108,7 @@ async def read_phase(
         reader = await client.open_ledger(ledger_id, PASSWORD)
         count = 0
         nbytes = 0
-        bookies_cpu = _cpu_s(pids)
+        bookies_cpu = pids_cpu_s(pids)
         cpu = time.process_time()
         t0 = time.perf_counter()
         async for entry in reader.read(0):
@@ -115,7 +116,7 @@ async def read_phase(
             nbytes += len(entry.payload)
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - cpu
-        bookies_cpu = _cpu_s(pids) - bookies_cpu
+        bookies_cpu = pids_cpu_s(pids) - bookies_cpu
         if count != expected or nbytes != expected * size:
             raise RuntimeError(f"read {count} entries / {nbytes} bytes, expected {expected} of {size} B")
         return {
@@ -126,18 +127,6 @@ async def read_phase(
     finally:
         await client.close()
         await transport.close()
-
-
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of the processes ``pids`` so far (from /proc)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _rates(count: int, size: int, elapsed: float) -> dict[str, Any]:

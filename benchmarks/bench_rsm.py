@@ -101,9 +101,11 @@ async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: s
     configure(stream=sys.stderr, level="warning")
     store = await connect(uri, session_timeout_s=2.0)
     client = await Client.connect(uri, store=store, config=ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0))
+    overrides = json.loads(os.environ.get("BENCH_RSM_CONFIG", "{}"))  # probe_rsm.py --ab: RsmConfig fields
     rsm = ReplicatedStateMachine(client, namespace=namespace, name=name, state_machine=CounterMachine(),
                                  replica_id=rid, address=address,
-                                 config=RsmConfig(**REPLICA_CONFIG, zone=zone, leader_read_check=read_check))
+                                 config=RsmConfig(**{**REPLICA_CONFIG, **overrides}, zone=zone,
+                                                  leader_read_check=read_check))
     await rsm.start()
     print("READY", flush=True)
     while rsm.error is None:
@@ -112,9 +114,11 @@ async def replica_main(uri: str, namespace: str, rid: str, address: str, zone: s
 
 
 class Replicas:
-    def __init__(self, uri: str, namespace: str, name: str = "counter", read_check: str = "fence_probe") -> None:
+    def __init__(self, uri: str, namespace: str, name: str = "counter", read_check: str = "fence_probe", *,
+                 script: str = __file__, env: dict[str, str] | None = None) -> None:
         self.uri, self.namespace = uri, namespace
         self.name, self.read_check = name, read_check
+        self.script, self.env = script, env  # probe_rsm.py runs its traced replicas through this class
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.addresses: dict[str, str] = {}
         self.generation = 0
@@ -123,8 +127,9 @@ class Replicas:
         rid = f"r{slot}g{self.generation}"
         self.generation += 1
         address = f"127.0.0.1:{free_port()}"
-        proc = subprocess.Popen([sys.executable, __file__, "--replica", self.uri, self.namespace, rid, address,
-                                 f"z{slot + 1}", self.name, self.read_check], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, self.script, "--replica", self.uri, self.namespace, rid, address,
+                                 f"z{slot + 1}", self.name, self.read_check], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **self.env} if self.env else None)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "READY" not in line:

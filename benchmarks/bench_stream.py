@@ -12,7 +12,8 @@
    (1k records/s) carrying its ``CLOCK_MONOTONIC`` send time; a reader child tails the
    stream from "latest" and notes when each record arrives (the clock is machine-wide).
    The floor under it, in the same run: the same pace on a bare ledger, read with
-   ``LedgerReader.tail``.
+   ``LedgerReader.tail``. Each reports the CPU µs per record of its writer, its reader
+   and the bookies while the records flowed.
 5. Catch-up: a child writes ``--catchup-records`` 100-byte records (default 200,000;
    ``--catchup-records 1000000`` for the issue's figure) and closes the writer; another
    reads the stream from the earliest record to the last.
@@ -42,6 +43,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from proc_cpu import pids_cpu_s
 
 from scriba.grpc_runtime import apply_defaults
 
@@ -80,7 +83,10 @@ async def child_raw(uri: str, size: int, seconds: float, inflight: int) -> dict[
     from scriba.client.bench import BenchConfig, run_bench
 
     cpu0 = _cpu_s()
-    result = await run_bench(BenchConfig(uri, seconds=seconds, size_bytes=size, inflight=inflight), progress=False)
+    # append_async (a future per append), as the stream's own writer uses and as earlier
+    # figures were taken: the ratio compares layers, not append APIs
+    config = BenchConfig(uri, seconds=seconds, size_bytes=size, inflight=inflight, append_api="future")
+    result = await run_bench(config, progress=False)
     cpu = _cpu_s() - cpu0
     return {"records": result.entries, "seconds": result.seconds, "records_per_s": result.entries_per_s,
             "mb_per_s": result.mb_per_s, "cpu_us_per_record": round(cpu / max(result.entries, 1) * 1e6, 2),
@@ -139,7 +145,19 @@ async def child_appends(uri: str, namespace: str, size: int, seconds: float, inf
 
 async def paced_appends(append: Callable[[bytes], Awaitable[Any]], seconds: float) -> int:
     """``TAIL_RATE_PER_S`` 100-byte payloads a second, each starting with its send time;
-    the last one marked; returns how many once all are confirmed."""
+    the last one marked; returns how many once all are confirmed (the CPU spent meanwhile
+    in ``CPU_S``)."""
+    cpu0 = _cpu_s()
+    try:
+        return await _paced(append, seconds)
+    finally:
+        CPU_S[0] = _cpu_s() - cpu0
+
+
+CPU_S = [0.0]  # the CPU seconds of the last ``paced_appends``
+
+
+async def _paced(append: Callable[[bytes], Awaitable[Any]], seconds: float) -> int:
     loop = asyncio.get_running_loop()
     count = int(seconds * TAIL_RATE_PER_S)
     futures = []
@@ -160,13 +178,14 @@ async def child_tail_writer(uri: str, namespace: str, seconds: float) -> dict[st
     count = await paced_appends(writer.append_async, seconds)
     await writer.close()
     await client.close()
-    return {"records": count}
+    return {"records": count, "cpu_s": CPU_S[0]}
 
 
 async def child_tail_reader(uri: str, namespace: str) -> dict[str, Any]:
     client, ns = await _namespace(uri, namespace)
     reader = await ns.open_reader(STREAM, "latest")
     print("ready", flush=True)
+    cpu0 = _cpu_s()
     latencies_ms: list[float] = []
     async for record in reader:
         seen = time.monotonic_ns()
@@ -174,10 +193,16 @@ async def child_tail_reader(uri: str, namespace: str) -> dict[str, Any]:
         latencies_ms.append((seen - sent) / 1e6)
         if record.payload[SENT.size:SENT.size + 1] == b"L":
             break
+    cpu_s = _cpu_s() - cpu0
     await reader.close()
     await client.close()
+    return _latencies(latencies_ms, cpu_s)
+
+
+def _latencies(latencies_ms: list[float], cpu_s: float) -> dict[str, Any]:
     return {"records": len(latencies_ms), "p50_ms": round(_percentile(latencies_ms, 0.5), 3),
-            "p99_ms": round(_percentile(latencies_ms, 0.99), 3), "max_ms": round(max(latencies_ms), 3)}
+            "p99_ms": round(_percentile(latencies_ms, 0.99), 3), "max_ms": round(max(latencies_ms), 3),
+            "cpu_s": cpu_s}
 
 
 async def child_ledger_tail_writer(uri: str, seconds: float) -> dict[str, Any]:
@@ -190,7 +215,7 @@ async def child_ledger_tail_writer(uri: str, seconds: float) -> dict[str, Any]:
         await asyncio.to_thread(sys.stdin.readline)  # "go": the reader tails it now
         count = await paced_appends(writer.append_async, seconds)
         await writer.close()
-    return {"records": count}
+    return {"records": count, "cpu_s": CPU_S[0]}
 
 
 async def child_ledger_tail_reader(uri: str, ledger_id: int) -> dict[str, Any]:
@@ -199,6 +224,7 @@ async def child_ledger_tail_reader(uri: str, ledger_id: int) -> dict[str, Any]:
     async with Client.connect(uri) as client:
         reader = await client.open_ledger(ledger_id, recovery=False)
         print("ready", flush=True)
+        cpu0 = _cpu_s()
         latencies_ms: list[float] = []
         async for entry in reader.tail(0):
             seen = time.monotonic_ns()
@@ -206,8 +232,8 @@ async def child_ledger_tail_reader(uri: str, ledger_id: int) -> dict[str, Any]:
             latencies_ms.append((seen - sent) / 1e6)
             if entry.payload[SENT.size:SENT.size + 1] == b"L":
                 break
-    return {"records": len(latencies_ms), "p50_ms": round(_percentile(latencies_ms, 0.5), 3),
-            "p99_ms": round(_percentile(latencies_ms, 0.99), 3), "max_ms": round(max(latencies_ms), 3)}
+        cpu_s = _cpu_s() - cpu0
+    return _latencies(latencies_ms, cpu_s)
 
 
 async def child_catchup_write(uri: str, namespace: str, records: int) -> dict[str, Any]:
@@ -278,7 +304,7 @@ def run(child: str, uri: str, timeout_s: float, **options: Any) -> dict[str, Any
     return _result(_spawn(child, uri, **options), timeout_s)
 
 
-def tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
+def tail_visibility(uri: str, seconds: float, bookie_pids: list[int]) -> dict[str, Any]:
     namespace = f"bench/tail-{uuid.uuid4().hex[:6]}"
 
     async def create() -> None:
@@ -291,12 +317,25 @@ def tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
     assert reader.stdout is not None
     if reader.stdout.readline().strip() != "ready":
         raise RuntimeError(f"tail reader did not start: {reader.communicate(timeout=10)[1][-2000:]}")
+    bookies0 = pids_cpu_s(bookie_pids)
     written = run("tail-writer", uri, seconds + 120, namespace=namespace, seconds=seconds)
     seen = _result(reader, 120)
-    return {**seen, "written": written["records"], "rate_per_s": TAIL_RATE_PER_S}
+    cpu = _cpu_per(written, seen, pids_cpu_s(bookie_pids) - bookies0)
+    return {**seen, "written": written["records"], "rate_per_s": TAIL_RATE_PER_S, **cpu}
 
 
-def ledger_tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
+def _cpu_per(written: dict[str, Any], seen: dict[str, Any], bookies_s: float) -> dict[str, Any]:
+    """CPU µs per record while the records flowed, of the writer (pacing and confirming),
+    the reader (from its start to the last record) and the 3 bookies: what a tail costs,
+    steadier than its latency on a busy machine."""
+    n = max(written["records"], 1)
+    parts = {"writer": written["cpu_s"], "reader": seen.pop("cpu_s"), "bookies": bookies_s}
+    out = {f"{k}_cpu_us_per_record": round(v / n * 1e6) for k, v in parts.items()}
+    out["cpu_us_per_record"] = round(sum(parts.values()) / n * 1e6)
+    return out
+
+
+def ledger_tail_visibility(uri: str, seconds: float, bookie_pids: list[int]) -> dict[str, Any]:
     """The same measurement on a bare ledger (``LedgerReader.tail``): the floor under the stream's."""
     writer = subprocess.Popen([sys.executable, __file__, "--child", "ledger-tail-writer", "--metadata", uri,
                                "--seconds", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -307,10 +346,13 @@ def ledger_tail_visibility(uri: str, seconds: float) -> dict[str, Any]:
     assert reader.stdout is not None
     if reader.stdout.readline().strip() != "ready":
         raise RuntimeError(f"ledger tail reader did not start: {reader.communicate(timeout=10)[1][-2000:]}")
+    bookies0 = pids_cpu_s(bookie_pids)
     writer.stdin.write("go\n")
     writer.stdin.flush()
-    _result(writer, seconds + 120)
-    return _result(reader, 120)
+    written = _result(writer, seconds + 120)
+    seen = _result(reader, 120)
+    cpu = _cpu_per(written, seen, pids_cpu_s(bookie_pids) - bookies0)
+    return {**seen, **cpu}
 
 
 def main(argv: list[str]) -> None:
@@ -342,8 +384,9 @@ def main(argv: list[str]) -> None:
                 results["stream_100b_many"] = run("appends", uri, budget, namespace="bench/s100m", size=100,
                                                   batch=1000, **common)
             if "tail" in parts:
-                results["tail"] = tail_visibility(uri, args.seconds)
-                results["ledger_tail"] = ledger_tail_visibility(uri, args.seconds)
+                pids = [b.pid for b in bookies if b.pid is not None]
+                results["tail"] = tail_visibility(uri, args.seconds, pids)
+                results["ledger_tail"] = ledger_tail_visibility(uri, args.seconds, pids)
             if "catchup" in parts:
                 results["catchup_write"] = run("catchup-write", uri, 1800, namespace="bench/catchup",
                                                records=args.catchup_records)

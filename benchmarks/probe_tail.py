@@ -14,6 +14,7 @@ the parent joins them per entry:
   ack2 -> confirm     (the ack quorum's second answer -> the entry confirmed)
   confirm -> lac_out  (the LAC leaves the writer: an explicit push, or a later entry)
   lac_out -> lac_at   (the LAC known at the bookie the reader polls)
+  lac_at(first)->polled (the LAC known at the first bookie -> at the polled one)
   lac_at -> answered  (that bookie answers the reader's long poll)
   answered -> lpd     (the answer back at the reader)
   lpd -> delivered    (to the consumer)
@@ -233,6 +234,11 @@ def analyse(trace: dict[str, list[list[Any]]], delivered: list[list[int]],
         stages["lac_by_push(1=yes)"].append(1.0 if by_push is not None and by_push == at else 0.0)
         add("push->wlac(polled)", reach_time(lac_reach(pushes), eid), by_push)
         add("lac_out->lac_at", out, at)
+        # how much later the polled bookie knew it than the first bookie that did (what a
+        # reader polling every replica at once could gain)
+        firsts = [t for t in (reach_time(lac_at[k], eid) for k in bookies) if t is not None]
+        if firsts:
+            add("lac_at(first)->polled", min(firsts), at)
         ans = next(((t, start) for t, prev, lac, start in polled[b] if lac >= eid and prev < eid), None)
         if ans is not None:
             add("lac_at->answered", at, ans[0])

@@ -7,7 +7,7 @@ passes (``CLOCK_MONOTONIC`` is machine-wide, so times of different processes com
 - client, writing: ``lappend`` (the ledger writer packed entry N, with the LAC it
   carries), ``send`` (a run of adds taken into a message to a bookie, both wires),
   ``ack`` (a bookie's answer read), ``confirm`` (``LedgerWriter._complete``), ``push``
-  and ``pushed`` (the explicit LAC push: started, answered by one bookie);
+  and ``pushed`` (the explicit LAC push to one bookie: started, answered);
 - bookie: ``arrive`` (a binary ADD frame dispatched), ``adds`` / ``added`` (the service's
   ``answer_adds``: started, answered — journal and fdatasync inside), ``sync`` (each
   fdatasync's duration), ``wlac`` (an explicit LAC received), ``poll`` / ``polled``
@@ -40,6 +40,17 @@ def note(*event: Any) -> None:
 
 def _dump(path: Path) -> None:
     path.write_text(json.dumps(EVENTS))
+
+
+def traced_env(base: Path, site_code: str) -> tuple[dict[str, str], Path]:
+    """A ``sitecustomize`` (``site_code``) under ``base`` and a trace folder: the environment
+    that makes a child process (a bookie) install its tracing, and where traces go."""
+    site = base / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(site_code)
+    trace = base / "trace"
+    trace.mkdir()
+    return {"PYTHONPATH": str(site), "SCRIBA_TAIL_TRACE": str(trace)}, trace
 
 
 def install(role: str, out_dir: str | None = None) -> None:
@@ -109,7 +120,7 @@ def _client() -> None:
 
     LedgerWriter.append_async = append_async  # type: ignore[method-assign]
 
-    _wrap_async(LedgerWriter, "_push_lac", lambda self, ensemble, lac: note("push", self._ledger_id, lac),
+    _wrap_async(LedgerWriter, "_push_lac", lambda self, bookie_id, lac: note("push", self._ledger_id, lac),
                 lambda *a, **k: None)
     _wrap_async(LedgerWriter, "_write_lac", lambda self, bookie_id, lac: None,
                 lambda token, result, self, bookie_id, lac: note("pushed", bookie_id, self._ledger_id, lac))

@@ -176,13 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m scriba.bookie.cli run|format ...``: the bookie commands alone.
 
     Same behaviour as ``scriba bookie ...``, without importing the other command modules
-    (child processes started by tests and benchmarks use this).
+    (child processes started by tests and benchmarks use this). Sets up the process's
+    logging (``--log-json``, ``--log-level``), then :func:`run_command`.
     """
+    from scriba.log import configure
+
+    args = parse_command(argv)
+    configure(json=args.log_json, level=args.log_level)
+    return run_command(args)
+
+
+def parse_command(argv: list[str] | None = None) -> argparse.Namespace:
+    """``main``'s command line, global flags anywhere (``sys.argv[1:]`` when None)."""
     apply_grpc_defaults()  # before the bookie imports gRPC
     import sys
-
-    from scriba.errors import ScribaError
-    from scriba.log import configure
 
     parser = argparse.ArgumentParser(prog="scriba bookie")
     parser.add_argument("--log-json", action="store_true")
@@ -197,8 +204,16 @@ def main(argv: list[str] | None = None) -> int:
             take = 2 if flag == "--log-level" else 1
             front += rest[i : i + take]
             del rest[i : i + take]
-    args = parser.parse_args([*front, "bookie", *rest])
-    configure(json=args.log_json, level=args.log_level)
+    return parser.parse_args([*front, "bookie", *rest])
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; its exit code. Leaves logging as it is: a caller in another
+    program's process (``scriba local-cluster``'s format step, tests) keeps its own."""
+    import sys
+
+    from scriba.errors import ScribaError
+
     try:
         code: int = args.func(args)
     except ScribaError as exc:

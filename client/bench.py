@@ -5,9 +5,12 @@ Creates ``--ledgers`` ledgers, keeps ``--inflight`` appends in flight over them
 confirmed or ``--seconds`` pass. Progress goes to stderr once a second; the result
 (entries/s, MB/s, latency p50/p99/p99.9) to stdout, as JSON with ``--json``.
 
-Appends use the writer's non-waiting path (a future per append, completed in
-entry order by the client core) so that thousands can be in flight without a
-coroutine per entry; the next append is issued from the previous one's callback.
+Appends use the writer's non-waiting path so that thousands can be in flight
+without a coroutine per entry; the next append is issued from the previous one's
+completion. ``--append-api callback`` (the default) uses ``append_callback`` (no
+future: the writer calls back directly, BookKeeper's ``asyncAddEntry``);
+``--append-api future`` uses ``append_async`` (a future per append and a done callback
+on it, scheduled by the loop), which costs the client more CPU per append.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class BenchConfig:
     batches_inflight_max: int = 8  # unanswered batches per bookie before partial ones wait
     transport: str = "binary"  # the client's wire: "binary" (gRPC for bookies without it) or "grpc"
     tls: TlsConfig | None = None  # dial the bookies over TLS (its cost: benchmarks/bench_tls.py)
+    append_api: str = "callback"  # "callback": append_callback; "future": append_async + a done callback
 
     def validate(self) -> BenchConfig:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -70,6 +74,8 @@ class BenchConfig:
             raise ConfigError("--batches-inflight: must be in 1..1024")
         if self.transport not in ("binary", "grpc"):
             raise ConfigError("--transport: 'binary' or 'grpc'")
+        if self.append_api not in ("callback", "future"):
+            raise ConfigError("--append-api: 'callback' or 'future'")
         return self
 
 
@@ -94,6 +100,7 @@ class BenchResult:
     adds_per_message: float = 0.0
     transport: str = "binary"
     client_cpu_us_per_entry: float = 0.0  # this process's CPU time (user + system) per confirmed entry
+    append_api: str = "callback"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +113,7 @@ class BenchResult:
             f"(E{self.ensemble_size}/W{self.write_quorum_size}/A{self.ack_quorum_size}, "
             f"{self.size_bytes} B, {self.inflight} in flight, {self.ledgers} ledger(s))"
             + (f"; {self.adds_per_message} adds/message" if self.adds_per_message else "")
-            + f"; {self.transport}, client CPU {self.client_cpu_us_per_entry:.1f} us/entry"
+            + f"; {self.transport}, {self.append_api} API, client CPU {self.client_cpu_us_per_entry:.1f} us/entry"
             + (f"; {self.failed} failed, first: {self.first_error}" if self.failed else "")
         )
 
@@ -129,11 +136,21 @@ def _submitter(writer: Any) -> Callable[[bytes], asyncio.Future[Any]]:
 
 
 class _Run:
-    """Keeps ``inflight`` appends going from completion callbacks; records latencies."""
+    """Keeps ``inflight`` appends going from completion callbacks; records latencies.
 
-    def __init__(self, cfg: BenchConfig, submits: list[Callable[[bytes], asyncio.Future[Any]]]) -> None:
+    ``writers``' ``append_callback`` is used when ``cfg.append_api`` is "callback" and
+    the writer has one: each slot's callback is made once and its start time kept in a
+    list, so the harness allocates nothing per append; otherwise a future per append
+    (``_submitter``) with a done callback."""
+
+    def __init__(self, cfg: BenchConfig, writers: list[Any]) -> None:
         self.cfg = cfg
-        self.submits = submits
+        self.callbacks = cfg.append_api == "callback" and all(hasattr(w, "append_callback") for w in writers)
+        self.submits: list[Callable[..., Any]] = (
+            [w.append_callback for w in writers] if self.callbacks else [_submitter(w) for w in writers]
+        )
+        self.started_ns = [0] * cfg.inflight  # per slot: when its append was issued
+        self.slot_callbacks = [self._slot_callback(slot) for slot in range(cfg.inflight)] if self.callbacks else []
         self.payload = b"x" * cfg.size_bytes
         self.latencies_ns: list[int] = []
         self.issued = 0
@@ -163,20 +180,31 @@ class _Run:
         submit = self.submits[slot % len(self.submits)]
         self.issued += 1
         self.outstanding += 1
-        t0 = perf_counter_ns()
-        submit(self.payload).add_done_callback(lambda f: self._on_done(f, t0, slot))
+        self.started_ns[slot] = perf_counter_ns()
+        try:
+            if self.callbacks:
+                submit(self.payload, self.slot_callbacks[slot])
+            else:
+                submit(self.payload).add_done_callback(lambda f: self._on_future(f, slot))
+        except ScribaError as exc:  # refused at once (closed, failed): counted, and no more issued
+            self._on_done(slot, exc)
 
-    def _on_done(self, fut: asyncio.Future[Any], t0: int, slot: int) -> None:
+    def _slot_callback(self, slot: int) -> Callable[[int, BaseException | None], None]:
+        return lambda _entry_id, error: self._on_done(slot, error)
+
+    def _on_future(self, fut: asyncio.Future[Any], slot: int) -> None:
+        self._on_done(slot, asyncio.CancelledError() if fut.cancelled() else fut.exception())
+
+    def _on_done(self, slot: int, error: BaseException | None) -> None:
         self.outstanding -= 1
-        if not fut.cancelled() and fut.exception() is None:
-            self.latencies_ns.append(perf_counter_ns() - t0)
+        if error is None:
+            self.latencies_ns.append(perf_counter_ns() - self.started_ns[slot])
             self.done += 1
         else:
-            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             self.failed += 1
             self.issue_max = 0
             if not self.first_error:
-                self.first_error = f"{type(exc).__name__}: {exc}"
+                self.first_error = f"{type(error).__name__}: {error}"
         if self.issued < self.issue_max:
             self.issue(slot)
         elif self.outstanding == 0 and not self.finished.done():
@@ -223,7 +251,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
                     password=b"scriba-bench",
                 )
             )
-        run = _Run(cfg, [_submitter(w) for w in writers])
+        run = _Run(cfg, writers)
         reporter = asyncio.get_running_loop().create_task(_progress(run)) if progress else None
         cpu0 = time.process_time()
         t0 = time.monotonic()
@@ -270,6 +298,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True, client: Any = No
             else 0.0
         ),
         transport=cfg.transport,
+        append_api="callback" if run.callbacks else "future",
         client_cpu_us_per_entry=round(cpu_s / run.done * 1e6, 1) if run.done else 0.0,
     )
 
@@ -300,6 +329,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batches-inflight", type=int, default=8, help="unanswered messages per bookie (default 8)")
     p.add_argument("--transport", choices=["binary", "grpc"], default="binary",
                    help="binary data path (gRPC for bookies without one; default) or gRPC only")
+    p.add_argument("--append-api", choices=["callback", "future"], default="callback",
+                   help="append_callback (no future per append; default) or append_async with a done callback")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_tls_arguments(p, server=False)
@@ -322,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
         batch_entries_max=args.batch_entries,
         batches_inflight_max=args.batches_inflight,
         transport=args.transport,
+        append_api=args.append_api,
         tls=tls_from_args(args),
     ).validate()
     result = eventloop.run(run_bench(cfg, progress=not args.quiet))

@@ -15,10 +15,17 @@ batching without delay when one add waits, bounded in-flight bytes, the Nagle-li
 window), the same deadlines (an add sweep answers TIMEOUT; reads carry
 ``read_timeout_s``), the same failure handling (a broken link answers every pending add
 UNAVAILABLE, which the write core turns into an ensemble change; the next add redials
-after a bounded backoff). Only three hooks differ: the add "call" is the link (its
-``write`` frames an ADD; answers arrive in ``data_received`` and are dispatched
-directly, with no reader task in between), runs are encoded as binary runs, and reads
-are request/answer frames matched by request id.
+after a bounded backoff). Only four hooks differ: the add "call" is the link (its
+``write_parts`` frames an ADD around the message's parts, which the socket write joins:
+the entries are copied once; answers arrive in ``data_received`` and are dispatched
+directly, with no reader task in between), runs are encoded as binary runs, reads are
+request/answer frames matched by request id, and a bookie with nothing unanswered has
+its adds framed and written without its sender task (``_send_now``): at the end of the
+loop turn that queued them (a ``call_soon``, with whatever else that turn adds), or,
+for the appends a writer's callbacks make while it processes one confirmation, when
+that processing ends (``cork``/``uncork``: inside the answer's own handling, no loop
+turn). One append in flight waits for no task wake-up; a busy bookie's adds keep
+batching in its sender task.
 
 A link's states: DIALING (TCP connect + HELLO/HELLO_OK, bounded by ``read_timeout_s``)
 -> OPEN -> CLOSED (socket lost, ERROR frame, protocol error, or closed by the
@@ -32,7 +39,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Final, cast
 
 from scriba.client.add_batcher import AddRun
@@ -209,9 +216,25 @@ class BinaryLink(asyncio.Protocol):
 
     async def write(self, body: bytes) -> None:
         """Send one ADD frame (the add stream's write); waits while the socket is full."""
+        await self.write_parts([body])
+
+    @property
+    def sendable(self) -> bool:
+        """Whether a frame can be written now without waiting (open, socket not full)."""
+        return not self._paused and not self._closed.done() and self._transport is not None
+
+    def send_parts(self, parts: list[bytes]) -> None:
+        """Write one ADD frame whose body is ``parts`` (the runs' heads and entries, as
+        ``take_message`` left them): the header goes in front and the socket write joins
+        them, so a message's entries are copied once on their way out, not twice."""
         rid = self._next_id
         self._next_id = rid + 1
-        self._send(wire.encode_frame(FrameType.ADD, rid, (body,)))
+        self._send(wire.encode_frame(FrameType.ADD, rid, parts))
+
+    async def write_parts(self, parts: list[bytes]) -> None:
+        """Send one ADD frame whose body is ``parts`` (``send_parts``); waits while the
+        socket is full."""
+        self.send_parts(parts)
         while self._paused and not self.closed:
             if self._writable is None:
                 self._writable = asyncio.Event()
@@ -369,6 +392,25 @@ class BinaryTransport(GrpcBookieTransport):
 
     def _run_encoder(self, call: Any) -> Callable[[AddRun, list[bytes]], None] | None:
         return _encode_run if isinstance(call, BinaryLink) else None
+
+    def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
+        return call.write_parts if isinstance(call, BinaryLink) else None
+
+    def _sends_now(self, conn: _Connection) -> bool:
+        return type(conn.call) is BinaryLink
+
+    def _send_now(self, conn: _Connection) -> bool:
+        """An idle link takes the message in this call: no sender task wake-up and no
+        loop turn between an append and its frame (one append in flight)."""
+        link = conn.call
+        if type(link) is not BinaryLink or not link.sendable or not conn.adds.ready():
+            return False
+        parts: list[bytes] = []
+        count = conn.adds.take_message(parts, _encode_run)
+        self.batches_sent += 1
+        self.entries_sent += count
+        link.send_parts(parts)
+        return True
 
     async def _read_loop(self, conn: _Connection, call: Any) -> None:
         if not isinstance(call, BinaryLink):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from itertools import accumulate
 from typing import Any, Final
 
@@ -170,6 +170,9 @@ class GrpcBookieTransport:
         self.inflight_bytes_max = config.inflight_bytes_max
         self._batcher = AddBatcher(config, time.monotonic)
         self._push = self._batcher.push  # bound once: called once per entry
+        self._corked = 0  # cork() depth: adds held for one message (uncork sends them)
+        self._corked_conns: list[_Connection] = []
+        self._flush_conns: list[_Connection] = []  # idle bookies to send to at the end of this loop turn
         self._conns: dict[BookieId, _Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -239,7 +242,17 @@ class GrpcBookieTransport:
                     continue
                 ((_, code),) = again
             if code == WAKE:
-                self._conns[bookie_id].wake.set()
+                conn = self._conns[bookie_id]
+                if self._corked:  # a burst of adds is being made: sent once it is complete
+                    self._corked_conns.append(conn)
+                elif not conn.adds.sent_unanswered and self._sends_now(conn):
+                    # an idle bookie: sent at the end of this loop turn, with whatever the
+                    # turn's other callbacks add (a burst of futures' callbacks), by no task
+                    if not self._flush_conns:
+                        asyncio.get_running_loop().call_soon(self._flush)
+                    self._flush_conns.append(conn)
+                else:
+                    conn.wake.set()
             elif code == REFUSED:
                 self._answer_soon(callback, per_entry, bookie_id, ledger_id, entry_id, _TOO_MANY)
 
@@ -358,6 +371,44 @@ class GrpcBookieTransport:
         """How runs are encoded for ``call`` (None: as ``AddRun``s of an ``AddBatch``)."""
         return None
 
+    def cork(self) -> None:
+        """Hold the adds made until ``uncork`` (a writer calling back many appends at
+        once): an idle bookie then gets them in one message, not the first alone."""
+        self._corked += 1
+
+    def uncork(self) -> None:
+        self._corked -= 1
+        if self._corked or not self._corked_conns:
+            return
+        conns, self._corked_conns = self._corked_conns, []
+        self._send_or_wake(conns)
+
+    def _flush(self) -> None:
+        conns, self._flush_conns = self._flush_conns, []
+        self._send_or_wake(conns)
+
+    def _send_or_wake(self, conns: list[_Connection]) -> None:
+        for conn in conns:
+            if conn.sender is None or (not conn.adds.sent_unanswered and self._send_now(conn)):
+                continue
+            conn.wake.set()
+
+    def _sends_now(self, conn: _Connection) -> bool:
+        """Whether ``_send_now`` can send to ``conn`` without its task."""
+        return False
+
+    def _send_now(self, conn: _Connection) -> bool:
+        """Send ``conn``'s queued adds at once, without waking its sender task, when its
+        call can take a message synchronously; False: the sender task must do it. Only
+        asked for the first add queued while nothing is unanswered (an idle bookie:
+        waiting gains no batching there; a busy one keeps batching in its task)."""
+        return False
+
+    def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
+        """How a message's parts are written to ``call`` when it frames them itself
+        (None: joined here into one ``AddBatch``, then ``call.write``)."""
+        return None
+
     def _ensure_channel(self, conn: _Connection) -> None:
         try:
             address = self._resolve(conn.bookie_id)
@@ -439,6 +490,7 @@ class GrpcBookieTransport:
         wake = conn.wake
         join = b"".join
         encode = self._run_encoder(call)
+        write_parts = self._parts_writer(call)
         try:
             while True:
                 if not adds.ready():
@@ -449,7 +501,10 @@ class GrpcBookieTransport:
                 count = adds.take_message(parts, encode)
                 self.batches_sent += 1
                 self.entries_sent += count
-                await call.write(join(parts))
+                if write_parts is not None:
+                    await write_parts(parts)
+                else:
+                    await call.write(join(parts))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

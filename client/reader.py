@@ -31,6 +31,7 @@ log = get_logger(__name__)
 
 PIGGYBACK_ENTRIES_MAX: Final = 64  # entries a tailing long poll's answer may carry (bookies cap it too)
 POLLS_AHEAD: Final = 2  # long polls a tail keeps waiting: for the next entry and those after it
+POLL_REPLICAS: Final = 2  # replicas (1 or 2) each of those polls waits at: the first useful answer is taken
 
 
 class LedgerReader:
@@ -59,6 +60,8 @@ class LedgerReader:
         self._lac = int(metadata.last_entry_id)
         self._poll_index = 0
         self._poll_bookie: BookieId | None = None  # the bookie a tail polls while it can
+        self._poll_second: BookieId | None = None  # and the second one (POLL_REPLICAS)
+        self._second_index = 0
 
     @property
     def ledger_id(self) -> LedgerId:
@@ -149,6 +152,13 @@ class LedgerReader:
         entries/s moves it every millisecond. Only the answer to the poll for the next
         entry is delivered from (consecutive, verified, none beyond its own LAC: see
         ``piggybacked``); an answer that a larger step made stale is dropped.
+
+        Each of those polls waits at two replicas of the entry's write set at once
+        (``POLL_REPLICAS``) and takes the first answer that carries the entry: the writer
+        pushes the LAC to each bookie on its own, and the bookie a single poll waited at
+        may learn it last (descheduled, busy with its journal, or its push slow). Any
+        bookie's LAC is a confirmed point, so whichever answers first is as good as the
+        other; the slower answer is dropped.
         """
         next_id = start
         failures = 0
@@ -202,10 +212,38 @@ class LedgerReader:
                 polls[previous] = loop.create_task(self._long_poll(EntryId(previous)))
 
     async def _long_poll(self, previous_lac: EntryId) -> LacResult | None:
-        """The answer of one bookie that holds entry ``previous_lac + 1`` (the best in read
-        order; after a failure the next one), once its LAC passes ``previous_lac`` or the
-        poll's time is up; None if that bookie failed."""
-        bookie_id = self._poll_target(previous_lac + 1)
+        """The first answer, of ``POLL_REPLICAS`` bookies that hold entry ``previous_lac + 1``
+        (the best in read order; after a failure the next ones), that carries that entry;
+        else the answer with the highest LAC (the entry not yet stored there, or the poll's
+        time up); None if every one of them failed."""
+        bookies = self._poll_targets(previous_lac + 1)
+        if len(bookies) == 1:
+            return await self._poll_one(bookies[0], previous_lac)
+        return await self._first_carrying(bookies, previous_lac)
+
+    async def _first_carrying(self, bookies: list[BookieId], previous_lac: EntryId) -> LacResult | None:
+        loop = asyncio.get_running_loop()
+        pending = {loop.create_task(self._poll_one(b, previous_lac)) for b in bookies}
+        best: LacResult | None = None
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = task.result()
+                    if result is None:
+                        continue  # that bookie failed (see _poll_one)
+                    if result.lac > previous_lac and result.piggybacked_entries:
+                        return result
+                    if best is None or result.lac > best.lac:
+                        best = result
+            return best
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _poll_one(self, bookie_id: BookieId, previous_lac: EntryId) -> LacResult | None:
+        """One bookie's answer to a long poll; None if it failed (then, if it is the bookie
+        the tail's polls go to first, they go to the next replica from now on)."""
         try:
             async with asyncio.timeout(self._config.long_poll_s + self._config.read_timeout_s):
                 return await self._transport.long_poll_lac(
@@ -214,8 +252,28 @@ class LedgerReader:
                 )
         except (ScribaError, builtins.TimeoutError) as exc:
             log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))
-            self._next_replica()
+            if bookie_id == self._poll_bookie:
+                self._next_replica()
+            elif bookie_id == self._poll_second:
+                self._second_index += 1
+                self._poll_second = None
             return None
+
+    def _poll_targets(self, entry_id: int) -> list[BookieId]:
+        """The bookies to long-poll for ``entry_id``: ``_poll_target``'s, and (with
+        ``POLL_REPLICAS`` 2) a second replica of the entry's write set, likewise kept while
+        it holds the entries and has not failed (after a failure, the next one)."""
+        primary = self._poll_target(entry_id)
+        if POLL_REPLICAS < 2:
+            return [primary]
+        write_set = self._md.write_set(entry_id)
+        second = self._poll_second
+        if second is None or second == primary or second not in write_set:
+            others = [b for b in self._read_order(write_set) if b != primary]
+            if not others:
+                return [primary]
+            second = self._poll_second = others[self._second_index % len(others)]
+        return [primary, second]
 
     def _poll_target(self, entry_id: int) -> BookieId:
         """The bookie to long-poll for ``entry_id``: the one polled last while it holds

@@ -9,15 +9,27 @@ one ``transport.add_entry`` for the whole write set (``transport.add`` per booki
 the transport has no batched path), and one future; answers come back per run, one
 ``WriteCore.on_add_responses`` call for many entries of one bookie.
 ``append_async`` lets a caller keep thousands of entries in flight without a
-coroutine per entry; ``append`` awaits it.
+coroutine per entry; ``append`` awaits it. ``append_callback`` is the cheapest way in
+(BookKeeper's ``asyncAddEntry`` with an ``AddCallback``): no future, and the callback is
+called directly, in entry order, as the confirmation is processed; a future's
+completion costs a scheduled loop callback (``call_soon``) per append on top of the
+future itself.
 
 Tailing readers learn of a confirmation from the LAC that the next entry carries
 (piggybacked). When no entry is packed between a confirmation and the next loop turn
 (``explicit_lac_delay_s``: an idle or slow-paced writer), the writer pushes the LAC to
 its bookies explicitly (``WriteLac`` with ``hint_only``: raised in the bookies' memory,
-not journaled, so it costs no fsync), one push at a time: a reader's long poll then
-answers one round trip after the confirmation instead of when (if ever) a later entry
-brings it, and a writer whose next entries carry the LAC sends no push at all.
+not journaled, so it costs no fsync), one push at a time **per bookie**: a reader's long
+poll then answers one round trip after the confirmation instead of when (if ever) a later
+entry brings it, and a writer whose next entries carry the LAC sends no push at all. Each
+bookie's pushes are paced by that bookie's own round trip, so a slow bookie (descheduled,
+busy with its journal) delays only its own copy of the LAC, never the push to the bookie
+a reader polls. Every value pushed is ``last_add_confirmed`` as the core holds it when
+the push leaves: the LAC a bookie learns never runs ahead of what an ack quorum holds.
+A writer whose entries usually follow each other within a few ms (an RSM leader with
+one proposer) can set a longer delay for itself (``set_explicit_lac_delay``): it then
+pushes only after that long without an entry, as BookKeeper's ``explicitLacInterval``
+does, and its pushes (a message to every bookie and back) leave its critical path.
 
 Every append entry point checks its payload before anything changes, so a refused
 payload leaves the writer as it was: a bytes-like payload (``bytearray``,
@@ -32,9 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import functools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from scriba.client.driver import DriverConfig, as_scriba_error, update_versioned_record
@@ -72,6 +85,14 @@ class EntryLimits(Protocol):
 
     @property
     def entry_size_max(self) -> int: ...
+
+
+AppendCallback = Callable[[int, "BaseException | None"], None]
+"""``on_done(entry_id, error)`` of ``append_callback``: ``(entry_id, None)`` once the
+entry is confirmed, ``(entry_id, error)`` when it failed (``-1`` for an append that
+failed before it was given an id, while waiting for room in flight)."""
+
+_Future: Final = asyncio.Future
 
 
 class _DefaultLimits:
@@ -120,17 +141,20 @@ class LedgerWriter:
         # header and digest around each payload: what entry_size_max leaves for a payload
         self._entry_overhead = HEADER_SIZE + make_digest(core.metadata.digest_type.value, b"").size
         self._loop = asyncio.get_running_loop()
-        self._futures: deque[asyncio.Future[int]] = deque()  # entries lac+1 .. next-1
-        self._waiting: deque[tuple[bytes, asyncio.Future[int]]] = deque()
+        # who waits for entries lac+1 .. next-1: a future (append_async) or an AppendCallback
+        self._futures: deque[asyncio.Future[int] | AppendCallback] = deque()
+        self._waiting: deque[tuple[bytes, asyncio.Future[int] | AppendCallback]] = deque()
         self._space = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._close_future: asyncio.Future[None] | None = None
         self._lac_timer: asyncio.Handle | None = None  # the LAC check to come
         self._timers: list[asyncio.TimerHandle] = []
-        self._explicit_lac = core.last_add_confirmed  # the highest LAC pushed explicitly
+        # per bookie: the highest LAC pushed to it explicitly, and its push in flight (at
+        # most one per bookie: each bookie's pushes are paced by its own round trip)
+        self._lac_pushed: dict[BookieId, int] = {}
+        self._lac_pushes: dict[BookieId, asyncio.Task[None]] = {}
         self._lac_mark = core.next_entry_id  # entries from this id carry the LAC of the last confirmation
-        self._lac_push: asyncio.Task[None] | None = None  # the push in flight (at most one at a time)
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
         self._on_adds = self._on_add_responses
@@ -138,6 +162,9 @@ class LedgerWriter:
         # the batched path (one call per write set, answers per run), when offered
         self._add_entry: Callable[..., None] | None = getattr(transport, "add_entry", None)
         self._new_future = functools.partial(asyncio.Future, loop=self._loop)  # create_future, one call less
+        # a transport that can hold the adds a burst of callbacks makes (one message each bookie)
+        self._cork: Callable[[], None] | None = getattr(transport, "cork", None)
+        self._uncork: Callable[[], None] = getattr(transport, "uncork", lambda: None)
 
     # --- views -----------------------------------------------------------------------
     @property
@@ -198,27 +225,43 @@ class LedgerWriter:
         """
         if type(payload) is not bytes or len(payload) + self._entry_overhead > self._limits.entry_size_max:
             payload = self.check_payload(payload)  # a copy of a bytes-like payload, or raises
+        future: asyncio.Future[int] = self._new_future()
+        self._append(payload, future)
+        return future
+
+    def _append(self, payload: bytes, waiter: asyncio.Future[int] | AppendCallback) -> None:
+        """``payload`` (checked) packed and sent now, or queued for room in flight, or the
+        refusal raised (closed, failed, too many waiting)."""
         if self._closing:
             raise LedgerClosedError(f"ledger {self._ledger_id}: close() was called")
-        core = self._core
         if not self._waiting:
-            sent = core.append(payload)
+            sent = self._core.append(payload)
             if sent is not None:  # the hot path: packed and sent now
-                future: asyncio.Future[int] = self._new_future()
-                self._futures.append(future)
+                self._futures.append(waiter)
                 self._send(*sent)
-                return future
-        core.check_appendable()
+                return
         # No room in flight (or earlier appends wait already): wait in order.
+        self._core.check_appendable()
         if len(self._waiting) >= self._config.appends_waiting_max:
             raise TooManyRequestsError(
                 f"ledger {self._ledger_id}: {len(self._waiting)} appends waiting "
                 "(appends_waiting_max)"
             )
-        future = self._loop.create_future()
-        self._waiting.append((payload, future))
+        self._waiting.append((payload, waiter))
         self._space.clear()
-        return future
+
+    def append_callback(self, payload: bytes | bytearray | memoryview, on_done: AppendCallback) -> None:
+        """Append without a future: ``on_done(entry_id, None)`` is called once the entry is
+        confirmed, or ``on_done(entry_id, error)`` once it failed (``AppendCallback``).
+
+        Callbacks are called in entry order, on the event loop, directly from the
+        processing of the bookies' answers (never from within this call); a callback may
+        append again. An exception it raises is logged and dropped: it cannot break the
+        writer. Refusals are raised at once, changing nothing, as by ``append_async``.
+        """
+        if type(payload) is not bytes or self._limits.entry_size_max < len(payload) + self._entry_overhead:
+            payload = self.check_payload(payload)  # a copy of a bytes-like payload, or raises
+        self._append(payload, on_done)
 
     async def append(self, payload: bytes | bytearray | memoryview) -> EntryId:
         """Append ``payload``; returns its entry id once confirmed (ack quorum, in order)."""
@@ -300,15 +343,33 @@ class LedgerWriter:
 
     def _complete(self, effect: CompleteAppends) -> None:
         futures = self._futures
-        for entry_id in range(effect.first, effect.last + 1):
-            future = futures.popleft()
-            if not future.done():
-                future.set_result(entry_id)
+        # Entries packed from here on carry this confirmation (callbacks may append).
+        self._lac_mark = self._core.next_entry_id
+        cork = self._cork
+        if cork is not None:  # appends made by the callbacks leave as one message per bookie
+            cork()
+        try:
+            for entry_id in range(effect.first, effect.last + 1):
+                waiter = futures.popleft()
+                if type(waiter) is _Future:
+                    if not waiter.done():  # type: ignore[union-attr]
+                        waiter.set_result(entry_id)  # type: ignore[union-attr]
+                else:
+                    self._call_back(waiter, entry_id, None)  # type: ignore[arg-type]
+        finally:
+            if cork is not None:
+                self._uncork()
         if self._waiting:
             self._drain_waiting()
-        self._lac_mark = self._core.next_entry_id
+        self._arm_lac_timer()
+
+    def _arm_lac_timer(self) -> None:
         delay_s = self._config.explicit_lac_delay_s
-        if delay_s is not None and self._lac_timer is None and self._lac_push is None:
+        if (
+            delay_s is not None and self._lac_timer is None
+            and len(self._lac_pushes) < len(self._core.ensemble)
+            and self._core.next_entry_id == self._lac_mark  # else an entry appended by a callback carries it
+        ):
             self._lac_timer = (
                 self._loop.call_later(delay_s, self._explicit_lac_due) if delay_s
                 else self._loop.call_soon(self._explicit_lac_due)
@@ -319,24 +380,35 @@ class LedgerWriter:
         self._log.warning("appends_failed", first=effect.first, last=effect.last, error=str(error))
         # The range is every unconfirmed entry: exactly the futures held.
         futures, self._futures = self._futures, deque()
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
+        for entry_id, waiter in enumerate(futures, effect.first):
+            self._settle_failed(waiter, entry_id, error)
         invariant(
             len(futures) == effect.last - effect.first + 1,
             f"ledger {self._ledger_id}: {len(futures)} appends pending, core failed "
             f"{effect.first}..{effect.last}",
         )
         while self._waiting:
-            _, future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+            _, waiter = self._waiting.popleft()
+            self._settle_failed(waiter, -1, error)
         self._space.set()
         if self._close_future is not None and not self._close_future.done():
             try:
                 self._execute(self._core.close())
             except ScribaError as exc:
                 self._close_future.set_exception(exc)
+
+    def _settle_failed(self, waiter: asyncio.Future[int] | AppendCallback, entry_id: int, error: ScribaError) -> None:
+        if type(waiter) is _Future:
+            if not waiter.done():  # type: ignore[union-attr]
+                waiter.set_exception(error)  # type: ignore[union-attr]
+        else:
+            self._call_back(waiter, entry_id, error)  # type: ignore[arg-type]
+
+    def _call_back(self, on_done: AppendCallback, entry_id: int, error: ScribaError | None) -> None:
+        try:
+            on_done(entry_id, error)
+        except Exception as exc:  # a caller's bug must not break the writer
+            self._log.error("append_callback_failed", entry_id=entry_id, error=repr(exc))
 
     async def _write_metadata(self, effect: WriteMetadata) -> None:
         try:
@@ -374,29 +446,49 @@ class LedgerWriter:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @property
+    def explicit_lac_delay_s(self) -> float | None:
+        """How long after a confirmation no later entry carries this writer pushes its LAC."""
+        return self._config.explicit_lac_delay_s
+
+    def set_explicit_lac_delay(self, delay_s: float | None) -> None:
+        """This writer's ``explicit_lac_delay_s`` (the client's until set; ``None``: never
+        push). A check already due is re-timed from now."""
+        self._config = dataclasses.replace(self._config, explicit_lac_delay_s=delay_s).validate()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+            self._arm_lac_timer()
+
     def _explicit_lac_due(self) -> None:
-        """Push the LAC explicitly unless a later entry carries it (see ``_push_lac``)."""
+        """Push the LAC explicitly unless a later entry carries it: to each bookie of the
+        ensemble that has no push in flight and has not been sent it (see ``_push_lac``)."""
         self._lac_timer = None
         core = self._core
-        lac = core.last_add_confirmed
-        if lac <= self._explicit_lac or core.state is WriterState.FAILED:
+        if core.state is WriterState.FAILED:
             return  # closing or closed: still pushed (the last entries would wait for a poll's timeout)
         if core.next_entry_id > self._lac_mark:
             return  # an entry packed since the last confirmation carries it (piggybacked)
-        self._explicit_lac = lac
-        self._lac_push = self._loop.create_task(self._push_lac(core.ensemble, lac))
-        self._tasks.add(self._lac_push)
-        self._lac_push.add_done_callback(self._tasks.discard)
+        lac = core.last_add_confirmed
+        pushed = self._lac_pushed
+        pushes = self._lac_pushes
+        for bookie_id in core.ensemble:
+            if bookie_id not in pushes and pushed.get(bookie_id, -1) < lac:
+                pushed[bookie_id] = lac
+                task = pushes[bookie_id] = self._loop.create_task(self._push_lac(bookie_id, lac))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
-    async def _push_lac(self, ensemble: Sequence[BookieId], lac: int) -> None:
-        """The LAC to every bookie of the ensemble, so that a tailing reader's long poll
-        answers now rather than when a later entry (if any) brings it. One push at a time:
-        under a stream of confirmations the pushes coalesce, paced by their round trip;
-        entries that carry the LAC themselves make pushing unnecessary."""
+    async def _push_lac(self, bookie_id: BookieId, lac: int) -> None:
+        """The LAC to one bookie, so that a tailing reader's long poll there answers now
+        rather than when a later entry (if any) brings it. One push at a time per bookie:
+        under a stream of confirmations a bookie's pushes coalesce, paced by its round trip
+        (a slow bookie holds back no other's); entries that carry the LAC themselves make
+        pushing unnecessary."""
         try:
-            await asyncio.gather(*(self._write_lac(bookie_id, lac) for bookie_id in ensemble))
+            await self._write_lac(bookie_id, lac)
         finally:
-            self._lac_push = None
+            del self._lac_pushes[bookie_id]
         if self._lac_timer is None:
             self._explicit_lac_due()  # confirmed meanwhile, with no later entry to carry it?
 
@@ -455,13 +547,15 @@ class LedgerWriter:
         process exits at once. Waits at most ``long_poll_s`` (past that, a reader's poll
         has timed out and shown the close anyway): an unreachable bookie delays no close
         by more."""
-        if self._lac_push is None and self._lac_timer is not None:
+        if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
             self._explicit_lac_due()
         deadline = self._loop.time() + self._config.long_poll_s
-        while self._lac_push is not None and (left := deadline - self._loop.time()) > 0:
-            await asyncio.wait({self._lac_push}, timeout=left)
+        while (pushes := {t for t in self._lac_pushes.values() if not t.done()}) and (
+            left := deadline - self._loop.time()
+        ) > 0:
+            await asyncio.wait(pushes, timeout=left)
 
     async def abort(self) -> None:
         """Stop without closing (tests, shutdown): pending appends fail, tasks end."""

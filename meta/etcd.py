@@ -584,6 +584,9 @@ class EtcdStore:
         known = {k: v.version for k, v in state.items()}
         for k in sorted(state):
             yield WatchEvent(EventKind.PUT, k, state[k].value, state[k].version)
+        # This generator lives as long as its reader: it must hold no record it delivered
+        # (``known`` keeps versions only), or every record deleted later stays in memory.
+        del state
         yield WatchEvent(EventKind.SYNCED)
         loop = asyncio.get_running_loop()
         next_revision = revision + 1
@@ -642,8 +645,9 @@ class EtcdStore:
                 return
             if compacted:
                 events, next_revision = await self._resync(key, prefix, known)
-                for event in events:
-                    yield event
+                events.reverse()
+                while events:  # popped as delivered: nothing of them stays held after
+                    yield events.pop()
                 continue
             now = loop.time()
             outage_since = outage_since if outage_since is not None else now

@@ -260,6 +260,7 @@ class MemoryStore:
         try:
             for k in sorted(initial):
                 yield WatchEvent(EventKind.PUT, k, initial[k].value, initial[k].version)
+            del initial  # held for the watch's life, it would keep every record deleted later
             yield WatchEvent(EventKind.SYNCED)
             while not watcher.closed:
                 if watcher.overflowed:

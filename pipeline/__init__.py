@@ -48,7 +48,7 @@ from typing import Any
 
 from scriba.pipeline.plan import SCHEMA_DDL
 
-__all__ = ["SCHEMA_DDL", "local_session", "register"]
+__all__ = ["SCHEMA_DDL", "local_session", "register", "stop_session"]
 
 
 def register(spark: Any) -> None:
@@ -76,3 +76,38 @@ def local_session(master: str = "local[2]", app_name: str = "scriba", **conf: st
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+def stop_session(spark: Any, timeout_s: float = 60.0) -> None:
+    """Stop ``spark`` and the JVM pyspark launched for it.
+
+    ``SparkSession.stop()`` leaves that JVM (the py4j gateway, a child of this process)
+    running until the interpreter exits; a long-lived process (a test run, a notebook
+    kernel) that stops its session keeps a JVM it no longer uses, and its ``Popen`` warns
+    "subprocess ... is still running" at exit. The JVM exits at end of file on its stdin,
+    so: stop the session, close the gateway's connections, close the JVM's stdin, wait
+    for it (killed by PID after ``timeout_s``). A later :func:`local_session` launches a
+    new JVM. A session on a gateway pyspark did not launch (``gateway.proc`` absent) keeps
+    its JVM.
+    """
+    import subprocess
+
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -102,6 +102,14 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
     return local_session(args.master, f"scriba-pipeline-{args.verb}"), True
 
 
+def _release(spark: Any, owned: bool) -> None:
+    """Stop the session (and its JVM) if this command started it."""
+    if owned:
+        from scriba.pipeline import stop_session
+
+        stop_session(spark)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from scriba.pipeline.jobs.export import export
 
@@ -110,8 +118,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         report = export(spark, args.metadata, args.to, streams=tuple(args.stream), namespace=args.namespace,
                         password=args.password, fail_on_data_loss=not args.skip_truncated, tls=tls_from_args(args))
     finally:
-        if owned:
-            spark.stop()
+        _release(spark, owned)
     print(report.to_json() if args.json else report.line())
     return 0
 
@@ -130,8 +137,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         elif not args.json:
             problems.show(20, truncate=False)
     finally:
-        if owned:
-            spark.stop()
+        _release(spark, owned)
     print(report.to_json() if args.json else report.line())
     return 0 if report.healthy else 1
 
@@ -145,7 +151,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
         report = compact(spark, args.metadata, args.stream, factory, up_to=args.up_to, password=args.password,
                          tls=tls_from_args(args))
     finally:
-        if owned:
-            spark.stop()
+        _release(spark, owned)
     print(report.to_json() if args.json else report.line())
     return 0

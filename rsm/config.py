@@ -23,6 +23,10 @@ class RsmConfig:
     batch_bytes_max: int = 4 * MiB
     batches_inflight_max: int = 1  # 1: proposals arriving during an append go into the next record set
     proposals_waiting_max: int = 100_000
+    # the leader pushes its ledger's LAC to the bookies (for the followers' long polls) only
+    # after this long with no later record set sent: a proposer's next command carries it
+    # instead, and the push (a message to each bookie and back) stays off the commit path
+    lac_push_delay_s: float = 0.002
     command_bytes_max: int = 512 * 1024  # with the envelope; at most the stream's record_bytes_max
     # snapshots
     snapshot_every_commands: int | None = 100_000
@@ -65,6 +69,7 @@ class RsmConfig:
         for name in ("propose_timeout_s", "read_timeout_s", "writer_lock_timeout_s", "transfer_timeout_s",
                      "campaign_backoff_s", "suspended_grace_s", "fence_probe_timeout_s"):
             require(getattr(self, name) > 0, name, "must be > 0")
+        require(0 <= self.lac_push_delay_s <= 1.0, "lac_push_delay_s", "must be in [0, 1] s")
         require(self.leader_read_check in LEADER_READ_CHECKS, "leader_read_check",
                 f"one of {', '.join(LEADER_READ_CHECKS)}")
         require(self.connections_max >= 1, "connections_max", "must be >= 1")

@@ -88,7 +88,8 @@ class Leading:
         self._leadership = leadership
         self._run(self.role.elected(token))
         writer = await self._ns.open_writer(
-            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s)
+            self.name, options=WriterOptions(lock_timeout_s=self.config.writer_lock_timeout_s,
+                                             lac_push_delay_s=self.config.lac_push_delay_s)
         )
         if leadership.lost.is_set() or self.role.token != token:
             await writer.abort()
@@ -109,8 +110,8 @@ class Leading:
             await self._clear_transfer()
         lost = self._spawn(leadership.lost.wait())
         while self.role.accepts(token) and not lost.done():
-            self._changed.clear()
-            await asyncio.wait({lost, self._spawn(self._changed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            self._role_moved.clear()
+            await asyncio.wait({lost, self._spawn(self._role_moved.wait())}, return_when=asyncio.FIRST_COMPLETED)
         if lost.done():
             self._run(self.role.deposed(token, f"leadership lost ({leadership.reason})"))
         lost.cancel()

@@ -133,6 +133,9 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         self._follower_rounds = ReadIndexRounds(self._leader_read_index)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()  # applied position or role moved
+        # role moved (or stopping) only: what the leader's own loops wait on, so that an
+        # apply wakes nothing but the readers waiting for it (one wake-up less per commit)
+        self._role_moved = asyncio.Event()
         self._leader: tuple[str, str] | None = None  # (replica id, address)
         self._started = False
         self._member_session = ""  # the metadata session holding this replica's member record
@@ -207,7 +210,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         with contextlib.suppress(ScribaError):
             await self._election.resign()
         current = asyncio.current_task()
-        self._changed.set()
+        self._moved()
         if self._tail_task is not None and self._tail_task is not current:
             # let the tail close its reader itself (it polls; cancelling a reader mid-close can leave its
             # producer running: see the report)
@@ -227,7 +230,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         await self._peers.close()
         with contextlib.suppress(ScribaError):
             await mb.deregister(self.client.store, self.group, self.replica_id)
-        self._changed.set()
+        self._moved()
 
     async def __aenter__(self) -> ReplicatedStateMachine:
         return await self.start()
@@ -346,7 +349,12 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
                 self._spawn(self._resign(effect.token, effect.reason))
             elif isinstance(effect, Serve | CatchUp | OpenWriter):
                 pass  # carried out by _lead, which waits for them
-            self._changed.set()
+            self._moved()
+
+    def _moved(self) -> None:
+        """The role moved (every role change is an effect) or the replica is stopping."""
+        self._changed.set()
+        self._role_moved.set()
 
     async def _resign(self, token: int, reason: str) -> None:
         """Give up the election of the term ``token`` (not a later one won meanwhile)."""
@@ -371,8 +379,8 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
     async def _tail_loop(self) -> None:
         while self._stopped is None:
             if self.role.role is Role.LEADER:
-                self._changed.clear()
-                await self._changed.wait()
+                self._role_moved.clear()
+                await self._role_moved.wait()
                 continue
             try:
                 await self._tail_once()
@@ -461,8 +469,13 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
                     assert self.state.applied is not None
                     return Committed(kept, self.state.applied)
             future = term.propose(kind, bytes(payload), int(time.time() * 1000), session_id, seq, acked_below)
+            # A session's proposal is shared with its retries (``LeaderTerm.propose``): a caller
+            # giving up must not cancel it for them. One without a session is this caller's
+            # alone, awaited directly: two loop turns fewer between the apply and the answer.
+            waited = future if session_id == NO_SESSION else asyncio.shield(future)
             try:
-                outcome, position = await asyncio.wait_for(asyncio.shield(future), self.config.propose_timeout_s)
+                async with asyncio.timeout(self.config.propose_timeout_s):
+                    outcome, position = await waited
             except TimeoutError:
                 raise CommandOutcomeUnknownError(
                     f"no confirmation within {self.config.propose_timeout_s} s; retry with the same session/seq"

@@ -147,6 +147,9 @@ class LeaderTerm:
             raise TooManyRequestsError(f"{self.batcher.queued} proposals waiting (proposals_waiting_max)")
         envelope = Envelope(kind, self.writer_token, self.stamp(now_ms), payload, session_id, seq, acked_below)
         proposal = Proposal(envelope)
+        # its caller may be cancelled after the outcome is set and before it resumes (awaited
+        # directly, ``ReplicatedStateMachine._submit``): the outcome is then nobody's to retrieve
+        proposal.future.add_done_callback(_retrieve)
         if session_id != NO_SESSION:
             key = (session_id, seq)
             self._by_key[key] = proposal

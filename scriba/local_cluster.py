@@ -26,6 +26,13 @@ Each part: ABSENT (no record) or STOPPED (record, process gone) --start--> RUNNI
 ``stop`` on an ABSENT one do nothing, so terraform may repeat either. A bookie whose
 dirs do not exist yet is formatted first (``scriba bookie format --force``): a new
 bookie under a reused id replaces the stale cookie its predecessor left in the store.
+
+TLS: ``start-metadata`` and ``start-bookie`` take the servers' ``--tls-*`` flags
+(:mod:`scriba.tls_cli`). etcd then serves its client and peer ports over TLS (with
+``--tls-require-client-cert``: mutual TLS), the URI it reports is ``etcd+tls://...?ca=``,
+and each bookie serves gRPC, the binary data path and HTTP with the certificate and its
+allow-lists; the bookie reaches etcd with the ``cert=``/``key=`` of the ``--metadata``
+URI terraform renders. A part started with TLS is stopped as any other.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import shutil
 import signal
 import sys
 import time
+import urllib.parse
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +53,8 @@ from typing import Any
 
 from scriba.errors import ConfigError, ScribaError
 from scriba.log import get_logger
+from scriba.tls import TlsConfig
+from scriba.tls_cli import add_tls_arguments, tls_from_args
 
 log = get_logger(__name__)
 
@@ -164,12 +174,16 @@ def metadata_ports(port_base: int, members: int) -> tuple[list[int], list[int]]:
     return [port_base + 2 * i for i in range(members)], [port_base + 2 * i + 1 for i in range(members)]
 
 
-def metadata_uri(port_base: int, members: int, prefix: str) -> str:
+def metadata_uri(port_base: int, members: int, prefix: str, tls: TlsConfig | None = None) -> str:
+    """The members' URI; with ``tls``: ``etcd+tls://`` with its CA (clients add ``cert=``/``key=``)."""
     clients, _ = metadata_ports(port_base, members)
-    return "etcd://" + ",".join(f"{HOST}:{p}" for p in clients) + f"/{prefix}"
+    hosts = ",".join(f"{HOST}:{p}" for p in clients)
+    if tls is None:
+        return f"etcd://{hosts}/{prefix}"
+    return f"etcd+tls://{hosts}/{prefix}" + (f"?{urllib.parse.urlencode({'ca': str(tls.ca)})}" if tls.ca else "")
 
 
-def _etcd(base_dir: Path, members: int, port_base: int) -> Any:
+def _etcd(base_dir: Path, members: int, port_base: int, tls: TlsConfig | None = None) -> Any:
     """An :class:`EtcdCluster` on the ports terraform computed instead of free ones."""
     from scriba.embedded.etcd import EtcdCluster
 
@@ -179,7 +193,7 @@ def _etcd(base_dir: Path, members: int, port_base: int) -> Any:
             clients, peers = metadata_ports(port_base, members)
             return clients, peers, f"scriba-local-{uuid.uuid4().hex[:12]}"
 
-    cluster = PinnedEtcdCluster(base_dir, members)
+    cluster = PinnedEtcdCluster(base_dir, members, tls=tls)
     wanted, _ = metadata_ports(port_base, members)
     if [p for _, p in cluster.endpoints] != wanted:
         raise ConfigError(
@@ -190,15 +204,15 @@ def _etcd(base_dir: Path, members: int, port_base: int) -> Any:
 
 
 def start_metadata(data_dir: Path, *, members: int, port_base: int, prefix: str,
-                   timeout_s: float = START_TIMEOUT_S) -> str:
+                   timeout_s: float = START_TIMEOUT_S, tls: TlsConfig | None = None) -> str:
     """Start the etcd members that are not running (all of them the first time); the URI."""
     if not 1 <= members <= METADATA_MEMBERS_MAX or members % 2 == 0:
         raise ConfigError(f"--members: {members} is not an odd number from 1 to {METADATA_MEMBERS_MAX}")
     base = data_dir / METADATA_DIR
     records_path = base / RECORDS_FILE
-    uri = metadata_uri(port_base, members, prefix)
+    uri = metadata_uri(port_base, members, prefix, tls)
     alive = {r.name: r for r in read_records(records_path) if r.alive}
-    cluster = _etcd(base, members, port_base)
+    cluster = _etcd(base, members, port_base, tls)
     names = [m.name for m in cluster.members]
     if all(n in alive for n in names):
         print(f"metadata store already running: {uri}", flush=True)
@@ -263,6 +277,7 @@ class BookieSpec:
     rack: str
     port: int
     http_port: int
+    tls: TlsConfig | None = None  # what it serves (mutual TLS, allow-lists) and dials other bookies with
 
     def validate(self) -> BookieSpec:
         if not self.bookie_id or "/" in self.bookie_id or self.bookie_id in (".", ".."):
@@ -288,7 +303,7 @@ def start_bookie(data_dir: Path, spec: BookieSpec, timeout_s: float = START_TIME
         print(f"bookie {spec.bookie_id} already running", flush=True)
         return
     bookie = BookieProcess(base, spec.metadata_uri, bookie_id=spec.bookie_id, region=spec.region,
-                           zone=spec.zone, rack=spec.rack, port=spec.port, http_port=spec.http_port)
+                           zone=spec.zone, rack=spec.rack, port=spec.port, http_port=spec.http_port, tls=spec.tls)
     if not base.exists():
         _format(bookie.format_argv(force=True))
     try:
@@ -304,11 +319,12 @@ def start_bookie(data_dir: Path, spec: BookieSpec, timeout_s: float = START_TIME
 
 
 def _format(argv: list[str]) -> None:
-    """Run ``scriba bookie format`` in this process (argv as BookieProcess builds it)."""
-    from scriba.bookie.cli import main as bookie_main
+    """Run ``scriba bookie format`` in this process (argv as BookieProcess builds it),
+    leaving the process's logging as its caller set it up."""
+    from scriba.bookie.cli import parse_command, run_command
 
     verb = argv.index("format")
-    if bookie_main(argv[verb:]) != 0:
+    if run_command(parse_command(argv[verb:])) != 0:
         raise LocalClusterError(f"formatting a new bookie failed: {' '.join(argv[verb:])}")
 
 
@@ -373,6 +389,7 @@ def register(subparsers: Any) -> None:
     sp.add_argument("--port-base", type=int, required=True,
                     help="member i: client port BASE+2i, peer port BASE+2i+1")
     sp.add_argument("--prefix", default="scriba", help="key prefix in the metadata URI")
+    add_tls_arguments(sp)
     sp.add_argument("data_dir", type=Path, metavar="DATA_DIR")
     sp.set_defaults(func=_cmd_start_metadata)
 
@@ -394,6 +411,7 @@ def register(subparsers: Any) -> None:
     sp.add_argument("--rack", required=True)
     sp.add_argument("--port", type=int, required=True, help="gRPC port on 127.0.0.1")
     sp.add_argument("--http-port", type=int, required=True, help="/health and /metrics port on 127.0.0.1")
+    add_tls_arguments(sp)
     sp.add_argument("bookie_id", metavar="BOOKIE_ID")
     sp.set_defaults(func=_cmd_start_bookie)
 
@@ -410,7 +428,8 @@ def register(subparsers: Any) -> None:
 
 
 def _cmd_start_metadata(args: argparse.Namespace) -> int:
-    start_metadata(args.data_dir.resolve(), members=args.members, port_base=args.port_base, prefix=args.prefix)
+    start_metadata(args.data_dir.resolve(), members=args.members, port_base=args.port_base, prefix=args.prefix,
+                   tls=tls_from_args(args))
     return 0
 
 
@@ -425,7 +444,8 @@ def _cmd_stop_metadata(args: argparse.Namespace) -> int:
 
 
 def _cmd_start_bookie(args: argparse.Namespace) -> int:
-    spec = BookieSpec(args.bookie_id, args.metadata, args.region, args.zone, args.rack, args.port, args.http_port)
+    spec = BookieSpec(args.bookie_id, args.metadata, args.region, args.zone, args.rack, args.port, args.http_port,
+                      tls_from_args(args))
     start_bookie(args.data.resolve(), spec)
     return 0
 

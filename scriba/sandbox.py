@@ -15,7 +15,9 @@ replication worker, as BookKeeper's standalone runs autorecovery beside its book
 re-replicated, ``--no-autorecovery`` skips it); with ``--with kv`` three replicas of the
 KV store example (etcd's v3 API, one per zone, ``scriba.embedded.kvstore``; their
 ``--endpoints`` line for etcdctl is printed), with ``--with namenode`` the namenode
-example's three replicas (:mod:`scriba.embedded.namenode`); writes ``DIR/sandbox.json``
+example's three replicas (:mod:`scriba.embedded.namenode`); under ``--tls`` both serve
+mutual TLS with the sandbox's server certificate and dial the bookies with it, and the
+printed etcdctl line carries the client certificate (``--cacert --cert --key``); writes ``DIR/sandbox.json``
 (metadata URI; per bookie: id, address, zone, data dir, PID; the console's URL, PID and
 whether it allows actions;
 the autorecovery process's id and PID; the KV replicas and the namenodes), prints the
@@ -127,9 +129,6 @@ class SandboxOptions:
         unknown = sorted(set(self.services) - set(SERVICES))
         if unknown:
             raise ConfigError(f"--with {', '.join(unknown)}: known services are {', '.join(SERVICES)}")
-        if self.services and self.tls:
-            raise ConfigError(f"--with {' and '.join(self.services)} and --tls: the examples do not take the "
-                              "sandbox's certificates yet; start one of the two")
         if self.fresh and self.metadata:
             raise ConfigError(
                 "--fresh with --metadata: the store keeps the bookies' cookies and ledgers, so wiping "
@@ -375,16 +374,25 @@ class Sandbox:
 
             print("starting the namenode example (active + 2 standbys) ...", file=out, flush=True)
             zones = sorted({self.options.location(i)[1] for i in range(max(n, places))})
-            self.namenodes = start_namenodes(self.metadata_uri, self.data_dir, zones, START_TIMEOUT_S)
+            self.namenodes = start_namenodes(
+                self.metadata_uri, self.data_dir, zones, START_TIMEOUT_S, tls_args=self._server_tls_args(),
+                context=self.pki.client_tls().load().client_ssl_context() if self.pki is not None else None)
         if "kv" in self.options.services:
             from scriba.embedded.kvstore import KvCluster
 
             print(f"starting {KV_REPLICAS} KV store replicas (etcd v3 API) ...", file=out, flush=True)
             zones = sorted({self.options.location(i)[1] for i in range(len(self.bookies))})
             self.kv = KvCluster(self.metadata_uri, self.data_dir / "kv", replicas=KV_REPLICAS, zones=zones,
-                                session_timeout_s=KV_SESSION_TIMEOUT_S)
+                                session_timeout_s=KV_SESSION_TIMEOUT_S, extra_args=self._server_tls_args())
             self.kv.start_all(attempts=3)
         self.write_sandbox_file()
+
+    def _server_tls_args(self) -> list[str]:
+        """The ``--tls-*`` flags of the examples' replicas under ``--tls`` (none without): the
+        server certificate serves their ports and dials the bookies (as the bookie identity)."""
+        from scriba.embedded.bookie import tls_argv
+
+        return tls_argv(self.pki.server_tls()) if self.pki is not None else []
 
     def bookie_id(self, index: int) -> str:
         """``bookie-N``; on an external store also unique to this data dir (ids are cluster-wide)."""

@@ -80,7 +80,8 @@ def register(subparsers: Any) -> None:
                         "spread over the zones and listed in sandbox.json")
     p.add_argument("--simple-test", action="store_true", help="run `scriba shell simple-test` against it, then stop")
     p.add_argument("--tls", action="store_true",
-                   help="mutual TLS everywhere (etcd, bookies, console) with a throwaway CA in DATA/tls")
+                   help="mutual TLS everywhere (etcd, bookies, console, autorecovery, the --with examples) with "
+                        "a throwaway CA in DATA/tls; the client certificate's paths are printed")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once it serves")
     mode.add_argument("--stop", action="store_true", help="stop the sandbox running on --data")
@@ -157,21 +158,36 @@ def _print_ready(sandbox: Sandbox, out: IO[str]) -> None:
     if sandbox.autorecovery is not None:
         print(f"autorecovery: auditor + worker ({sandbox.autorecovery[1]}), a lost bookie re-replicated "
               f"after {sandbox.options.autorecovery_delay_s:g}s", file=out)
-    for nn in describe_namenodes(sandbox.namenodes):
-        print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})", file=out)
-    if sandbox.kv is not None:
-        print(f"kv:       etcdctl --endpoints {sandbox.kv.endpoints} put hello world", file=out)
+    client_tls = sandbox.pki.describe()["client_tls"] if sandbox.pki is not None else None
+    for line in _service_lines(describe_namenodes(sandbox.namenodes),
+                               sandbox.kv.endpoints if sandbox.kv is not None else None, client_tls):
+        print(line, file=out)
     print(f"details:  {sandbox.data_dir / SANDBOX_FILE}", file=out)
-    tls = ""
-    if sandbox.pki is not None:
-        c = sandbox.pki.client
-        tls = f" --tls-cert {c.cert} --tls-key {c.key} --tls-ca {sandbox.pki.ca}"
-    print(
-        f"next: SCRIBA_METADATA='{sandbox.metadata_uri}' scriba shell{tls} simple-test   "
-        "(Ctrl-C here stops the sandbox)",
-        file=out,
-        flush=True,
-    )
+    print(f"next: SCRIBA_METADATA='{sandbox.metadata_uri}' scriba shell{_shell_tls(client_tls)} simple-test   "
+          "(Ctrl-C here stops the sandbox)", file=out, flush=True)
+
+
+def _shell_tls(client_tls: dict[str, str] | None) -> str:
+    """``scriba shell``'s TLS flags for the sandbox's client certificate ('' without --tls)."""
+    if client_tls is None:
+        return ""
+    return f" --tls-cert {client_tls['cert']} --tls-key {client_tls['key']} --tls-ca {client_tls['ca']}"
+
+
+def _service_lines(namenodes: list[dict[str, Any]], kv_endpoints: str | None,
+                   client_tls: dict[str, str] | None) -> list[str]:
+    """The ready message's lines for the client certificate and the ``--with`` examples
+    (the foreground and the ``--detach`` message print the same)."""
+    lines = []
+    if client_tls is not None:
+        lines.append(f"client certificate (mutual TLS): --cert {client_tls['cert']} --key {client_tls['key']} "
+                     f"--cacert {client_tls['ca']}")
+    lines += [f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})" for nn in namenodes]
+    if kv_endpoints is not None:
+        tls = ("" if client_tls is None else
+               f" --cacert {client_tls['ca']} --cert {client_tls['cert']} --key {client_tls['key']}")
+        lines.append(f"kv:       etcdctl --endpoints {kv_endpoints}{tls} put hello world")
+    return lines
 
 
 def _run_simple_test(uri: str, out: IO[str], tls: Any = None) -> int:
@@ -224,13 +240,11 @@ def start_detached(args: argparse.Namespace, data_dir: Path) -> int:
             print(f"metadata: {doc['metadata_uri']}")
             if doc.get("console"):
                 print(f"console:  {doc['console']['url']}")
-            for nn in doc.get("namenodes", []):
-                print(f"namenode: {nn['id']} {nn['url']} ({nn['zone']}, {nn['role']})")
-            if doc.get("kv"):
-                endpoints = ",".join(r["endpoint"] for r in doc["kv"])
-                print(f"kv:       etcdctl --endpoints {endpoints} put hello world")
-            print(f"next: SCRIBA_METADATA={doc['metadata_uri']} scriba shell simple-test ; "
-                  f"stop with: scriba sandbox --stop --data {data_dir}")
+            kv = ",".join(r["endpoint"] for r in doc["kv"]) if doc.get("kv") else None
+            for line in _service_lines(doc.get("namenodes", []), kv, doc.get("client_tls")):
+                print(line)
+            print(f"next: SCRIBA_METADATA='{doc['metadata_uri']}' scriba shell{_shell_tls(doc.get('client_tls'))} "
+                  f"simple-test ; stop with: scriba sandbox --stop --data {data_dir}")
             return 0
         time.sleep(0.1)
     child.terminate()

@@ -2,8 +2,8 @@
 # Set up (idempotent), lint, then run the whole test suite. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" = 0 ] && { ! dpkg -s zookeeper >/dev/null 2>&1 || ! dpkg -s etcd-client >/dev/null 2>&1 || ! dpkg -s chromium >/dev/null 2>&1; }; then
-  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper iproute2 etcd-client chromium
+if [ "$(id -u)" = 0 ] && { ! dpkg -s zookeeper >/dev/null 2>&1 || ! dpkg -s etcd-client >/dev/null 2>&1 || ! dpkg -s chromium >/dev/null 2>&1 || ! dpkg -s chromium-driver >/dev/null 2>&1; }; then
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper iproute2 etcd-client chromium chromium-driver
 fi
 ./scripts/setup.sh
 .venv/bin/ruff check .

@@ -96,6 +96,9 @@ class WriterOptions:
     lock_timeout_s: float = 30.0
     sets_inflight_max: int = 256
     records_waiting_max: int = 100_000
+    # how long after a confirmation with no later set sent the writer pushes the LAC to its
+    # bookies (``LedgerWriter.set_explicit_lac_delay``); None: the client's explicit_lac_delay_s
+    lac_push_delay_s: float | None = None
 
 
 class _Group:
@@ -155,7 +158,8 @@ class StreamWriter:
             name, settings, catalog.clock, segment_seq=seq, publish_ms=publish_ms,
             sets_inflight_max=options.sets_inflight_max, records_waiting_max=options.records_waiting_max,
         )
-        self._ledgers: dict[int, LedgerWriter] = {seq: ledger}  # by segment seq
+        self._lac_push_delay_s = options.lac_push_delay_s
+        self._ledgers: dict[int, LedgerWriter] = {seq: self._configured(ledger)}  # by segment seq
         self._flush_scheduled = False
         self._closing = False
         self._closed = False
@@ -319,11 +323,16 @@ class StreamWriter:
         self._progress.set()
         self._schedule_flush()
 
+    def _configured(self, ledger: LedgerWriter) -> LedgerWriter:
+        if self._lac_push_delay_s is not None:
+            ledger.set_explicit_lac_delay(self._lac_push_delay_s)
+        return ledger
+
     # --- rolling -------------------------------------------------------------------
     async def _roll(self, start: StartRoll) -> None:
         try:
             record, seq = await self._steps.run(add_segment_steps(self.token, self._catalog.now_ms))
-            self._ledgers[seq] = self._steps.take(record, seq)
+            self._ledgers[seq] = self._configured(self._steps.take(record, seq))
             effects = self._core.on_segment_added(seq)
         except ScribaError as exc:
             effects = self._core.on_roll_failed(exc)

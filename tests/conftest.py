@@ -16,6 +16,11 @@ what it expected (``tests/test_no_silent_escapes.py``).
 Exceptions Python cannot raise (in ``__del__``, in a generator's close) reach
 ``sys.unraisablehook``; pytest turns them into ``PytestUnraisableExceptionWarning``,
 an error under ``filterwarnings = error`` (pyproject.toml).
+
+No leftovers (``scriba.testing.hygiene``): a test module that leaves a child process
+running, a run that ends with one, or a test that changes structlog's process-wide
+configuration fails, naming the process (pid, command line) or the test
+(``tests/testing/test_hygiene.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from scriba.grpc_runtime import apply_defaults
 
 apply_defaults()  # tests run gRPC the way the scriba commands do (before anything imports it)
 
-pytest_plugins = ["scriba.testing.fixtures", "pytester"]
+pytest_plugins = ["scriba.testing.fixtures", "scriba.testing.hygiene", "pytester"]
 
 
 class LoopExceptions:
@@ -136,10 +141,10 @@ def spark() -> Iterator[Any]:
     """One SparkSession (local[2], loopback binds) for the whole run — the pipeline tests and
     the namenode's ``webhdfs://`` test share it: a session costs 9-15 s (more on a busy machine)."""
     pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-    from scriba.pipeline import local_session
+    from scriba.pipeline import local_session, stop_session
 
     session = local_session("local[2]", "scriba-tests")
     try:
         yield session
     finally:
-        session.stop()
+        stop_session(session)  # and its JVM: session.stop() leaves it running to the end

@@ -61,7 +61,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "FLAG_MORE",
@@ -166,8 +166,9 @@ class FrameError(Exception):
     """The peer broke the protocol (the connection is closed; never a request status)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
+    """A frame's header (a tuple: made once per frame on the hot path)."""
+
     version: int
     type: int
     flags: int
@@ -341,8 +342,7 @@ def decode_add(body: Buffer) -> list[Run]:
     return runs
 
 
-@dataclass(frozen=True, slots=True)
-class AddAnswer:
+class AddAnswer(NamedTuple):
     """Adds of one ledger answered alike (the attribute names of ``AddRunResponse``)."""
 
     ledger_id: int
@@ -364,12 +364,24 @@ def encode_add_ack(request_id: int, answers: Sequence[tuple[int, Sequence[int], 
 
 
 def decode_add_ack(body: Buffer) -> list[AddAnswer]:
-    r = _Reader(body)
+    """The answers of an ADD_ACK body (read in place: one per ledger, on every add's
+    path, so without a ``_Reader``; every length is checked before it is read)."""
     answers: list[AddAnswer] = []
-    while r.pos < r.end:
-        ledger_id, status, n, m = r.take(_ANSWER_HEAD)
-        message = r.text(m)
-        answers.append(AddAnswer(ledger_id, list(r.ints("q", n, 8)), status, message))
+    pos, end = 0, len(body)  # type: ignore[arg-type]
+    head = _ANSWER_HEAD.size
+    while pos < end:
+        if pos + head > end:
+            raise FrameError(f"body truncated at byte {pos} ({end} bytes)")
+        ledger_id, status, n, m = _ANSWER_HEAD.unpack_from(body, pos)
+        pos += head
+        stop = pos + m + 8 * n
+        if stop > end:
+            raise FrameError(f"answer of ledger {ledger_id}: {m} message bytes and {n} ids announced, "
+                             f"{end - pos} bytes left")
+        message = bytes(body[pos : pos + m]).decode("utf-8", "replace") if m else ""  # type: ignore[index]
+        ids = list(struct.unpack_from(f"<{n}q", body, pos + m)) if n else []
+        answers.append(AddAnswer(ledger_id, ids, status, message))
+        pos = stop
     return answers
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +30,7 @@ from scriba.entry import Crc32cDigest, master_key, pack_entry
 from scriba.errors import Status
 from scriba.proto import binary as wire
 from scriba.proto.binary import FrameReader, FrameType
+from scriba.testing.hygiene import captured_logs
 
 KEY = master_key(b"pw")
 STATUSES = {int(s) for s in Status if int(s) <= int(Status.UNAVAILABLE)}
@@ -138,7 +138,7 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("name", sorted(BAD_INPUTS))
 def test_protocol_errors_close_the_connection_with_a_logged_reason(harness: Harness, name: str) -> None:
     data, hello, reason = BAD_INPUTS[name]
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         frames, closed = harness.run(harness.exchange(data, hello=hello))
     assert closed, f"{name}: the connection stayed open"
     errors = [wire.decode_error(body) for hd, body in frames if hd.type == FrameType.ERROR]

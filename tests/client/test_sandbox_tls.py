@@ -5,12 +5,21 @@ simple-test`` next to the sandbox finds the client certificate in sandbox.json a
 passes (the positive control); a read without a certificate fails (every bookie
 UNAVAILABLE) and the same read with it succeeds; the console, reached with the admin certificate, probes every
 bookie's HTTPS admin endpoint successfully (two probes in a row give a history sample).
+
+With ``--with kv --with namenode`` the examples serve mutual TLS too: the etcdctl line the
+sandbox prints (``--cacert --cert --key``), run as printed by Debian's unmodified
+etcdctl, puts, and a get reads the value back; etcdctl in plaintext, and with the CA
+but no certificate, is refused. HdfsCLI over HTTPS (a ``requests`` session carrying the
+client certificate and trusting only the sandbox's CA) writes and reads a file; the same
+client without a certificate, and plaintext HTTP, are refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import ssl
 import subprocess
 import sys
@@ -20,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from hdfs import InsecureClient
 
 from scriba.tls import TlsConfig
 
@@ -76,4 +87,59 @@ def test_sandbox_tls_simple_test_console_and_refusal(tmp_path: Path) -> None:
     finally:
         stopped = subprocess.run([*SCRIBA, "sandbox", "--stop"], capture_output=True, text=True, timeout=90,
                                  cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def _etcdctl(argv: list[str], timeout_s: int = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([argv[0], "--dial-timeout=5s", f"--command-timeout={timeout_s}s", *argv[1:]],
+                          capture_output=True, text=True, timeout=timeout_s + 60, env={**os.environ, "ETCDCTL_API": "3"})
+
+
+def _webhdfs(urls: list[str], tls: dict[str, str], *, cert: bool) -> InsecureClient:
+    session = requests.Session()
+    session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the sandbox's CA
+    session.verify = tls["ca"]
+    if cert:
+        session.cert = (tls["cert"], tls["key"])
+    return InsecureClient(";".join(urls), user="hdfs", session=session, timeout=30)
+
+
+def test_sandbox_tls_with_kv_and_namenode(tmp_path: Path) -> None:
+    data = tmp_path / "sb"
+    started = subprocess.run([*SCRIBA, "sandbox", "--data", str(data), "--tls", "--bookies", "3", "--no-console",
+                              "--no-autorecovery", "--with", "kv", "--with", "namenode", "--detach"],
+                             capture_output=True, text=True, timeout=240)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        doc = json.loads((data / "sandbox.json").read_text())
+        c = doc["client_tls"]
+        assert f"--cert {c['cert']} --key {c['key']} --cacert {c['ca']}" in started.stdout, started.stdout
+        printed = re.search(r"^kv: +(etcdctl .*)$", started.stdout, re.MULTILINE)
+        assert printed is not None, started.stdout
+        put = shlex.split(printed.group(1))
+        assert put[-3:] == ["put", "hello", "world"] and "--cacert" in put, put
+        done = _etcdctl(put)
+        assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr
+        got = _etcdctl([*put[:-3], "get", "hello", "--print-value-only"])
+        assert got.returncode == 0 and got.stdout.strip() == "world", got.stdout + got.stderr
+        endpoints = ["etcdctl", "--endpoints", ",".join(r["endpoint"] for r in doc["kv"])]
+        for refused in ([], ["--cacert", c["ca"]]):  # plaintext; TLS without a client certificate
+            done = _etcdctl([*endpoints, *refused, "put", "hello", "intruder"], timeout_s=3)
+            assert done.returncode != 0 and "deadline exceeded" in done.stderr, done.stdout + done.stderr
+        got = _etcdctl([*put[:-3], "get", "hello", "--print-value-only"])
+        assert got.stdout.strip() == "world", got.stdout + got.stderr  # nothing written by the refused puts
+
+        urls = [n["url"] for n in doc["namenodes"]]
+        assert len(urls) == 3 and all(u.startswith("https://") for u in urls), urls
+        hdfs = _webhdfs(urls[::-1], c, cert=True)
+        hdfs.write("/tls/hello.txt", data=b"hello over mutual TLS")
+        with hdfs.read("/tls/hello.txt") as reader:
+            assert reader.read() == b"hello over mutual TLS"
+        with pytest.raises(requests.exceptions.ConnectionError):  # the handshake ends without a certificate
+            _webhdfs(urls, c, cert=False).status("/tls/hello.txt")
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(urls[0].replace("https://", "http://") + "/webhdfs/v1/tls?op=LISTSTATUS", timeout=10)
+    finally:
+        stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True,
+                                 text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

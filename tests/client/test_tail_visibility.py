@@ -6,13 +6,18 @@ writer pushes a confirmed LAC that no later entry carries (in-process bookies, m
   control: a transport that piggybacks stored but unconfirmed entries);
 - ``piggybacked`` checks each entry (digest, ids) and stops at the first bad one;
 - the writer pushes its LAC explicitly only when no entry packed since the confirmation
-  carries it (``explicit_lac_delay_s``; ``None``: never).
+  carries it (``explicit_lac_delay_s``; ``None``: never), one push at a time per bookie:
+  a bookie whose push hangs holds back no other bookie's; and a push never carries an
+  entry that is sent but not yet confirmed (negative control: entries held on all but
+  one bookie); a writer given its own delay (``set_explicit_lac_delay``) pushes only
+  after that long without an entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
@@ -25,6 +30,7 @@ from scriba.client.driver import DriverConfig
 from scriba.client.reader import piggybacked
 from scriba.client.transport import LacResult
 from scriba.entry import Entry, make_digest, pack_entry
+from scriba.errors import ConfigError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.connect import connect
 from scriba.testing.sim import StorageTransport, register_bookies
@@ -72,6 +78,7 @@ class CountingTransport(StorageTransport):
         self.lie = lie
         self.push_delay_s = push_delay_s  # a slow network for the LAC pushes
         self.lac_pushes: list[tuple[BookieId, int]] = []
+        self.push_times: list[float] = []
         self.durable_lacs = 0  # write_lac calls without hint_only
 
     async def write_lac(
@@ -79,6 +86,7 @@ class CountingTransport(StorageTransport):
     ) -> None:
         if hint_only:
             self.lac_pushes.append((bookie_id, lac))
+            self.push_times.append(time.monotonic())
             await asyncio.sleep(self.push_delay_s)
         else:
             self.durable_lacs += 1
@@ -228,6 +236,59 @@ async def test_no_push_when_disabled() -> None:
         await client.store.close()
 
 
+async def test_a_writer_with_its_own_delay_pushes_only_once_idle_that_long(
+    counting: tuple[Client, CountingTransport],
+) -> None:
+    """``set_explicit_lac_delay``: entries that follow each other within the delay (here an
+    hour, with loop turns and a short pause between them, as a remote proposer's next
+    command would) are not pushed, and the check due is re-timed when the delay changes;
+    with a short delay an entry is pushed no sooner than the delay after its
+    confirmation. Negative control: the client's delay of 0 pushes in the first pause (its
+    check runs on the next loop turn, before the pause ends) and after the last entry."""
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    assert w.explicit_lac_delay_s == 0.0  # the client's
+    w.set_explicit_lac_delay(3600.0)
+    assert w.explicit_lac_delay_s == 3600.0
+    for i in range(10):
+        await w.append(b"%d" % i)
+        await asyncio.sleep(0.01)
+    assert transport.lac_pushes == []
+    w.set_explicit_lac_delay(0.05)  # the pending hour-long check, re-timed
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {9}, what="the idle writer's LAC pushed")
+    await w.close()
+    transport.lac_pushes.clear()
+    transport.push_times.clear()
+    short = await client.create_ledger(3, 3, 2)
+    short.set_explicit_lac_delay(0.2)
+    await short.append(b"alone")
+    confirmed = time.monotonic()
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {0}, what="the LAC pushed after the delay")
+    assert min(transport.push_times) >= confirmed + 0.19  # a timer never fires early (clock resolution aside)
+    await short.close()
+    transport.lac_pushes.clear()
+    control = await client.create_ledger(3, 3, 2)
+    for i in range(3):
+        await control.append(b"%d" % i)
+        await asyncio.sleep(0.01)
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} >= {0, 2}, what="pauses pushed, the last too")
+    await control.close()
+
+
+async def test_an_explicit_lac_delay_is_checked() -> None:
+    transport = CountingTransport(BOOKIES)
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        with pytest.raises(ConfigError, match="explicit_lac_delay_s"):
+            w.set_explicit_lac_delay(-1.0)
+        assert w.explicit_lac_delay_s == 0.0
+        await w.close()
+    finally:
+        await client.close()
+        await client.store.close()
+
+
 async def test_the_last_entry_before_a_close_reaches_a_tail_without_waiting_out_its_poll() -> None:
     """Appended, then closed at once: the push still goes out (closing), so the tail gets
     the entry long before its 30 s poll would time out and show the close."""
@@ -280,22 +341,189 @@ class WaitingPolls(CountingTransport):
             self.waiting.remove(key)
 
 
-async def test_the_next_polls_wait_at_one_bookie_while_the_consumer_holds_an_entry() -> None:
+async def test_the_next_polls_wait_at_two_bookies_while_the_consumer_holds_an_entry() -> None:
     """Re-armed before delivering: while the consumer still holds entry i (it has not
-    asked for the next), polls for entries i + 1 and i + 2 already wait, at one bookie,
-    so an LAC that moves meanwhile is answered at once; and everything still comes from
-    the polls' answers (no read)."""
+    asked for the next), polls for entries i + 1 and i + 2 already wait, each at the
+    same two bookies, so an LAC that moves meanwhile is answered at once by whichever
+    learns it first; and everything still comes from the polls' answers (no read)."""
     async with tailing(WaitingPolls(BOOKIES), 20.0) as (transport, w, tail):
         reads = transport.range_reads + transport.entry_reads
         for i in range(5):
             await w.append(b"e%d" % i)
             entry = await asyncio.wait_for(anext(tail), 10)
             assert entry.entry_id == i
-            ahead = [i, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2
+            ahead = [i, i, i + 1, i + 1]  # the previous_lac of the polls for entries i + 1 and i + 2, twice each
             await eventually(lambda: sorted(p for _, p in transport.waiting) == ahead,  # noqa: B023 (awaited here)
                              what=f"polls for entries {i + 1} and {i + 2} waiting while entry {i} is held")
-            assert len({b for b, _ in transport.waiting}) == 1, transport.waiting
+            pair = {b for b, p in transport.waiting if p == i}
+            assert len(pair) == 2 and {b for b, p in transport.waiting if p == i + 1} == pair, transport.waiting
         assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
         await tail.aclose()
         await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
+        await w.close()
+
+
+class HeldTransport(CountingTransport):
+    """Pushes to ``push_held`` bookies wait for ``release``; adds of entry ``add_held_entry``
+    to ``add_held`` bookies are not answered until ``release`` either."""
+
+    def __init__(self, bookie_ids: list[str], *, push_held: frozenset[str] = frozenset(),
+                 add_held: frozenset[str] = frozenset(), add_held_entry: int = -1) -> None:
+        super().__init__(bookie_ids)
+        self.push_held = push_held
+        self.add_held = add_held
+        self.add_held_entry = add_held_entry
+        self.release = asyncio.Event()
+        self._held: set[asyncio.Task[None]] = set()
+
+    async def write_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes, *, hint_only: bool = False,
+    ) -> None:
+        if bookie_id in self.push_held:
+            self.lac_pushes.append((bookie_id, lac))
+            await self.release.wait()
+            await StorageTransport.write_lac(self, bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+            return
+        await super().write_lac(bookie_id, ledger_id, lac, master_key, hint_only=hint_only)
+
+    def add(self, bookie_id: BookieId, ledger_id: LedgerId, entry_id: EntryId, master_key: bytes,
+            entry: bytes, on_response: Any, *, recovery: bool = False) -> None:
+        if bookie_id in self.add_held and entry_id == self.add_held_entry and not self.release.is_set():
+            async def later() -> None:
+                await self.release.wait()
+                StorageTransport.add(self, bookie_id, ledger_id, entry_id, master_key, entry, on_response,
+                                     recovery=recovery)
+            task = asyncio.get_running_loop().create_task(later())
+            self._held.add(task)
+            task.add_done_callback(self._held.discard)
+            return
+        super().add(bookie_id, ledger_id, entry_id, master_key, entry, on_response, recovery=recovery)
+
+
+async def test_a_bookie_whose_push_hangs_holds_back_no_other_bookies_pushes() -> None:
+    """bk2 never answers a push until released: bk0 and bk1 still learn each new LAC
+    (one push at a time per bookie, not one round of the whole ensemble at a time), and
+    bk2 gets the newest LAC once its push returns."""
+    transport = HeldTransport(BOOKIES, push_held=frozenset({"bk2"}))
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        storages = transport.storages
+        for i in range(4):
+            await w.append(b"%d" % i)
+            await eventually(
+                lambda: [storages[BookieId(b)].lac_state(w.ledger_id).lac for b in ("bk0", "bk1")] == [i, i],  # noqa: B023
+                what=f"LAC {i} pushed to bk0 and bk1 while bk2's push hangs")
+        assert [lac for b, lac in transport.lac_pushes if b == "bk2"] == [0], "one push in flight at bk2"
+        transport.release.set()
+        await eventually(lambda: storages[BookieId("bk2")].lac_state(w.ledger_id).lac == 3,
+                         what="bk2 pushed the newest LAC once its push returned")
+        await w.close()
+    finally:
+        transport.release.set()
+        await client.close()
+        await client.store.close()
+
+
+async def test_a_push_never_carries_an_entry_sent_but_not_confirmed() -> None:
+    """Entries 0 and 1 sent together; entry 1 is held at bk1 and bk2 (only bk0 holds it,
+    short of the ack quorum of 2): the push after entry 0's confirmation carries 0, never
+    1, to every bookie; once released, 1 is confirmed and pushed."""
+    transport = HeldTransport(BOOKIES, add_held=frozenset({"bk1", "bk2"}), add_held_entry=1)
+    client = await open_client(transport, config())
+    try:
+        w = await client.create_ledger(3, 3, 2)
+        first, second = w.append_async(b"0"), w.append_async(b"1")
+        assert await asyncio.wait_for(first, 10) == 0
+        await eventually(lambda: {b for b, _ in transport.lac_pushes} == set(BOOKIES),
+                         what="the LAC pushed to every bookie")
+        assert {lac for _, lac in transport.lac_pushes} == {0}, transport.lac_pushes
+        assert [transport.storages[BookieId(b)].lac_state(w.ledger_id).lac for b in BOOKIES] == [0, 0, 0]
+        assert not second.done()
+        transport.release.set()
+        assert await asyncio.wait_for(second, 10) == 1
+        await eventually(lambda: (BookieId("bk0"), 1) in transport.lac_pushes, what="LAC 1 pushed")
+        await w.close()
+    finally:
+        transport.release.set()
+        await client.close()
+        await client.store.close()
+
+
+class HungPolls(WaitingPolls):
+    """The first bookie a long poll goes to never answers one (until ``release``)."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.hung: BookieId | None = None
+        self.release = asyncio.Event()
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        if self.hung is None:
+            self.hung = bookie_id
+        if bookie_id == self.hung:
+            await self.release.wait()
+        return await super().long_poll_lac(
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+
+
+async def test_a_bookie_that_never_answers_a_long_poll_holds_back_no_tail() -> None:
+    """The first bookie polled hangs (a poll of 30 s that never ends): each entry still
+    reaches the tail from the other replica its polls wait at, long before the hung poll
+    would time out, and without reads."""
+    transport = HungPolls(BOOKIES)
+    try:
+        async with tailing(transport, 30.0) as (_, w, tail):
+            reads = transport.range_reads + transport.entry_reads
+            for i in range(5):
+                await w.append(b"e%d" % i)
+                entry = await asyncio.wait_for(anext(tail), 10)
+                assert (entry.entry_id, entry.payload) == (i, b"e%d" % i)
+            assert transport.hung is not None
+            assert transport.range_reads + transport.entry_reads == reads, "delivered from the other replica's answers"
+            await tail.aclose()
+            transport.release.set()
+            await w.close()
+    finally:
+        transport.release.set()
+
+
+
+class CountedPolls(CountingTransport):
+    """Counts long polls per bookie."""
+
+    def __init__(self, bookie_ids: list[str]) -> None:
+        super().__init__(bookie_ids)
+        self.polls: dict[BookieId, int] = {}
+
+    async def long_poll_lac(
+        self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
+        wait_s: float, piggyback_entries_max: int = 1,
+    ) -> LacResult:
+        self.polls[bookie_id] = self.polls.get(bookie_id, 0) + 1
+        return await super().long_poll_lac(
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+
+
+async def test_a_tail_stops_polling_a_bookie_that_failed() -> None:
+    """The bookie polled first goes down: entries keep coming from the other replicas'
+    answers, and the tail's polls leave it (a few polls that were already waiting or
+    picked fail there; 20 entries later it still has no more than those)."""
+    transport = CountedPolls(BOOKIES)
+    async with tailing(transport, 30.0) as (_, w, tail):
+        await w.append(b"first")
+        assert (await asyncio.wait_for(anext(tail), 10)).entry_id == 0
+        first = max(transport.polls, key=lambda b: transport.polls[b])
+        transport.down.add(first)  # its waiting polls end with an error; new ones fail at once
+        before = transport.polls[first]
+        for i in range(1, 21):
+            await w.append(b"e%d" % i)
+            entry = await asyncio.wait_for(anext(tail), 10)
+            assert (entry.entry_id, entry.payload) == (i, b"e%d" % i)
+        assert transport.polls[first] - before <= 2, (first, transport.polls)
+        await tail.aclose()
+        transport.down.discard(first)
         await w.close()

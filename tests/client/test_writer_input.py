@@ -1,7 +1,7 @@
 """Bad input to a ledger writer (#23 A1, A2): wrong payload types and oversized payloads.
 
-Every append entry point (``append``, ``append_async``, ``SyncLedgerWriter.append`` and
-``append_many``) checks its payload before anything changes: a bytes-like payload is
+Every append entry point (``append``, ``append_async``, ``append_callback``,
+``SyncLedgerWriter.append`` and ``append_many``) checks its payload before anything changes: a bytes-like payload is
 copied into bytes, anything else is a ``TypeError`` naming the type, and a payload whose
 packed entry exceeds the bookies' advertised ``entry_size_max`` is an
 ``EntryTooLargeError`` naming both sizes. Afterwards the writer goes on: the next append
@@ -165,6 +165,8 @@ async def test_append_of_a_non_bytes_payload_raises_and_the_writer_goes_on(env: 
     with pytest.raises(TypeError, match=f"got {type(bad).__name__}$"):
         w.append_async(bad)
     with pytest.raises(TypeError, match=f"got {type(bad).__name__}$"):
+        w.append_callback(bad, lambda entry_id, error: None)
+    with pytest.raises(TypeError, match=f"got {type(bad).__name__}$"):
         w.check_payload(bad)
     assert len(env.bookies.adds) == adds and w.pending == 0
     # The next append gets the next id (no entry was half-assigned) and confirms.
@@ -205,17 +207,23 @@ async def test_a_mutable_payload_is_copied_before_the_call_returns(env: Env) -> 
     await closes_with(w, [b"original", b"changed!"], env)
 
 
-async def test_appends_waiting_for_room_hold_a_copy() -> None:
-    """Past the in-flight bound appends wait in the writer: they too keep a copy."""
-    the_env, store = await open_env()
-    client = await Client.connect(
+async def bounded_client(the_env: Env, store: MetadataStore, entries_inflight_max: int) -> Client:
+    """A second client on ``the_env``'s bookies whose writers hold at most
+    ``entries_inflight_max`` entries in flight (later appends wait in the writer)."""
+    return await Client.connect(
         store.uri, store=store, transport=the_env.bookies,  # type: ignore[arg-type]
         config=ClientConfig(
             add_timeout_s=2.0, bookie_wait_s=2.0,
             driver=DriverConfig(explicit_lac_delay_s=None),
-            write=WriteConfig(entries_inflight_max=1),
+            write=WriteConfig(entries_inflight_max=entries_inflight_max),
         ),
     )
+
+
+async def test_appends_waiting_for_room_hold_a_copy() -> None:
+    """Past the in-flight bound appends wait in the writer: they too keep a copy."""
+    the_env, store = await open_env()
+    client = await bounded_client(the_env, store, 1)
     try:
         w = await client.create_ledger(3, 3, 2)
         buffer = bytearray(b"A")
@@ -302,7 +310,10 @@ async def test_oversized_payload_is_refused_before_anything_is_sent() -> None:
         largest = b"m" * w.payload_bytes_max
         assert await w.append(largest) == 0  # exactly at the limit: accepted by the bookies
         adds = len(env.bookies.adds)
-        for call in (w.append, w.append_async, w.check_payload):
+        def by_callback(payload: bytearray) -> None:
+            w.append_callback(payload, lambda entry_id, error: None)
+
+        for call in (w.append, w.append_async, by_callback, w.check_payload):
             with pytest.raises(EntryTooLargeError) as info:
                 result = call(bytearray(largest + b"!"))
                 if asyncio.iscoroutine(result):

@@ -1,96 +1,99 @@
-"""Headless Chromium driven over the DevTools protocol (a websocket; aiohttp's client).
+"""Headless Chromium driven by selenium, through Debian's ``chromedriver``.
 
 Just what the console's tests need: open a page, evaluate JavaScript in it (to read the
-DOM as the live page has it, after its script ran), take a screenshot. Chromium is
-Debian's ``chromium`` (installed by .ci/run and scripts/test.sh); the tests skip where
-it is absent.
+DOM as the live page has it, after its script ran), take a screenshot. The browser is
+Debian's ``chromium`` and the driver Debian's ``chromium-driver`` (both installed by
+.ci/run); the tests skip where either is absent.
+
+Selenium never fetches anything: the driver is given by path in the ``Service``, so
+Selenium Manager (which would otherwise look for, and download, a driver and a browser)
+is never run, and ``SE_OFFLINE`` tells it to stay offline should anything call it.
+
+The consoles under test run in the test's own event loop, so every selenium call (a
+blocking HTTP request to chromedriver) runs in a worker thread: the loop keeps serving
+the pages the browser asks for. Every wait is bounded: the page-load and script
+timeouts below, chromedriver's start, and each :meth:`Browser.wait_for`'s deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
 import json
+import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-START_TIMEOUT_S = 30.0
+CHROMEDRIVER = shutil.which("chromedriver")
+PAGE_LOAD_TIMEOUT_S = 30.0
+SCRIPT_TIMEOUT_S = 30.0
+
+os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager, if anything reached it: no downloads
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here (None: they can)."""
+    if CHROMIUM is None:
+        return "chromium is not installed (apt-get install chromium)"
+    if CHROMEDRIVER is None:
+        return "chromedriver is not installed (apt-get install chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
 
 
 class Browser:
     def __init__(self, profile_dir: Path) -> None:
-        if CHROMIUM is None:
-            raise RuntimeError("chromium is not installed")
+        if (why := missing()) is not None:
+            raise RuntimeError(why)
         self._profile = profile_dir
-        self._proc: asyncio.subprocess.Process | None = None
-        self._http: aiohttp.ClientSession | None = None
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._ids = itertools.count(1)
+        self._driver: Any = None
 
     async def start(self) -> None:
-        self._proc = await asyncio.create_subprocess_exec(
-            str(CHROMIUM), *["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-             f"--user-data-dir={self._profile}", "--window-size=1400,1000", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = self._profile / "DevToolsActivePort"
-        end = time.monotonic() + START_TIMEOUT_S
-        while not (text := await asyncio.to_thread(_read, port_file)):
-            if time.monotonic() > end or self._proc.returncode is not None:
-                raise RuntimeError(f"chromium did not start (exit {self._proc.returncode})")
-            await asyncio.sleep(0.1)
-        port = int(text.splitlines()[0])
-        self._http = aiohttp.ClientSession()
-        async with self._http.get(f"http://127.0.0.1:{port}/json/list") as reply:
-            targets = await reply.json()
-        page = next(t for t in targets if t["type"] == "page")
-        self._ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
+        self._driver = await asyncio.to_thread(self._start)
+
+    def _start(self) -> Any:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = str(CHROMIUM)
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--no-first-run", f"--user-data-dir={self._profile}", "--window-size=1400,1000"):
+            options.add_argument(arg)
+        service = Service(executable_path=str(CHROMEDRIVER), log_output=subprocess.DEVNULL)
+        driver = webdriver.Chrome(options=options, service=service)
+        try:
+            driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+            driver.set_script_timeout(SCRIPT_TIMEOUT_S)
+        except BaseException:
+            driver.quit()
+            raise
+        return driver
 
     async def stop(self) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-        if self._http is not None:
-            await self._http.close()
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await self._proc.wait()
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
+        if self._driver is not None:
+            driver, self._driver = self._driver, None
+            await asyncio.to_thread(driver.quit)  # ends chromium, then chromedriver (waited for)
 
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
-        if self._ws is None:
+    def _live(self) -> Any:
+        if self._driver is None:
             raise RuntimeError("browser not started")
-        call_id = next(self._ids)
-        await self._ws.send_json({"id": call_id, "method": method, "params": params})
-        async with asyncio.timeout(30):
-            while True:
-                msg = await self._ws.receive_json()
-                if msg.get("id") == call_id:
-                    if "error" in msg:
-                        raise RuntimeError(f"{method}: {msg['error']}")
-                    result: dict[str, Any] = msg.get("result", {})
-                    return result
+        return self._driver
 
     async def open(self, url: str) -> None:
-        await self.call("Page.enable")
-        await self.call("Page.navigate", url=url)
+        await asyncio.to_thread(self._live().get, url)  # returns once the document has loaded
         await self.wait_for("document loaded", "document.readyState === 'complete' && location.href", 20.0)
 
     async def evaluate(self, expression: str) -> Any:
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
-        return result["result"].get("value")
+        """The value of the JavaScript ``expression`` in the open page (JSON-like values)."""
+        return await asyncio.to_thread(self._live().execute_script, f"return ({expression});")
 
     async def wait_for(self, what: str, expression: str, deadline_s: float) -> Any:
         end = time.monotonic() + deadline_s
@@ -103,13 +106,11 @@ class Browser:
         raise AssertionError(f"{what}: not within {deadline_s} s (last: {value!r})")
 
     async def screenshot(self, path: Path) -> Path:
-        doc = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        """The whole page (beyond the window too), as PNG."""
+        doc = await asyncio.to_thread(self._live().execute_cdp_cmd, "Page.captureScreenshot",
+                                      {"format": "png", "captureBeyondViewport": True})
         await asyncio.to_thread(path.write_bytes, base64.b64decode(doc["data"]))
         return path
-
-
-def _read(path: Path) -> str:
-    return path.read_text().strip() if path.exists() else ""
 
 
 STATES_JS = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('g.bookie')].map(g => {

@@ -1,4 +1,4 @@
-"""The console in a real browser (headless Chromium over the DevTools protocol).
+"""The console in a real browser (headless Chromium driven by selenium through chromedriver).
 
 The cluster map shows every bookie inside its zone's box; after SIGKILL of one bookie the
 open page — refreshed by its own script, never reloaded — shows it down within
@@ -19,11 +19,11 @@ import pytest
 from scriba.autorecovery.records import AUDIT_REQUEST_KEY, AuditRequest
 from scriba.errors import NoSuchKeyError
 from scriba.meta import connect
-from tests.console.browser import CHROMIUM, STATES_JS, Browser
+from tests.console.browser import STATES_JS, Browser, missing
 from tests.console.conftest import Populated
 from tests.console.test_console_geo import geo_console
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 # probe interval 0.5 s + probe timeout 1 s + page refresh 2 s, with room for a busy machine
 DOWN_DEADLINE_S = 10.0

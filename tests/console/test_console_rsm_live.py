@@ -24,12 +24,12 @@ import pytest
 
 from scriba.embedded.process import free_port
 from scriba.rsm.remote import RsmClient
-from tests.console.browser import CHROMIUM, Browser
+from tests.console.browser import Browser, missing
 from tests.console.conftest import Populated, wait_for
 from tests.console.test_console_browser import _shots
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")]
+              pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 PROC = str(Path(__file__).resolve().parents[1] / "rsm" / "rsm_replica_proc.py")
 NAMESPACE = "consoletest"

@@ -42,6 +42,7 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from scriba.embedded.kvstore import KvCluster
 from scriba.embedded.process import ServerProcess, free_port, python_module_argv
+from scriba.errors import DeadlineExceededError
 from scriba.testing.cluster import LocalCluster
 from scriba.testing.waiting import eventually
 
@@ -121,6 +122,8 @@ def geo_kv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeoKv]:
         kv.start_all(attempts=3)
         geo = GeoKv(a, b, kv, base)
         stack.callback(geo.stop)
+        _RUNNING.append(geo)
+        stack.callback(_RUNNING.remove, geo)
         geo.start_replicator()
         geo.start_follower("f1")
         geo.start_follower("f2", "--max-staleness-s", str(MAX_STALENESS_S))
@@ -182,8 +185,21 @@ def check_prefix(geo: GeoKv, sample: tuple[int, list[tuple[str, str, int, int, i
 
 
 async def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = CATCH_UP_S) -> None:
-    """``cond`` runs etcdctl (blocking): off the loop, every 0.2 s, until a deadline."""
-    await eventually(lambda: asyncio.to_thread(cond), timeout_s, what=what, interval_s=0.2)
+    """``cond`` runs etcdctl (blocking): off the loop, every 0.2 s, until a deadline (then the
+    failure carries the tails of the replicator's and the followers' logs)."""
+    try:
+        await eventually(lambda: asyncio.to_thread(cond), timeout_s, what=what, interval_s=0.2)
+    except DeadlineExceededError as e:
+        raise DeadlineExceededError(f"{e}\n{_log_tails()}") from e
+
+
+_RUNNING: list[GeoKv] = []  # the module's deployment, for log tails in a failure
+
+
+def _log_tails(lines: int = 25) -> str:
+    procs = [(name, proc) for geo in _RUNNING for name, (_, proc) in geo.followers.items()]
+    procs += [("replicator", geo.replicator) for geo in _RUNNING if geo.replicator is not None]
+    return "\n".join(f"--- {name}: {proc.log_path} ---\n{proc.log_tail(lines)}" for name, proc in procs)
 
 
 def caught_up(geo: GeoKv, name: str, revision: int) -> bool:

@@ -60,9 +60,7 @@ async def _exists(uri: str, ledger_id: int) -> bool:
 def _gc(uri: str, stream: str, capsys: pytest.CaptureFixture[str], *grace: str) -> dict[str, Any]:
     capsys.readouterr()
     assert main(["pipeline", "gc-staged", "--metadata", uri, "--stream", stream, "--json", *grace]) == 0
-    # the report is the last line (log lines may share stdout when an earlier test of the
-    # run left structlog writing there: the command itself logs to stderr)
-    report: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
     return report
 
 

@@ -206,6 +206,29 @@ async def test_three_replicas_forward_and_read_linearizably_from_followers(env: 
     assert result.ok and result.positions == 20, result.explain()
 
 
+async def test_followers_apply_what_an_idle_leader_confirmed_last(env: Env) -> None:
+    """The leader pushes its ledger's LAC only after ``lac_push_delay_s`` with no later record
+    set (the next command carries it; the push stays off the commit path): every segment
+    ledger it writes has that delay, and once it goes idle its followers still apply its
+    last command."""
+    config = FAST.__class__(**{**_fields(FAST), "lac_push_delay_s": 0.3})
+    replicas = [await env.replica(f"r{i}", config=config) for i in range(3)]
+    leader = await leader_of(replicas)
+    term = leader._term
+    assert term is not None and term.writer.current_ledger is not None
+    assert term.writer.current_ledger.explicit_lac_delay_s == 0.3
+    assert [await leader.propose(b"incr") for _ in range(5)] == [b"1", b"2", b"3", b"4", b"5"]
+    await until(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 5")
+    assert [r.state.machine.count for r in replicas] == [5, 5, 5]
+
+
+def test_lac_push_delay_is_checked() -> None:
+    assert RsmConfig().validate().lac_push_delay_s == 0.002
+    for bad in (-0.001, 2.0):
+        with pytest.raises(ConfigError, match="lac_push_delay_s"):
+            RsmConfig(lac_push_delay_s=bad).validate()
+
+
 async def test_failover_retries_apply_once(env: Env) -> None:
     replicas = [await env.replica(f"r{i}") for i in range(3)]
     leader = await leader_of(replicas)

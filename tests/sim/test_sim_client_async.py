@@ -8,6 +8,7 @@ the metadata store is ``memory://``. Covers R1 (50 trials) and R2 (100 repetitio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import random
 import uuid
@@ -536,8 +537,12 @@ async def test_sim_abandoned_writer_is_recovered_by_the_production_driver(
     store = await scriba.meta.connect(f"memory://abandoned-{uuid.uuid4().hex[:8]}")
     await register_bookies(store, ids)
     transport = RecordingTransport(ids)
+    # no explicit LAC: pushes would raise the bookies' LAC to the last confirmed entry
+    # before the abort as fast as the loop turns (one push per bookie), leaving nothing
+    # above it to re-write
+    no_push = dataclasses.replace(CONFIG, driver=dataclasses.replace(CONFIG.driver, explicit_lac_delay_s=None))
     clients = [
-        await Client.connect(store.uri, store=store, transport=transport, config=CONFIG)
+        await Client.connect(store.uri, store=store, transport=transport, config=no_push)
         for _ in range(2)
     ]
     try:

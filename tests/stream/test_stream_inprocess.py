@@ -174,6 +174,24 @@ async def test_rolls_with_tiny_limits_reader_crosses_every_boundary(env: Env) ->
     assert len({r.position.segment_seq for r in catch_up}) >= 300
 
 
+async def test_the_writers_lac_push_delay_holds_for_every_segment(env: Env) -> None:
+    """``WriterOptions.lac_push_delay_s`` is the delay of every segment's ledger writer,
+    the first and each rolled one; without it, the client's (0 here)."""
+    ns = await _ns(env)
+    w = await ns.open_writer("lacdelay", create=True, segment_records_max=2,
+                             options=WriterOptions(lac_push_delay_s=0.25))
+    seen = set()
+    for i in range(7):
+        await w.append(b"%d" % i)
+        assert w.current_ledger is not None
+        seen.add((w.current_ledger.ledger_id, w.current_ledger.explicit_lac_delay_s))
+    await w.close()
+    assert len(seen) >= 3 and {delay for _, delay in seen} == {0.25}, seen
+    plain = await ns.open_writer("lacdelay")
+    assert plain.current_ledger is not None and plain.current_ledger.explicit_lac_delay_s == 0.0
+    await plain.close()
+
+
 async def test_roll_by_bytes_and_record_set_split(env: Env) -> None:
     ns = await _ns(env)
     w = await ns.open_writer("bytes", create=True, segment_bytes_max=4096, record_set_bytes_max=1024)

@@ -176,16 +176,17 @@ locals {
   tls_ssm = merge(local.prelude, { tls_enabled = true, key_parameter = "/c/key", ca_cert_b64 = "Q0E=", cert_b64 = "Q0U=" })
   tls_pem = merge(local.prelude, { tls_enabled = true, ca_cert_b64 = "Q0E=", cert_b64 = "Q0U=", key_b64 = "S0VZ" })
   member = { name = "etcd-1", ip = "10.0.0.10", region = "r", zone = "z", cluster_name = "c", volume_id = "vol-3",
-             client_port = 2379, peer_port = 2380, peer_scheme = "http", initial_cluster = "etcd-1=http://10.0.0.10:2380",
-             tls_args = "" }
+             client_port = 2379, peer_port = 2380, peer_scheme = "https", client_scheme = "https",
+             initial_cluster = "etcd-1=https://10.0.0.10:2380", tls_args = " --client-cert-auth" }
 }
 output "scripts" {
   value = {
     bookie = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_ssm),
       templatefile("${local.t}/bookie.sh.tftpl", { bookie_id = "z.r.1", region = "r", zone = "z", rack = "r",
-        journal_volume_id = "vol-1", ledger_volume_id = "vol-2", metadata_uri = "etcd://10.0.0.10:2379/s",
+        journal_volume_id = "vol-1", ledger_volume_id = "vol-2",
+        metadata_uri = "etcd+tls://10.0.0.10:2379/s?ca=/etc/scriba/tls/ca.pem&cert=/etc/scriba/tls/cert.pem&key=/k",
         bookie_port = 3181, binary_port = 3182, http_port = 8000, scriba_package = "scriba", pip_index_args = "",
-        topology_b64 = "e30=", extra_args = "" })])
+        topology_b64 = "e30=", extra_args = " --tls-require-client-cert --tls-allow client=*" })])
     etcd = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.tls_pem),
       templatefile("${local.t}/etcd.sh.tftpl", local.member)])
     zookeeper = join("\\n", [templatefile("${local.t}/prelude.sh.tftpl", local.prelude),
@@ -211,6 +212,10 @@ def test_aws_first_boot_scripts_are_valid_shell(tmp_path: Path) -> None:
         assert check.returncode == 0, f"{role}: {check.stderr}"
         assert text.startswith("#!/bin/bash\n") and "set -euo pipefail" in text
     assert "--advertise $ip --id z.r.1 --region r --zone z --rack r" in scripts["bookie"]
+    # the TLS URI's '&' and the allow-list's '*' reach the unit file as written (a heredoc body is not globbed or split)
+    assert "--metadata etcd+tls://10.0.0.10:2379/s?ca=/etc/scriba/tls/ca.pem&cert=" in scripts["bookie"]
+    assert "--tls-require-client-cert --tls-allow client=*\n" in scripts["bookie"]
+    assert "--listen-client-urls https://0.0.0.0:2379" in scripts["etcd"]
     assert "aws ssm get-parameter" in scripts["bookie"] and "S0VZ" not in scripts["bookie"]
     assert "echo 'S0VZ' | base64 -d > /etc/scriba/tls/key.pem" in scripts["etcd"]
     assert "/etc/scriba/tls" not in scripts["zookeeper"]

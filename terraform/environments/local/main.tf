@@ -8,6 +8,10 @@
 #
 # The interpreter argument list carries every argument (no shell, no quoting); the
 # "command" is the last argument.
+#
+# With var.tls every part gets the servers' --tls-* flags (mutual TLS, the allow-lists):
+# etcd serves https with client-certificate auth, the URI becomes etcd+tls://...?ca=, and
+# each bookie reaches etcd with the node certificate in its --metadata URI (cert=, key=).
 
 module "topology" {
   source = "../../modules/topology"
@@ -23,9 +27,28 @@ module "topology" {
 
 locals {
   data_dir = abspath(var.data_dir)
-  metadata_uri = format("etcd://%s/%s", join(",", [
+  metadata_hosts = join(",", [
     for i in range(var.metadata_members) : "127.0.0.1:${var.metadata_port_base + 2 * i}"
-  ]), var.metadata_prefix)
+  ])
+  # the URI clients get: etcd+tls with the CA and, if given, the client certificate
+  metadata_uri = var.tls == null ? "etcd://${local.metadata_hosts}/${var.metadata_prefix}" : format(
+    "etcd+tls://%s/%s?%s", local.metadata_hosts, var.metadata_prefix, join("&", concat(
+      ["ca=${urlencode(abspath(var.tls.ca_cert))}"],
+      var.tls.client_cert == null ? [] : ["cert=${urlencode(abspath(var.tls.client_cert))}", "key=${urlencode(abspath(var.tls.client_key))}"],
+  )))
+  # the bookies': the node certificate
+  bookie_metadata_uri = var.tls == null ? local.metadata_uri : format(
+    "etcd+tls://%s/%s?ca=%s&cert=%s&key=%s", local.metadata_hosts, var.metadata_prefix,
+    urlencode(abspath(var.tls.ca_cert)), urlencode(abspath(var.tls.cert)), urlencode(abspath(var.tls.key)),
+  )
+  # the servers' flags (scriba.tls_cli)
+  tls_args = var.tls == null ? [] : concat(
+    ["--tls-cert", abspath(var.tls.cert), "--tls-key", abspath(var.tls.key), "--tls-ca", abspath(var.tls.ca_cert), "--tls-require-client-cert"],
+    flatten([for role in sort(keys(var.tls.allow)) : [for id in sort(var.tls.allow[role]) : ["--tls-allow", "${role}=${id}"]]]),
+  )
+  client_tls_flags = var.tls == null ? "" : (var.tls.client_cert == null ? "--tls-ca ${abspath(var.tls.ca_cert)}" : join(" ", [
+    "--tls-cert", abspath(var.tls.client_cert), "--tls-key", abspath(var.tls.client_key), "--tls-ca", abspath(var.tls.ca_cert),
+  ]))
 
   bookies = {
     for id, b in module.topology.bookies : id => merge(b, {
@@ -52,6 +75,7 @@ resource "terraform_data" "metadata" {
     members   = var.metadata_members
     port_base = var.metadata_port_base
     uri       = local.metadata_uri
+    tls       = jsonencode(local.tls_args)
   }
   # input may change in place (no restart): destroy reads command and keep_data from it
   input = {
@@ -77,7 +101,7 @@ resource "terraform_data" "metadata" {
       "--members", tostring(var.metadata_members),
       "--port-base", tostring(var.metadata_port_base),
       "--prefix", var.metadata_prefix,
-    ])
+    ], local.tls_args)
     command = local.data_dir
   }
 
@@ -106,7 +130,8 @@ resource "terraform_data" "bookie" {
 
   triggers_replace = {
     data_dir  = local.data_dir
-    uri       = local.metadata_uri
+    uri       = local.bookie_metadata_uri
+    tls       = jsonencode(local.tls_args)
     region    = each.value.region
     zone      = each.value.zone
     rack      = each.value.rack
@@ -124,13 +149,13 @@ resource "terraform_data" "bookie" {
     interpreter = concat(var.scriba_command, [
       "local-cluster", "start-bookie",
       "--data", local.data_dir,
-      "--metadata", local.metadata_uri,
+      "--metadata", local.bookie_metadata_uri,
       "--region", each.value.region,
       "--zone", each.value.zone,
       "--rack", each.value.rack,
       "--port", tostring(each.value.port),
       "--http-port", tostring(each.value.http_port),
-    ])
+    ], local.tls_args)
     command = each.key
   }
 

@@ -1,7 +1,12 @@
 output "metadata_uri" {
-  description = "The cluster's metadata URI: `scriba shell --metadata URI ...`, `Client.connect(URI)`."
+  description = "The cluster's metadata URI: `scriba shell --metadata URI ...`, `Client.connect(URI)` (with var.tls: etcd+tls:// with the CA and the client certificate, if given)."
   value       = local.metadata_uri
   depends_on  = [terraform_data.metadata]
+}
+
+output "client_tls_flags" {
+  description = "With var.tls: the `scriba shell` / `scriba bench` flags of the client certificate (\"\" without TLS)."
+  value       = local.client_tls_flags
 }
 
 output "bookies" {

@@ -32,6 +32,42 @@ variable "metadata_members" {
   nullable    = false
 }
 
+# --- TLS -----------------------------------------------------------------------------
+
+variable "tls" {
+  description = <<-EOT
+    Mutual TLS for every process, or null (plaintext). Paths of PEM files on this machine:
+    ca_cert (the CA that verifies peers), cert and key (what etcd and the bookies serve and
+    dial with; its SANs must cover 127.0.0.1), and optionally client_cert / client_key, the
+    certificate the outputs' metadata_uri and client_tls_flags hand to clients. allow: role
+    (client, bookie, admin) -> certificate identities (CN or SAN) the bookies admit; empty: any
+    certificate the CA signed. etcd serves its client and peer ports over TLS and asks for a
+    client certificate; the bookies reach it with cert and key.
+  EOT
+  type = object({
+    ca_cert     = string
+    cert        = string
+    key         = string
+    client_cert = optional(string)
+    client_key  = optional(string)
+    allow       = optional(map(list(string)), {})
+  })
+  default = null
+
+  validation {
+    condition     = var.tls == null ? true : alltrue([for p in [var.tls.ca_cert, var.tls.cert, var.tls.key] : fileexists(p)])
+    error_message = "tls: ca_cert, cert and key must be paths of existing files."
+  }
+  validation {
+    condition     = var.tls == null ? true : (var.tls.client_cert == null) == (var.tls.client_key == null)
+    error_message = "tls: client_cert and client_key go together."
+  }
+  validation {
+    condition     = var.tls == null ? true : alltrue([for role in keys(var.tls.allow) : contains(["client", "bookie", "admin"], role)])
+    error_message = "tls.allow: roles are client, bookie and admin."
+  }
+}
+
 # --- this machine ----------------------------------------------------------------------
 
 variable "data_dir" {

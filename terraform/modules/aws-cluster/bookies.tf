@@ -22,14 +22,14 @@ locals {
         rack              = b.rack
         journal_volume_id = aws_ebs_volume.node["${id}/journal"].id
         ledger_volume_id  = aws_ebs_volume.node["${id}/ledger"].id
-        metadata_uri      = local.metadata_uri
+        metadata_uri      = local.bookie_metadata_uri
         bookie_port       = var.bookie_port
         binary_port       = var.bookie_binary_port
         http_port         = var.http_port
         scriba_package    = var.scriba_package
         pip_index_args    = local.pip_index_args
         topology_b64      = base64encode(module.topology.topology_json)
-        extra_args        = join("", [for a in var.bookie_extra_args : " ${a}"])
+        extra_args        = join("", concat([local.bookie_tls_args], [for a in var.bookie_extra_args : " ${a}"]))
       }),
     ])
   }

@@ -53,10 +53,14 @@ locals {
   metadata_ips = {
     for name, m in local.metadata_members : name => cidrhost(local.subnet_cidrs[m.zone], var.metadata_ip_host_number + m.index)
   }
-  metadata_scheme = var.metadata_store == "etcd" ? "etcd" : "zk"
+  etcd_tls        = var.metadata_store == "etcd" && local.tls_enabled
+  metadata_scheme = var.metadata_store == "etcd" ? (local.etcd_tls ? "etcd+tls" : "etcd") : "zk"
   metadata_uri = format("%s://%s/%s", local.metadata_scheme, join(",", [
     for m in module.topology.metadata.members : "${local.metadata_ips[m.name]}:${local.metadata_ports.client}"
   ]), var.metadata_prefix)
+  # what the bookies dial the store with: the node certificate on etcd+tls
+  # (paths not percent-encoded: systemd would read %2F as a specifier)
+  bookie_metadata_uri = local.etcd_tls ? "${local.metadata_uri}?ca=${local.tls_paths.ca}&cert=${local.tls_paths.cert}&key=${local.tls_paths.key}" : local.metadata_uri
 
   # TLS: the flag is not secret even though the object is
   tls_enabled       = nonsensitive(var.tls != null)
@@ -66,4 +70,11 @@ locals {
     cert_pem    = var.tls.cert_pem
     key_pem     = var.tls.key_pem == null ? "" : var.tls.key_pem
   } : { ca_cert_pem = "", cert_pem = "", key_pem = "" }
+  tls_paths = { ca = "/etc/scriba/tls/ca.pem", cert = "/etc/scriba/tls/cert.pem", key = "/etc/scriba/tls/key.pem" }
+  # the bookies' server flags (scriba.tls_cli): mutual TLS and the allow-lists
+  tls_allow = local.tls_enabled ? nonsensitive(var.tls.allow) : {}
+  bookie_tls_args = local.tls_enabled ? join("", concat(
+    [" --tls-cert ${local.tls_paths.cert} --tls-key ${local.tls_paths.key} --tls-ca ${local.tls_paths.ca} --tls-require-client-cert"],
+    flatten([for role in sort(keys(local.tls_allow)) : [for id in sort(local.tls_allow[role]) : " --tls-allow ${role}=${id}"]]),
+  )) : ""
 }

@@ -17,8 +17,11 @@ locals {
   }
 
   etcd_peer_scheme = local.tls_enabled ? "https" : "http"
+  # clients (the bookies, Scriba's clients) over https with client certificates; peers over mutual TLS
   etcd_tls_args = local.tls_enabled ? join(" ", [
-    "", "--peer-cert-file /etc/scriba/tls/cert.pem", "--peer-key-file /etc/scriba/tls/key.pem",
+    "", "--cert-file /etc/scriba/tls/cert.pem", "--key-file /etc/scriba/tls/key.pem",
+    "--trusted-ca-file /etc/scriba/tls/ca.pem", "--client-cert-auth",
+    "--peer-cert-file /etc/scriba/tls/cert.pem", "--peer-key-file /etc/scriba/tls/key.pem",
     "--peer-trusted-ca-file /etc/scriba/tls/ca.pem", "--peer-client-cert-auth",
   ]) : ""
 
@@ -26,15 +29,16 @@ locals {
     for name, m in local.metadata_members : name => join("\n", [
       local.user_data_prelude[var.metadata_store],
       var.metadata_store == "etcd" ? templatefile("${path.module}/templates/etcd.sh.tftpl", {
-        name         = name
-        ip           = local.metadata_ips[name]
-        region       = m.region
-        zone         = m.zone
-        cluster_name = var.cluster_name
-        volume_id    = aws_ebs_volume.node["${name}/data"].id
-        client_port  = local.metadata_ports.client
-        peer_port    = local.metadata_ports.peer[0]
-        peer_scheme  = local.etcd_peer_scheme
+        name          = name
+        ip            = local.metadata_ips[name]
+        region        = m.region
+        zone          = m.zone
+        cluster_name  = var.cluster_name
+        volume_id     = aws_ebs_volume.node["${name}/data"].id
+        client_port   = local.metadata_ports.client
+        peer_port     = local.metadata_ports.peer[0]
+        peer_scheme   = local.etcd_peer_scheme
+        client_scheme = local.etcd_peer_scheme
         initial_cluster = join(",", [
           for other in module.topology.metadata.members : "${other.name}=${local.etcd_peer_scheme}://${local.metadata_ips[other.name]}:${local.metadata_ports.peer[0]}"
         ])

@@ -376,15 +376,22 @@ variable "tls" {
     the private key too, unless key_ssm_parameter names an SSM SecureString parameter that each node
     reads at boot through its instance role, which keeps the key out of user data, plan files and state
     (with key_pem the key travels in user data: plan files, the state and EC2 attribute readers see it).
-    Today etcd uses them for peer TLS (members authenticate each other); Scriba's own TLS flags
-    (#21) are passed with bookie_extra_args once they exist. The certificate's SANs must cover the
-    nodes' private addresses.
+    The cluster then runs mutual TLS: every bookie serves gRPC, the binary data path and HTTP with
+    the certificate (--tls-cert/--tls-key/--tls-ca --tls-require-client-cert) and admits the
+    identities in allow (role client, bookie or admin -> certificate CN/SAN names; empty: any
+    certificate the CA signed); etcd serves clients over https with client-certificate auth and
+    its peers over mutual TLS, and the bookies reach it with the node certificate
+    (etcd+tls://...?ca=&cert=&key=). metadata_uri becomes etcd+tls://: clients add their own
+    ?ca=&cert=&key=. ZooKeeper members are not given TLS by this module (Debian's zookeeperd needs
+    a keystore): with metadata_store = "zookeeper" only the bookies' ports use it. The
+    certificate's SANs must cover the nodes' private addresses.
   EOT
   type = object({
     ca_cert_pem       = string
     cert_pem          = string
     key_pem           = optional(string)
     key_ssm_parameter = optional(string)
+    allow             = optional(map(list(string)), {})
   })
   default   = null
   sensitive = true
@@ -396,6 +403,10 @@ variable "tls" {
   validation {
     condition     = var.tls == null ? true : strcontains(var.tls.ca_cert_pem, "BEGIN CERTIFICATE") && strcontains(var.tls.cert_pem, "BEGIN CERTIFICATE") && (var.tls.key_pem == null ? true : strcontains(var.tls.key_pem, "PRIVATE KEY"))
     error_message = "tls: ca_cert_pem and cert_pem must be PEM certificates and key_pem a PEM private key."
+  }
+  validation {
+    condition     = var.tls == null ? true : alltrue([for role, ids in var.tls.allow : contains(["client", "bookie", "admin"], role) && alltrue([for id in ids : can(regex("^[A-Za-z0-9*][A-Za-z0-9._@*-]*$", id))])])
+    error_message = "tls.allow: roles client, bookie, admin; identities of letters, digits, '.', '_', '@', '-' or '*'."
   }
 }
 

@@ -98,8 +98,12 @@ run "three_zones" {
     error_message = "etcd members know each other"
   }
   assert {
-    condition     = !strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "/etc/scriba/tls/ca.pem")
-    error_message = "no TLS material without var.tls"
+    condition     = !strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "/etc/scriba/tls/ca.pem") && !strcontains(aws_instance.node["eu-west-1a.rack-1.1"].user_data, "--tls-")
+    error_message = "no TLS material and no TLS flags without var.tls"
+  }
+  assert {
+    condition     = strcontains(aws_instance.node["etcd-1"].user_data, "--listen-client-urls http://0.0.0.0:2379") && !strcontains(aws_instance.node["etcd-1"].user_data, "--client-cert-auth")
+    error_message = "etcd serves plain clients without var.tls"
   }
   assert {
     condition     = jsondecode(output.topology_json).bookies["eu-west-1b.rack-1.2"] == { region = "eu-west-1", zone = "eu-west-1b", rack = "rack-1" }
@@ -133,6 +137,10 @@ run "five_zones_zookeeper" {
     }
   }
 
+  assert {
+    condition     = strcontains(aws_instance.node["us-east-1b.rack-1.1"].user_data, "--metadata zk://10.42.0.10:2181,") && strcontains(aws_instance.node["us-east-1b.rack-1.1"].user_data, " --tls-cert /etc/scriba/tls/cert.pem --tls-key /etc/scriba/tls/key.pem --tls-ca /etc/scriba/tls/ca.pem --tls-require-client-cert")
+    error_message = "on ZooKeeper the bookies serve mutual TLS, the store stays zk://"
+  }
   assert {
     condition     = length(aws_subnet.this) == 5 && length(aws_placement_group.rack) == 6
     error_message = "5 subnets, 6 placement groups"
@@ -178,6 +186,7 @@ run "existing_vpc_with_tls" {
       ca_cert_pem = "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n"
       cert_pem    = "-----BEGIN CERTIFICATE-----\nNODE\n-----END CERTIFICATE-----\n"
       key_pem     = "-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n"
+      allow       = { client = ["app-1", "app-2"], bookie = ["scriba-node"], admin = ["ops"] }
     }
   }
   override_data {
@@ -202,8 +211,20 @@ run "existing_vpc_with_tls" {
     error_message = "bookies use the given subnets, without public addresses"
   }
   assert {
-    condition     = output.metadata_uri == "etcd://10.9.1.10:2379,10.9.2.11:2379,10.9.3.12:2379/scriba"
+    condition     = output.metadata_uri == "etcd+tls://10.9.1.10:2379,10.9.2.11:2379,10.9.3.12:2379/scriba"
     error_message = "metadata URI: ${output.metadata_uri}"
+  }
+  assert {
+    condition     = strcontains(aws_instance.node["eu-west-1b.rack-1.1"].user_data, "--metadata etcd+tls://10.9.1.10:2379,10.9.2.11:2379,10.9.3.12:2379/scriba?ca=/etc/scriba/tls/ca.pem&cert=/etc/scriba/tls/cert.pem&key=/etc/scriba/tls/key.pem ")
+    error_message = "the bookie reaches etcd over TLS with the node certificate"
+  }
+  assert {
+    condition     = strcontains(aws_instance.node["eu-west-1b.rack-1.1"].user_data, " --tls-cert /etc/scriba/tls/cert.pem --tls-key /etc/scriba/tls/key.pem --tls-ca /etc/scriba/tls/ca.pem --tls-require-client-cert --tls-allow admin=ops --tls-allow bookie=scriba-node --tls-allow client=app-1 --tls-allow client=app-2\n")
+    error_message = "the bookie serves mutual TLS with the allow-lists"
+  }
+  assert {
+    condition     = strcontains(aws_instance.node["etcd-2"].user_data, "--listen-client-urls https://0.0.0.0:2379 --advertise-client-urls https://10.9.2.11:2379") && strcontains(aws_instance.node["etcd-2"].user_data, "--trusted-ca-file /etc/scriba/tls/ca.pem --client-cert-auth")
+    error_message = "etcd serves clients over https with client certificates"
   }
   assert {
     condition     = aws_vpc_security_group_ingress_rule.this["bookie-grpc-10.9.0.0/16"].cidr_ipv4 == "10.9.0.0/16"
@@ -265,6 +286,19 @@ run "refused_one_member_two_tls_keys_subnets_without_vpc" {
     }
   }
   expect_failures = [var.metadata_members, var.tls, var.subnet_ids]
+}
+
+run "refused_tls_allow_list" {
+  command = plan
+  variables {
+    tls = {
+      ca_cert_pem = "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n"
+      cert_pem    = "-----BEGIN CERTIFICATE-----\nNODE\n-----END CERTIFICATE-----\n"
+      key_pem     = "-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n"
+      allow       = { operator = ["ops"], client = ["app 1; rm -rf /"] }
+    }
+  }
+  expect_failures = [var.tls]
 }
 
 run "refused_existing_vpc_subnets" {
