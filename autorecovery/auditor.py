@@ -55,7 +55,7 @@ from scriba.autorecovery.records import (
 from scriba.autorecovery.replicas import check_replicas
 from scriba.client import Client
 from scriba.clock import Clock, SystemClock
-from scriba.entry import make_digest
+from scriba.entry import make_digest, master_key
 from scriba.errors import BadVersionError, ConfigError, NoSuchKeyError, NotLeaderError, ScribaError
 from scriba.ids import BookieId, LedgerId
 from scriba.log import get_logger
@@ -210,14 +210,16 @@ class Auditor:
             return marks
         password = self._config.password_for(md.password_hash, md.password)
         digest = None if password is None else make_digest(md.digest_type.value, password)
+        key = b"" if password is None else master_key(password)
         problems = await check_replicas(
-            self._client.transport, md, digest=digest, sample=sample,
+            self._client.transport, md, digest=digest, master_key=key, sample=sample,
             skip=md.bookies() - live, rng=self._rng,
         )
         # Only answers that say the copy is not there or not right; a bookie that did not
-        # answer is a membership matter, not a mark.
+        # answer is a membership matter, not a mark, and one that refused a read of a
+        # ledger whose password is unknown here (no admin identity) says nothing of the copy.
         for p in problems:
-            if p.error in ("UnavailableError", "DeadlineExceededError"):
+            if p.error in ("UnavailableError", "DeadlineExceededError", "UnauthorizedError"):
                 continue
             marks.append(Mark(p.segment_first, p.bookie_id, Reason.UNREADABLE))
         return marks

@@ -126,11 +126,11 @@ class FragmentCopier:
             try:
                 if first == last:
                     datas = [await self._transport.read_entry(
-                        source, ledger_id, first, timeout_s=self._read_timeout_s)]
+                        source, ledger_id, first, master_key=self._master_key, timeout_s=self._read_timeout_s)]
                 else:
                     datas = await self._transport.read_range(
                         source, ledger_id, first, last, max_entries=last - first + 1,
-                        max_bytes=self._batch_bytes, timeout_s=self._read_timeout_s,
+                        max_bytes=self._batch_bytes, master_key=self._master_key, timeout_s=self._read_timeout_s,
                     )
             except ScribaError as exc:
                 for e in range(first, last + 1):

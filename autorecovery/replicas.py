@@ -55,13 +55,15 @@ async def check_replicas(
     md: LedgerMetadata,
     *,
     digest: Digest | None,
+    master_key: bytes = b"",
     sample: int | None = None,
     lac: int | None = None,
     skip: Collection[BookieId] = (),
     rng: random.Random | None = None,
     read_timeout_s: float = 5.0,
 ) -> list[ReplicaProblem]:
-    """Every copy that is missing, corrupt or unreadable (``skip``: bookies not asked)."""
+    """Every copy that is missing, corrupt or unreadable (``skip``: bookies not asked;
+    ``master_key``: the ledger's, for bookies that guard its reads)."""
     rng = rng or random.Random()
     jobs: list[tuple[EntryId, int, BookieId]] = []
     for fragment in fragments(md):
@@ -78,7 +80,7 @@ async def check_replicas(
         async with gate:
             try:
                 data = await transport.read_entry(bookie, md.ledger_id, EntryId(entry_id),
-                                                  timeout_s=read_timeout_s)
+                                                  master_key=master_key, timeout_s=read_timeout_s)
                 if digest is not None:
                     entry = unpack_entry(digest, data)
                     ids = (entry.ledger_id, entry.entry_id)

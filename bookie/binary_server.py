@@ -39,13 +39,13 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, cast
 
-from scriba.bookie.service import BOOKIE_CALLERS, BookieService, ServingState
+from scriba.bookie.service import BOOKIE_CALLERS, BookieService, PeerIdentities, ServingState
 from scriba.errors import Status
 from scriba.log import get_logger
 from scriba.proto import binary as wire
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto.binary import FrameError, FrameType
-from scriba.tls import LoadedTls, refusal
+from scriba.tls import LoadedTls, identities_from_peercert, refusal
 
 log = get_logger(__name__)
 
@@ -70,6 +70,7 @@ class BinaryConnection(asyncio.Protocol):
         self._writable: asyncio.Event | None = None
         self.closed = False
         self.peer = ""
+        self.caller = PeerIdentities(frozenset())  # its certificate's identities (reads of protected ledgers)
         self.inflight_bytes = 0  # AddCredit: add bytes accepted and not answered
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -154,6 +155,7 @@ class BinaryConnection(asyncio.Protocol):
             self.close()
             return
         self._version = version
+        self.caller = PeerIdentities(identities_from_peercert(peercert))
         self._write(wire.encode_hello_ok(_OK, version))
 
     def reject(self, request_id: int, reason: str) -> None:
@@ -218,18 +220,18 @@ class BinaryConnection(asyncio.Protocol):
     async def _read_entry(self, rid: int, ledger_id: int, entry_id: int, flags: int, key: bytes) -> None:
         request = pb.ReadEntryRequest(ledger_id=ledger_id, entry_id=entry_id, master_key=key,
                                       flags=pb.FENCE if flags & wire.READ_FENCE else 0)
-        r = await self._service.ReadEntry(request, None)
+        r = await self._service.ReadEntry(request, self.caller)
         self._write(wire.encode_entry_answer(rid, int(r.status), r.entry_id, r.message, r.entry))
 
     async def _read_range(self, rid: int, ledger_id: int, first: int, last: int, entries_max: int,
-                          bytes_max: int) -> None:
+                          bytes_max: int, key: bytes) -> None:
         """Chunks as the service reads them, up to ``entries_max`` entries in all (the
         client asks no more); the last chunk goes without FLAG_MORE."""
         request = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last,
-                                      max_entries=entries_max, max_bytes=bytes_max)
+                                      max_entries=entries_max, max_bytes=bytes_max, master_key=key)
         held: tuple[int, int, Any, str] | None = None  # one chunk behind: is it the last?
         sent = 0
-        chunks = self._service.range_chunks(request)
+        chunks = self._service.range_chunks(request, self.caller)
         try:
             async for chunk in chunks:
                 if held is not None:
@@ -251,7 +253,7 @@ class BinaryConnection(asyncio.Protocol):
             long_poll=bool(flags & wire.LAC_LONG_POLL), previous_lac=previous_lac, timeout_ms=timeout_ms,
             piggyback_entries_max=entries_max,
         )
-        r = await self._service.ReadLac(request, None)
+        r = await self._service.ReadLac(request, self.caller)
         self._write(wire.encode_lac_answer(rid, int(r.status), r.lac, r.last_entry_id, r.fenced, r.message,
                                            r.last_entry, r.piggybacked_entries))
 

@@ -144,6 +144,7 @@ class Bookie:
             long_poll_timeout_ms_max=cfg.long_poll_timeout_ms_max,
             read_range_entries_max=cfg.read_range_entries_max,
             read_range_bytes_max=cfg.read_range_bytes_max,
+            tls=self._tls,
         )
         await self._start_grpc(self.service)
         if cfg.binary_port is not None:

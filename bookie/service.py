@@ -23,6 +23,15 @@ Reads: unary (``ReadEntry``, ``ReadLac``) or server-streamed (``ReadRange``: chu
 consecutive entries bounded in entries and bytes; a client that asks ``packed`` gets
 each chunk's entries as one run, serialized here with one copy of the entries).
 
+Read authorisation (as BookKeeper's bookies check the master key on reads): a ledger
+bound here to the master key of a password (any key but that of the empty password)
+is read only by a caller that sends that same master key (the one-way derivation the
+adds carry, never the password), or whose mutual-TLS identity is on the admin
+allow-list (``scriba.tls.is_admin``: autorecovery and operators' tools). Anyone else
+gets UNAUTHORIZED, not retriable, on every read kind: entry, range, LAC and long poll
+(checked again when the poll answers, for a ledger that arrived while it waited).
+Ledgers without a password, and ledgers not on this bookie, read as before.
+
 Invariant: an add is answered OK only when ``storage.add_batch`` said OK for it,
 and only while the bookie accepts adds (registered, not shutting down).
 """
@@ -30,6 +39,7 @@ and only while the bookie accepts adds (registered, not shutting down).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -47,15 +57,21 @@ from scriba.bookie.add_decoding import (
 )
 from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage, long_poll_entries
-from scriba.entry import HEADER_SIZE
-from scriba.errors import BadRequestError, BookieReadOnlyError, ScribaError, Status
+from scriba.entry import HEADER_SIZE, master_key
+from scriba.errors import (
+    BadRequestError,
+    BookieReadOnlyError,
+    ScribaError,
+    Status,
+    UnauthorizedError,
+)
 from scriba.grpc_auth import guard_handlers, identity_check
 from scriba.ids import LEDGER_ID_MAX
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.proto.packed import encode_packed_chunk
-from scriba.tls import LoadedTls, Role
+from scriba.tls import LoadedTls, Role, identities_from_grpc, is_admin
 
 log = get_logger(__name__)
 
@@ -71,6 +87,7 @@ _NO_SUCH_ENTRY: Final[Any] = int(Status.NO_SUCH_ENTRY)
 RESPONSES_PENDING_MAX: Final = 1024
 RESPONSES_MERGE_MAX: Final = 16  # answers of up to this many batches share one message
 RESPONSES_MERGE_ENTRIES_MAX: Final = 4096  # ... while the message stays small (< 1 MiB)
+OPEN_LEDGER_KEY: Final = master_key(b"")  # the key of a ledger without a password: anyone reads it
 
 
 def error_status(exc: BaseException) -> tuple[int, str]:
@@ -82,6 +99,26 @@ def error_status(exc: BaseException) -> tuple[int, str]:
             message = f"{type(exc).__name__}: {message}"
         return wire_status(code), message
     return _INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class PeerIdentities:
+    """A caller's certificate identities, known before the call (the binary path takes
+    them once per connection; a gRPC call's come from its context)."""
+
+    __slots__ = ("identities",)
+
+    def __init__(self, identities: frozenset[str]) -> None:
+        self.identities = identities
+
+
+def caller_identities(context: Any) -> frozenset[str]:
+    """The certificate identities of a call's peer: a gRPC context, ``PeerIdentities``
+    or None (no identities)."""
+    if context is None:
+        return frozenset()
+    if isinstance(context, PeerIdentities):
+        return context.identities
+    return identities_from_grpc(context.auth_context())
 
 
 class AddCredit(Protocol):
@@ -129,8 +166,11 @@ class BookieService(pb_grpc.BookieServicer):
         read_range_entries_max: int,
         read_range_bytes_max: int,
         packed_reads: bool = True,
+        tls: LoadedTls | None = None,
     ) -> None:
+        """``tls``: the bookie's TLS, whose admin allow-list may read any ledger."""
         self._storage = storage
+        self._tls = tls
         self._state = state
         self._metrics = metrics
         self._entry_size_max = entry_size_max
@@ -365,6 +405,19 @@ class BookieService(pb_grpc.BookieServicer):
         if entry_id is not None and entry_id < -1:
             raise BadRequestError(f"entry id {entry_id} out of range")
 
+    def _authorize_read(self, ledger_id: int, key: bytes, context: Any) -> None:
+        """UNAUTHORIZED unless the ledger is open to all here, ``key`` is its master key or
+        the caller is an admin (module docstring)."""
+        bound = self._storage.ledger_master_key(ledger_id)
+        if not bound or bound == OPEN_LEDGER_KEY or hmac.compare_digest(bound, key):
+            return
+        if self._tls is not None and is_admin(self._tls.config, caller_identities(context)):
+            return
+        why = "no master key was sent" if not key else "the master key sent does not match"
+        raise UnauthorizedError(
+            f"ledger {ledger_id} has a password: {why} (read with the ledger's password, or as an admin)"
+        )
+
     async def _fence(self, ledger_id: int, master_key: bytes) -> LacState:
         if not master_key:
             raise BadRequestError("FENCE needs the master key")
@@ -381,6 +434,7 @@ class BookieService(pb_grpc.BookieServicer):
             self._check_ids(lid, eid)
             if request.flags & pb.FENCE:
                 await self._fence(lid, request.master_key)
+            self._authorize_read(lid, request.master_key, context)
             data = self._storage.read_entry(lid, eid)
             if eid < 0 and len(data) >= HEADER_SIZE:
                 eid = _IDS.unpack_from(data)[1]
@@ -399,7 +453,7 @@ class BookieService(pb_grpc.BookieServicer):
         sends bytes as they are), else a message with one ``entries`` element each."""
         packed = request.packed and self.packed_reads
         status: Any
-        async for status, first, entries, message in self.range_chunks(request):
+        async for status, first, entries, message in self.range_chunks(request, context):
             if status != _OK:
                 yield pb.ReadRangeResponse(status=status, first_entry_id=first, message=message)
             elif packed:
@@ -408,7 +462,7 @@ class BookieService(pb_grpc.BookieServicer):
                 yield pb.ReadRangeResponse(status=_OK, first_entry_id=first, entries=entries)
 
     async def range_chunks(
-        self, request: pb.ReadRangeRequest
+        self, request: pb.ReadRangeRequest, context: Any = None
     ) -> AsyncIterator[tuple[int, int, Sequence[bytes], str]]:
         """A range read as ``(status, first_entry_id, entries, message)`` chunks, for
         either wire: OK chunks of consecutive entries bounded in entries and bytes, then
@@ -426,6 +480,7 @@ class BookieService(pb_grpc.BookieServicer):
                 raise BadRequestError(f"range {first}..{last} is empty or negative")
             if request.flags & pb.FENCE:
                 await self._fence(lid, request.master_key)
+            self._authorize_read(lid, request.master_key, context)
         except Exception as exc:
             response = pb.ReadRangeResponse(first_entry_id=first)
             self._fail(response, exc, "read_range", lid, first)
@@ -465,10 +520,13 @@ class BookieService(pb_grpc.BookieServicer):
                 previous = request.previous_lac
                 if previous < -1:
                     raise BadRequestError(f"previous_lac {previous} out of range")
+                self._authorize_read(lid, request.master_key, context)
                 timeout_s = min(request.timeout_ms / 1000.0, self._long_poll_s_max)
                 wanted = bool(request.piggyback_entries_max or request.piggyback_entry)  # answer with entries
                 state = await self._storage.wait_lac(lid, previous, timeout_s, entry=wanted)
+                self._authorize_read(lid, request.master_key, context)  # the ledger may have come meanwhile
             else:
+                self._authorize_read(lid, request.master_key, context)
                 state = self._storage.lac_state(lid)
             response = pb.ReadLacResponse(
                 status=_OK, lac=state.lac, last_entry_id=state.last_entry_id, fenced=state.fenced

@@ -628,6 +628,10 @@ class DiskLedgerStorage:
     def lac_state(self, ledger_id: int) -> LacState:
         return self._state(ledger_id).snapshot()
 
+    def ledger_master_key(self, ledger_id: int) -> bytes | None:
+        st = self._states.get(ledger_id)
+        return None if st is None else st.master_key
+
     def check_master_key(self, ledger_id: int, master_key: bytes) -> None:
         if self._state(ledger_id).master_key != master_key:
             raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")

@@ -164,6 +164,10 @@ class LedgerStorage(Protocol):
 
     def lac_state(self, ledger_id: int) -> LacState: ...
 
+    def ledger_master_key(self, ledger_id: int) -> bytes | None:
+        """The master key the ledger is bound to here (None: the ledger is not here)."""
+        ...
+
     def check_master_key(self, ledger_id: int, master_key: bytes) -> None: ...
 
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:

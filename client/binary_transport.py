@@ -469,22 +469,24 @@ class BinaryTransport(GrpcBookieTransport):
         *,
         max_entries: int = 1024,
         max_bytes: int = 4 * 1024 * 1024,
+        master_key: bytes = b"",
         timeout_s: float | None = None,
     ) -> AsyncGenerator[EntryRun, None]:
         link = await self._link(bookie_id)
         if link is None:
-            runs = super().read_runs(bookie_id, ledger_id, first_entry_id, last_entry_id,
-                                     max_entries=max_entries, max_bytes=max_bytes, timeout_s=timeout_s)
+            runs = super().read_runs(bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries=max_entries,
+                                     max_bytes=max_bytes, master_key=master_key, timeout_s=timeout_s)
             async with contextlib.aclosing(runs):
                 async for run in runs:
                     yield run
             return
         timeout = self._timeout(timeout_s)
+        key = master_key if link.version >= wire.KEYED_RANGE_VERSION else None  # older bookies: no key
 
         async def timed() -> AsyncGenerator[wire.RangeChunk, None]:
             """The link's chunks, each within the read's deadline."""
             chunks = link.chunks(lambda rid: wire.encode_read_range(
-                rid, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes))
+                rid, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes, key))
             async with contextlib.aclosing(chunks):
                 while True:
                     try:
@@ -532,16 +534,17 @@ class BinaryTransport(GrpcBookieTransport):
         *,
         wait_s: float,
         piggyback_entries_max: int = 1,
+        master_key: bytes = b"",
     ) -> LacResult:
         link = await self._link(bookie_id)
         if link is None:
             return await super().long_poll_lac(bookie_id, ledger_id, previous_lac, wait_s=wait_s,
-                                               piggyback_entries_max=piggyback_entries_max)
+                                               piggyback_entries_max=piggyback_entries_max, master_key=master_key)
         timeout_ms = max(0, int(wait_s * 1000))
         entries_max = max(0, min(piggyback_entries_max, 0xFFFF))
         return await self._binary_lac(
             bookie_id, link, ledger_id, wait_s + LONG_POLL_MARGIN_S,
-            lambda rid: wire.encode_read_lac(rid, ledger_id, wire.LAC_LONG_POLL, previous_lac, timeout_ms, b"",
+            lambda rid: wire.encode_read_lac(rid, ledger_id, wire.LAC_LONG_POLL, previous_lac, timeout_ms, master_key,
                                              entries_max),
         )
 

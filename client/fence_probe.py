@@ -89,12 +89,14 @@ async def prove_unfenced(
     quorum: Quorum,
     regions: SlotRegions | None,
     timeout_s: float,
+    master_key: bytes = b"",
 ) -> UnfencedProbe:
     """Ask every bookie of ``ensemble`` whether ``ledger_id`` is fenced (plain LAC reads,
-    sent now); return the probe at its first verdict, or unproven after ``timeout_s``."""
+    sent now, with the ledger's ``master_key`` for bookies that guard its reads); return
+    the probe at its first verdict, or unproven after ``timeout_s``."""
     probe = UnfencedProbe(quorum, regions)
     asks: dict[asyncio.Task[LacResult], int] = {
-        asyncio.ensure_future(transport.read_lac(bookie_id, ledger_id, timeout_s=timeout_s)): slot
+        asyncio.ensure_future(transport.read_lac(bookie_id, ledger_id, master_key=master_key, timeout_s=timeout_s)): slot
         for slot, bookie_id in enumerate(ensemble)
     }
     loop = asyncio.get_running_loop()

@@ -638,12 +638,13 @@ class GrpcBookieTransport:
         *,
         max_entries: int = 1024,
         max_bytes: int = 4 * 1024 * 1024,
+        master_key: bytes = b"",
         timeout_s: float | None = None,
     ) -> list[bytes]:
         entries: list[bytes] = []
         runs = self.read_runs(
             bookie_id, ledger_id, first_entry_id, last_entry_id,
-            max_entries=max_entries, max_bytes=max_bytes, timeout_s=timeout_s,
+            max_entries=max_entries, max_bytes=max_bytes, master_key=master_key, timeout_s=timeout_s,
         )
         async with contextlib.aclosing(runs):
             async for run in runs:
@@ -659,6 +660,7 @@ class GrpcBookieTransport:
         *,
         max_entries: int = 1024,
         max_bytes: int = 4 * 1024 * 1024,
+        master_key: bytes = b"",
         timeout_s: float | None = None,
     ) -> AsyncGenerator[EntryRun, None]:
         """One ReadRange stream, each chunk yielded as a run as it arrives (packed chunks
@@ -671,6 +673,7 @@ class GrpcBookieTransport:
             max_entries=max_entries,
             max_bytes=max_bytes,
             packed=self.packed_reads,
+            master_key=master_key,
         )
         call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
         runs = follow_runs(
@@ -709,6 +712,7 @@ class GrpcBookieTransport:
         *,
         wait_s: float,
         piggyback_entries_max: int = 1,
+        master_key: bytes = b"",
     ) -> LacResult:
         request = pb.ReadLacRequest(
             ledger_id=ledger_id,
@@ -717,6 +721,7 @@ class GrpcBookieTransport:
             timeout_ms=max(0, int(wait_s * 1000)),
             piggyback_entry=piggyback_entries_max > 0,  # a bookie that predates the max sends one
             piggyback_entries_max=max(0, piggyback_entries_max),
+            master_key=master_key,
         )
         return await self._read_lac(bookie_id, ledger_id, request, wait_s + LONG_POLL_MARGIN_S)
 

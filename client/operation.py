@@ -176,7 +176,8 @@ class Operation:
                 if read_runs is not None:
                     runs = read_runs(
                         bookie_id, self._ledger_id, EntryId(next_id), EntryId(last),
-                        max_entries=last - next_id + 1, timeout_s=self._config.read_timeout_s,
+                        max_entries=last - next_id + 1, master_key=self._master_key,
+                        timeout_s=self._config.read_timeout_s,
                     )
                     async with contextlib.aclosing(runs):
                         async for run in runs:
@@ -185,7 +186,8 @@ class Operation:
                     continue
                 got = await self._transport.read_range(
                     bookie_id, self._ledger_id, EntryId(next_id), EntryId(last),
-                    max_entries=last - next_id + 1, timeout_s=self._config.read_timeout_s,
+                    max_entries=last - next_id + 1, master_key=self._master_key,
+                    timeout_s=self._config.read_timeout_s,
                 )
             except CorruptEntryError:
                 self._report(bookie_id, next_id, None, Status.CORRUPT)

@@ -248,7 +248,7 @@ class LedgerReader:
             async with asyncio.timeout(self._config.long_poll_s + self._config.read_timeout_s):
                 return await self._transport.long_poll_lac(
                     bookie_id, self._md.ledger_id, previous_lac, wait_s=self._config.long_poll_s,
-                    piggyback_entries_max=PIGGYBACK_ENTRIES_MAX,
+                    piggyback_entries_max=PIGGYBACK_ENTRIES_MAX, master_key=self._master_key,
                 )
         except (ScribaError, builtins.TimeoutError) as exc:
             log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))

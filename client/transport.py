@@ -182,6 +182,7 @@ class BookieTransport(Protocol):
         *,
         max_entries: int = 1024,
         max_bytes: int = 4 * 1024 * 1024,
+        master_key: bytes = b"",
         timeout_s: float | None = None,
     ) -> list[bytes]:
         """Consecutive packed entries from ``first_entry_id`` (possibly fewer than asked)."""
@@ -205,6 +206,7 @@ class BookieTransport(Protocol):
         *,
         wait_s: float,
         piggyback_entries_max: int = 1,
+        master_key: bytes = b"",
     ) -> LacResult:
         """Answers once the bookie's LAC passes ``previous_lac`` or ``wait_s`` passes, with up
         to ``piggyback_entries_max`` entries from ``previous_lac + 1`` (none beyond the LAC)."""
@@ -250,6 +252,7 @@ class RunReadTransport(BookieTransport, Protocol):
         *,
         max_entries: int = 1024,
         max_bytes: int = 4 * 1024 * 1024,
+        master_key: bytes = b"",
         timeout_s: float | None = None,
     ) -> AsyncGenerator[EntryRun, None]:
         """``read_range`` as runs, each yielded as it arrives: consecutive from

@@ -511,7 +511,8 @@ class LedgerWriter:
         if target is None:
             return False
         ensemble, quorum, regions = target
-        probe = await prove_unfenced(self._transport, self._ledger_id, ensemble, quorum, regions, timeout_s)
+        probe = await prove_unfenced(self._transport, self._ledger_id, ensemble, quorum, regions, timeout_s,
+                                     self._master_key)
         if probe.fenced:
             self._log.info("ledger_fenced_seen", fenced=probe.fenced)
         return probe.verdict is Verdict.PROVEN

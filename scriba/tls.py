@@ -216,6 +216,16 @@ def admitted(config: TlsConfig, identities: frozenset[str], roles: Iterable[Role
     return False
 
 
+def is_admin(config: TlsConfig, identities: frozenset[str]) -> bool:
+    """Whether a verified peer is on the admin allow-list itself (strict: unlike
+    :func:`admitted`, no allow-list at all admits nobody). What lets an operator's tools
+    read a password-protected ledger without its password."""
+    allowed = config.allow.get(Role.ADMIN, frozenset())
+    if not config.require_client_cert or not identities or not allowed:
+        return False
+    return ANY_IDENTITY in allowed or bool(identities & allowed)
+
+
 def authorize(config: TlsConfig, identities: frozenset[str], roles: Iterable[Role]) -> None:
     """UnauthorizedError unless a peer with these identities may act in one of ``roles``."""
     roles = tuple(roles)

@@ -55,7 +55,9 @@ def test_answers_round_trip() -> None:
     _, body = single(frame_bytes(wire.encode_read_lac(9, 3, wire.LAC_LONG_POLL, 17, 250, b"k", 8)))
     assert wire.decode_read_lac(body) == (3, wire.LAC_LONG_POLL, 17, 250, 8, b"k")
     _, body = single(frame_bytes(wire.encode_read_range(10, 3, 0, 99, 16, 4096)))
-    assert wire.decode_read_range(body) == (3, 0, 99, 16, 4096)
+    assert wire.decode_read_range(body) == (3, 0, 99, 16, 4096, b"")  # the form before version 3
+    _, body = single(frame_bytes(wire.encode_read_range(10, 3, 0, 99, 16, 4096, b"key")))
+    assert wire.decode_read_range(body) == (3, 0, 99, 16, 4096, b"key")
     _, body = single(frame_bytes(wire.encode_read_entry(11, 3, -1, wire.READ_FENCE, b"k")))
     assert wire.decode_read_entry(body) == (3, -1, wire.READ_FENCE, b"k")
     header, body = single(frame_bytes(wire.encode_write_lac(12, 3, 41, wire.LAC_HINT_ONLY, b"key")))
@@ -113,6 +115,8 @@ def test_truncated_and_stray_bodies_are_frame_errors() -> None:
         with pytest.raises(FrameError):
             wire.decode_add(body[:cut])
     with pytest.raises(FrameError, match="stray"):
+        wire.decode_read_range(frame_bytes([struct.pack("<QqqIQH", 1, 0, 1, 1, 1, 1)]) + b"kx")
+    with pytest.raises(FrameError, match="truncated"):
         wire.decode_read_range(frame_bytes([struct.pack("<QqqIQ", 1, 0, 1, 1, 1)]) + b"x")
     with pytest.raises(FrameError, match="sizes add up"):
         wire.decode_range_chunk(struct.pack("<HqIH", 0, 0, 1, 0) + struct.pack("<I", 5) + b"abc")

@@ -74,7 +74,7 @@ async def check_ledger(client: Any, ledger_id: int, password: bytes | None) -> t
     """(problem rows, replicas checked) of one ledger."""
     from scriba.autorecovery.fragments import fragments
     from scriba.autorecovery.replicas import check_replicas
-    from scriba.entry import make_digest, password_hash
+    from scriba.entry import make_digest, master_key, password_hash
     from scriba.meta.records import LedgerMetadata, ledger_key
     from scriba.placement import Adherence, make_policy
 
@@ -84,11 +84,13 @@ async def check_ledger(client: Any, ledger_id: int, password: bytes | None) -> t
         reader = await client.open_ledger(ledger_id, password or b"", recovery=False)
         lac = int(reader.last_add_confirmed)
     digest = None
+    key = b""
     if password is not None and password_hash(password) == md.password_hash:
         digest = make_digest(md.digest_type.value, password)
+        key = master_key(password)
     rows: list[tuple[Any, ...]] = [
         (ledger_id, int(p.segment_first), int(p.entry_id), str(p.bookie_id), classify(p.error), p.error)
-        for p in await check_replicas(client.transport, md, digest=digest, lac=lac)
+        for p in await check_replicas(client.transport, md, digest=digest, master_key=key, lac=lac)
     ]
     checked = 0
     topology = client.registry.topology()

@@ -37,7 +37,8 @@ Bodies (``s`` = u16-length-prefixed UTF-8 string, ``k`` = u16-length-prefixed by
   s message | entry_ids n x i64``; the client matches answers by (ledger, entry) ids.
 - READ_ENTRY: ledger_id u64 | entry_id i64 | flags u32 (1 = fence) | k master_key.
   Answer: status u16 | entry_id i64 | s message | entry (the rest).
-- READ_RANGE: ledger_id u64 | first i64 | last i64 | max_entries u32 | max_bytes u64.
+- READ_RANGE: ledger_id u64 | first i64 | last i64 | max_entries u32 | max_bytes u64,
+  then from version 3 ``| k master_key`` (a version-3 bookie takes both forms).
   Answered by RANGE_CHUNK frames with the request's id, the last one without flag
   MORE: status u16 | first_entry_id i64 | n u32 | s message | sizes n x u32 | entries.
 - READ_LAC: ledger_id u64 | flags u32 (1 = fence, 2 = long poll) | previous_lac i64 |
@@ -108,10 +109,11 @@ __all__ = [
 ]
 
 MAGIC: Final = 0x5342
-VERSION: Final = 2  # the highest version this code speaks (negotiated by HELLO)
+VERSION: Final = 3  # the highest version this code speaks (negotiated by HELLO)
 VERSION_MIN: Final = 1
 FRAME_VERSION: Final = 1  # the frame layout's version, in every header (versions add frame types only)
 WRITE_LAC_VERSION: Final = 2  # the first version with WRITE_LAC
+KEYED_RANGE_VERSION: Final = 3  # the first version whose READ_RANGE carries the master key
 FRAME_BYTES_MAX: Final = 65 * 1024 * 1024  # default cap on one frame's body
 FLAG_MORE: Final = 1  # RANGE_CHUNK: more chunks of this request follow
 
@@ -133,6 +135,7 @@ _READ_LAC: Final = struct.Struct("<QIqIHH")
 _LAC_ANSWER: Final = struct.Struct("<HqqBH")
 _WRITE_LAC: Final = struct.Struct("<QqIH")
 _U32: Final = struct.Struct("<I")
+_U16: Final = struct.Struct("<H")
 _STATUS_MESSAGE: Final = struct.Struct("<HH")
 _HELLO: Final = struct.Struct("<BB")
 _HELLO_OK: Final = struct.Struct("<HBH")
@@ -419,18 +422,25 @@ def decode_entry_answer(body: Buffer) -> tuple[int, int, str, Buffer]:
 
 # --- READ_RANGE / RANGE_CHUNK -----------------------------------------------------------
 def encode_read_range(request_id: int, ledger_id: int, first: int, last: int, max_entries: int,
-                      max_bytes: int) -> list[Buffer]:
-    return encode_frame(FrameType.READ_RANGE, request_id,
-                        [_READ_RANGE.pack(ledger_id, first, last, max_entries, max_bytes)])
+                      max_bytes: int, master_key: bytes | None = None) -> list[Buffer]:
+    """``master_key`` None: the form before version 3 (no key)."""
+    head = _READ_RANGE.pack(ledger_id, first, last, max_entries, max_bytes)
+    if master_key is None:
+        return encode_frame(FrameType.READ_RANGE, request_id, [head])
+    return encode_frame(FrameType.READ_RANGE, request_id, [head, _U16.pack(len(master_key)), master_key])
 
 
-def decode_read_range(body: Buffer) -> tuple[int, int, int, int, int]:
-    """``(ledger_id, first, last, max_entries, max_bytes)``."""
+def decode_read_range(body: Buffer) -> tuple[int, int, int, int, int, bytes]:
+    """``(ledger_id, first, last, max_entries, max_bytes, master_key)`` (the key b"" in
+    the form before version 3)."""
     r = _Reader(body)
-    fields = r.take(_READ_RANGE)
+    ledger_id, first, last, max_entries, max_bytes = r.take(_READ_RANGE)
+    key = b""
+    if r.end > r.pos:
+        (k,) = r.take(_U16)
+        key = bytes(r.bytes_(k))
     r.done()
-    ledger_id, first, last, max_entries, max_bytes = fields
-    return ledger_id, first, last, max_entries, max_bytes
+    return ledger_id, first, last, max_entries, max_bytes, key
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from scriba.autorecovery.records import (
 )
 from scriba.autorecovery.replicas import check_replicas
 from scriba.client import Client, ClientConfig
-from scriba.entry import make_digest
+from scriba.entry import make_digest, master_key
 from scriba.errors import NoSuchKeyError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
@@ -37,6 +37,7 @@ from scriba.testing.checkers import check_acked_set
 
 REPAIR_BOUND_S = 60.0
 DIGEST = make_digest("crc32c", PASSWORD)
+KEY = master_key(PASSWORD)
 
 
 async def ledgers(client: Client) -> list[LedgerMetadata]:
@@ -57,7 +58,7 @@ async def healthy(client: Client, gone: set[str]) -> list[str]:
                 problems.append(f"ledger {md.ledger_id} uses {b}")
         lac = None if md.is_closed else -1
         problems += [f"ledger {md.ledger_id}: {p}" for p in
-                     await check_replicas(client.transport, md, digest=DIGEST, lac=lac)]
+                     await check_replicas(client.transport, md, digest=DIGEST, master_key=KEY, lac=lac)]
         policy = make_policy(md.placement_policy, md.placement_options)
         for first, ensemble in md.ensembles:
             if policy.adherence(topology, ensemble, md.write_quorum_size, md.ack_quorum_size) is Adherence.FAIL:
@@ -386,7 +387,7 @@ async def test_a_placement_violation_after_a_topology_change_is_marked_and_repai
         await until(repaired, "the ledger moved back within its policy", REPAIR_BOUND_S)
         after = await client.ledger_metadata(w.ledger_id)
         assert len({client.registry.topology().location(b).zone for b in after.current_ensemble}) >= 2
-        assert await check_replicas(client.transport, after, digest=DIGEST) == []
+        assert await check_replicas(client.transport, after, digest=DIGEST, master_key=KEY) == []
         reader = await client.open_ledger(w.ledger_id, PASSWORD, recovery=False)
         assert [e.payload async for e in reader.read(0, reader.last_add_confirmed)] == payloads
         await reader.close()

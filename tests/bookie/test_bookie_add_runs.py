@@ -38,7 +38,7 @@ async def send(stub: object, batches: Sequence[pb.AddBatch]) -> dict[tuple[int, 
 
 
 async def read(stub: object, lid: int, eid: int) -> pb.ReadEntryResponse:
-    return await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=lid, entry_id=eid))  # type: ignore[attr-defined,no-any-return]
+    return await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=lid, entry_id=eid))  # type: ignore[attr-defined,no-any-return]
 
 
 async def test_runs_are_stored_answered_in_runs_and_read_back(make_bookie) -> None:  # noqa: F811
@@ -51,7 +51,7 @@ async def test_runs_are_stored_answered_in_runs_and_read_back(make_bookie) -> No
     for lid, eid in [(1, 0), (1, 63), (1, 99), (2, 9)]:
         got = await read(bk.stub, lid, eid)
         assert got.status == Status.OK and got.entry == entry(lid, eid)
-    lac = await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=1))
+    lac = await bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=1))
     assert lac.status == Status.OK and lac.lac == 98
 
 

@@ -167,7 +167,7 @@ def test_requests_get_typed_statuses_not_protocol_errors(harness: Harness) -> No
     assert status == Status.NO_SUCH_LEDGER and message and not closed
     fence, _ = harness.run(harness.exchange(b(wire.encode_read_lac(5, 13, wire.READ_FENCE, -1, 0, b""))))
     assert wire.decode_lac_answer(fence[-1][1]).status == Status.BAD_REQUEST  # FENCE needs the key
-    chunks, _ = harness.run(harness.exchange(b(wire.encode_read_range(6, 13, 0, 5, 100, 1 << 20)), want=2))
+    chunks, _ = harness.run(harness.exchange(b(wire.encode_read_range(6, 13, 0, 5, 100, 1 << 20, KEY)), want=2))
     (h1, c1), (h2, c2) = [(hd, wire.decode_range_chunk(body)) for hd, body in chunks if hd.type == FrameType.RANGE_CHUNK]
     assert (c1.status, c1.first_entry_id, len(c1.sizes), bool(h1.flags & wire.FLAG_MORE)) == (0, 0, 1, True)
     assert (c2.status, c2.first_entry_id, len(c2.sizes), bool(h2.flags & wire.FLAG_MORE)) == (
@@ -180,7 +180,7 @@ def test_write_lac_raises_the_lac_on_a_version_2_link_and_is_refused_on_a_versio
     version 1 (an older client) never sends it, and a bookie treats it as a protocol error."""
     frames, _ = harness.run(harness.exchange(add_frame(15, [0, 1, 2])))
     assert [a.status for hd, bd in frames if hd.type == FrameType.ADD_ACK for a in wire.decode_add_ack(bd)] == [0]
-    push = b(wire.encode_write_lac(21, 15, 2, wire.LAC_HINT_ONLY, KEY)) + b(wire.encode_read_lac(22, 15, 0, -1, 0, b""))
+    push = b(wire.encode_write_lac(21, 15, 2, wire.LAC_HINT_ONLY, KEY)) + b(wire.encode_read_lac(22, 15, 0, -1, 0, KEY))
     frames, closed = harness.run(harness.exchange(push, want=2))
     (written,) = [wire.decode_lac_written(bd) for hd, bd in frames if hd.type == FrameType.LAC_WRITTEN]
     (lac,) = [wire.decode_lac_answer(bd) for hd, bd in frames if hd.type == FrameType.LAC]
@@ -297,7 +297,7 @@ def test_tls_hook_serves_the_binary_path_over_tls(tmp_path: Path) -> None:
             try:
                 t.add(b, LedgerId(15), EntryId(0), KEY, data, lambda *a: done.set_result(a[3]))
                 status = await asyncio.wait_for(done, 10)
-                return status, await t.read_entry(b, LedgerId(15), EntryId(0)), t.wire_of(b)
+                return status, await t.read_entry(b, LedgerId(15), EntryId(0), master_key=KEY), t.wire_of(b)
             finally:
                 await t.close()
 
@@ -310,10 +310,10 @@ def test_tls_hook_serves_the_binary_path_over_tls(tmp_path: Path) -> None:
 def test_long_poll_carries_the_confirmed_entries_and_none_beyond_the_lac(harness: Harness) -> None:
     frames, _ = harness.run(harness.exchange(add_frame(30, [0, 1, 2, 3, 4])))  # entry 4 carries lac 3
     assert [a.status for hd, body in frames if hd.type == FrameType.ADD_ACK for a in wire.decode_add_ack(body)] == [0]
-    poll, _ = harness.run(harness.exchange(b(wire.encode_read_lac(8, 30, wire.LAC_LONG_POLL, 0, 1000, b"", 8))))
+    poll, _ = harness.run(harness.exchange(b(wire.encode_read_lac(8, 30, wire.LAC_LONG_POLL, 0, 1000, KEY, 8))))
     answer = wire.decode_lac_answer(poll[-1][1])
     assert (answer.status, answer.lac) == (0, 3)
     expected = [pack_entry(Crc32cDigest(), 30, e, e - 1, 0, b"x" * 10) for e in (1, 2, 3)]
     assert [bytes(e) for e in answer.piggybacked_entries] == expected
-    plain, _ = harness.run(harness.exchange(b(wire.encode_read_lac(9, 30, wire.LAC_LONG_POLL, 0, 1000, b""))))
+    plain, _ = harness.run(harness.exchange(b(wire.encode_read_lac(9, 30, wire.LAC_LONG_POLL, 0, 1000, KEY))))
     assert wire.decode_lac_answer(plain[-1][1]).piggybacked_entries == ()  # none asked, none sent

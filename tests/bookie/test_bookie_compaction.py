@@ -289,7 +289,7 @@ async def add(stub: pb_grpc.BookieStub, batches: list[list[pb.AddRequest]]) -> l
 
 async def read_checked(stub: pb_grpc.BookieStub, lid: int, count: int) -> dict[int, bytes]:
     out: dict[int, bytes] = {}
-    async for chunk in stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=0,
+    async for chunk in stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=lid, first_entry_id=0,
                                                           last_entry_id=count - 1), timeout=30):
         assert chunk.status == Status.OK
         for i, e in enumerate(chunk.entries):
@@ -394,7 +394,7 @@ async def test_surviving_entries_read_back_after_compaction_and_a_restart(
         async with grpc.aio.insecure_channel(bk.address) as ch:
             stub = pb_grpc.BookieStub(ch)
             assert await read_checked(stub, 2, 300) == {e: entry(2, e) for e in range(300)}
-            resp = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=0))
+            resp = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=0))
             assert resp.status == Status.NO_SUCH_LEDGER
     finally:
         await store.close()

@@ -109,7 +109,7 @@ async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
             reg = await registration(bookie_cluster.metadata_uri, bk.bookie_id)
             assert reg is not None and reg.mode is BookieMode.READ_ONLY
             # reads keep working while read-only
-            got = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=acked[-1]), timeout=10)
+            got = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=acked[-1]), timeout=10)
             assert got.status == Status.OK and got.entry == entry(1, acked[-1], 512)
             # a fence cannot be made durable any more: it must not be acknowledged either
             fence = await stub.ReadLac(pb.ReadLacRequest(ledger_id=1, flags=pb.FENCE, master_key=KEY), timeout=10)
@@ -125,7 +125,7 @@ async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
     async with channel(bk) as ch:
         stub = pb_grpc.BookieStub(ch)
         stored: dict[int, bytes] = {}
-        async for chunk in stub.ReadRange(pb.ReadRangeRequest(ledger_id=1, first_entry_id=0, last_entry_id=max(acked)), timeout=30):
+        async for chunk in stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=1, first_entry_id=0, last_entry_id=max(acked)), timeout=30):
             stored.update((chunk.first_entry_id + i, e) for i, e in enumerate(chunk.entries))
         lost = [e for e in acked if stored.get(e) != entry(1, e, 512)]
         assert not lost, f"{len(lost)} acked entries lost after restart, e.g. {lost[:5]}"
@@ -181,5 +181,5 @@ async def test_disk_full_makes_the_bookie_read_only_reads_work_nothing_lost(
             assert time.monotonic() < deadline, f"registration still {reg}"
             await asyncio.sleep(0.1)
         for e in acked:
-            got = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=2, entry_id=e), timeout=10)
+            got = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=2, entry_id=e), timeout=10)
             assert got.status == Status.OK and got.entry == entry(2, e, 4096), f"acked entry {e}: {got.status}"

@@ -41,7 +41,7 @@ async def store(bk: InProcBookie, lid: int, eids: Sequence[int]) -> None:
 
 
 async def chunks(bk: InProcBookie, **request: Any) -> list[pb.ReadRangeResponse]:
-    return [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(**request))]
+    return [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, **request))]
 
 
 def unpack(chunk: pb.ReadRangeResponse) -> list[bytes]:
@@ -94,15 +94,15 @@ async def test_a_bookie_without_packed_reads_still_serves_new_clients(make_booki
     t = GrpcBookieTransport(lambda b: bk.bookie.address)
     try:
         assert t.packed_reads
-        assert await t.read_range(BookieId("b0"), LedgerId(4), EntryId(0), EntryId(49)) == [
+        assert await t.read_range(BookieId("b0"), LedgerId(4), EntryId(0), EntryId(49), master_key=KEY) == [
             entry(4, e) for e in range(50)
         ]
         bk.bookie.service.packed_reads = True
-        runs = [r async for r in t.read_runs(BookieId("b0"), LedgerId(4), EntryId(3), EntryId(60))]
+        runs = [r async for r in t.read_runs(BookieId("b0"), LedgerId(4), EntryId(3), EntryId(60), master_key=KEY)]
         assert [e for r in runs for e in r.entries()] == [entry(4, e) for e in range(3, 50)]
         assert runs[0].first_entry_id == 3
         with pytest.raises(NoSuchEntryError):
-            await t.read_range(BookieId("b0"), LedgerId(4), EntryId(50), EntryId(60))
+            await t.read_range(BookieId("b0"), LedgerId(4), EntryId(50), EntryId(60), master_key=KEY)
     finally:
         await t.close()
 
@@ -122,10 +122,10 @@ async def test_a_corrupt_entry_ends_a_packed_range_and_is_answered_corrupt(
     assert unpack(got[0]) == [entry(6, e) for e in range(40)] and got[1].first_entry_id == 40
     t = GrpcBookieTransport(lambda b: bk.bookie.address)
     try:
-        assert len(await t.read_range(BookieId("b0"), LedgerId(6), EntryId(0), EntryId(99))) == 40
+        assert len(await t.read_range(BookieId("b0"), LedgerId(6), EntryId(0), EntryId(99), master_key=KEY)) == 40
         with pytest.raises(CorruptEntryError):
-            await t.read_range(BookieId("b0"), LedgerId(6), EntryId(40), EntryId(99))
-        rest = await t.read_range(BookieId("b0"), LedgerId(6), EntryId(41), EntryId(99))
+            await t.read_range(BookieId("b0"), LedgerId(6), EntryId(40), EntryId(99), master_key=KEY)
+        rest = await t.read_range(BookieId("b0"), LedgerId(6), EntryId(41), EntryId(99), master_key=KEY)
         assert rest == [entry(6, e) for e in range(41, 100)]
     finally:
         await t.close()

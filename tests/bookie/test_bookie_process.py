@@ -49,7 +49,7 @@ async def send(stub: pb_grpc.BookieStub, batches: Sequence[Sequence[pb.AddReques
 
 async def read_all(stub: pb_grpc.BookieStub, lid: int, first: int, last: int) -> dict[int, bytes]:
     out: dict[int, bytes] = {}
-    async for chunk in stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=first, last_entry_id=last), timeout=30):
+    async for chunk in stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=lid, first_entry_id=first, last_entry_id=last), timeout=30):
         if chunk.status == Status.OK:
             for i, e in enumerate(chunk.entries):
                 out[chunk.first_entry_id + i] = e
@@ -88,7 +88,7 @@ async def test_adds_read_back_health_metrics_and_sigterm_deregisters(bookie_clus
         assert [r.status for r in out] == [Status.OK] * 256
         got = await read_all(stub, 1, 0, 255)
         assert got == {i: entry(1, i) for i in range(256)}
-        last = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=-1))
+        last = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=-1))
         assert (last.status, last.entry_id) == (Status.OK, 255)
     health = await asyncio.to_thread(http_get, f"http://{bk.http_address}/health")
     assert health[0] == 200 and b'"read_only": false' in health[1]
@@ -190,7 +190,7 @@ async def test_fence_survives_restart_and_master_key_is_checked(bookie_cluster: 
     bk.start()
     async with channel(bk) as ch:
         stub = pb_grpc.BookieStub(ch)
-        lac = await stub.ReadLac(pb.ReadLacRequest(ledger_id=7))
+        lac = await stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=7))
         assert lac.status == Status.OK and lac.fenced and lac.last_entry_id == 5
         out = await send(stub, [[add(7, 6), add(7, 6, recovery=True), add(7, 7, key=master_key(b"wrong"), recovery=True)]])
         assert [r.status for r in out] == [Status.FENCED, Status.OK, Status.UNAUTHORIZED]
@@ -216,7 +216,7 @@ async def test_malformed_and_oversized_requests_get_a_status_and_the_server_keep
             async for resp in junk_stream(iter([b"\x0a\xff\xff\xff\xff\x0f"]), timeout=10):
                 answers.append(resp)
         assert answers == []  # nothing acknowledged for bytes that are no AddBatch
-        again = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=3, entry_id=3))
+        again = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=3, entry_id=3))
         assert again.status == Status.OK and again.entry == entry(3, 3)
         assert [r.status for r in await send(stub, [[add(3, 4)]])] == [Status.OK]
     assert bk.running
@@ -252,7 +252,7 @@ async def test_wiped_or_swapped_dirs_refuse_to_start_and_format_force_recovers(b
     assert proc.returncode == 0, out.decode()
     a.start()
     async with channel(a) as ch:
-        missing = await pb_grpc.BookieStub(ch).ReadEntry(pb.ReadEntryRequest(ledger_id=9, entry_id=0))
+        missing = await pb_grpc.BookieStub(ch).ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=9, entry_id=0))
         assert missing.status == Status.NO_SUCH_LEDGER  # a fresh, empty bookie
     b.start()  # b was never touched
 
@@ -319,7 +319,7 @@ async def test_gc_reclaims_deleted_ledgers_and_keeps_live_ones(bookie_cluster: B
             await store.delete(ledger_key(21))
 
             async def collected() -> bool:
-                resp = await stub.ReadEntry(pb.ReadEntryRequest(ledger_id=21, entry_id=0))
+                resp = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=21, entry_id=0))
                 return resp.status == Status.NO_SUCH_LEDGER
 
             await wait_for(collected, 15, "GC of the deleted ledger")

@@ -108,22 +108,22 @@ async def test_adds_are_read_back_entry_range_and_lac(make_bookie) -> None:
     bk = await make_bookie()
     responses = await send(bk.stub, [[add(1, i) for i in range(64)], [add(1, i) for i in range(64, 100)]])
     assert len(responses) == 100 and all(r.status == Status.OK for r in responses)
-    one = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=7))
+    one = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=7))
     assert one.status == Status.OK and one.entry == entry(1, 7)
-    last = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=-1))
+    last = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=-1))
     assert last.status == Status.OK and last.entry_id == 99 and last.entry == entry(1, 99)
-    chunks = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(ledger_id=1, first_entry_id=0, last_entry_id=120, max_entries=30))]
+    chunks = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=1, first_entry_id=0, last_entry_id=120, max_entries=30))]
     got = [e for c in chunks if c.status == Status.OK for e in c.entries]
     assert got == [entry(1, i) for i in range(100)]
     assert all(len(c.entries) <= 30 for c in chunks)
     assert chunks[-1].status == Status.NO_SUCH_ENTRY and chunks[-1].first_entry_id == 100
-    full = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(ledger_id=1, first_entry_id=10, last_entry_id=19))]
+    full = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=1, first_entry_id=10, last_entry_id=19))]
     assert [c.status for c in full] == [Status.OK] and list(full[0].entries) == [entry(1, i) for i in range(10, 20)]
-    lac = await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=1))
+    lac = await bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=1))
     assert (lac.status, lac.lac, lac.last_entry_id, lac.fenced) == (Status.OK, 98, 99, False)
-    missing = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=2, entry_id=0))
+    missing = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=2, entry_id=0))
     assert missing.status == Status.NO_SUCH_LEDGER and missing.message
-    gap = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=1, entry_id=500))
+    gap = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=1, entry_id=500))
     assert gap.status == Status.NO_SUCH_ENTRY
 
 
@@ -187,13 +187,13 @@ async def test_malformed_and_oversized_adds_get_bad_request_and_the_server_keeps
     ]
     assert [(r.ledger_id, r.entry_id) for r in out] == [(a.ledger_id, a.entry_id) for a in batch]
     assert all(r.message for r in out if r.status != Status.OK)
-    bad_range = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(ledger_id=3, first_entry_id=5, last_entry_id=1))]
+    bad_range = [c async for c in bk.stub.ReadRange(pb.ReadRangeRequest(master_key=KEY, ledger_id=3, first_entry_id=5, last_entry_id=1))]
     assert [c.status for c in bad_range] == [Status.BAD_REQUEST]
-    bad_read = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=3, entry_id=-7))
+    bad_read = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=3, entry_id=-7))
     assert bad_read.status == Status.BAD_REQUEST
-    huge_id = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=(1 << 64) - 1, entry_id=0))
+    huge_id = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=(1 << 64) - 1, entry_id=0))
     assert huge_id.status == Status.BAD_REQUEST
-    still = await bk.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=3, entry_id=5))
+    still = await bk.stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=3, entry_id=5))
     assert still.status == Status.OK and still.entry == entry(3, 5)
 
 
@@ -254,14 +254,14 @@ async def test_pipelined_batches_are_handed_to_storage_before_earlier_ones_finis
 async def test_long_poll_returns_when_lac_advances_with_the_piggybacked_entry(make_bookie) -> None:
     bk = await make_bookie()
     await send(bk.stub, [[add(20, 0), add(20, 1)]])  # lac 0
-    poll = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(
+    poll = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY,
         ledger_id=20, long_poll=True, previous_lac=0, timeout_ms=5000, piggyback_entry=True)))
     await asyncio.sleep(0.05)
     assert not poll.done()
     await send(bk.stub, [[add(20, 2)]])  # carries lac 1
     resp = await asyncio.wait_for(poll, 5)
     assert resp.status == Status.OK and resp.lac == 1 and resp.piggybacked_entry == entry(20, 1)
-    timed = await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=20, long_poll=True, previous_lac=5, timeout_ms=50))
+    timed = await bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=20, long_poll=True, previous_lac=5, timeout_ms=50))
     assert timed.status == Status.OK and timed.lac == 1
 
 
@@ -272,7 +272,7 @@ async def test_long_poll_carries_the_newly_confirmed_entries_and_none_beyond_the
     await send(bk.stub, [[add(22, i) for i in range(6)]])  # stored 0..5; entry 5 carries lac 4
 
     def poll(previous: int, entries_max: int) -> Any:
-        return bk.stub.ReadLac(pb.ReadLacRequest(
+        return bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY,
             ledger_id=22, long_poll=True, previous_lac=previous, timeout_ms=5000, piggyback_entry=True,
             piggyback_entries_max=entries_max))
 
@@ -296,7 +296,7 @@ async def test_long_poll_carries_the_newly_confirmed_entries_and_none_beyond_the
 async def test_a_hint_only_lac_wakes_long_polls_and_checks_the_key(make_bookie) -> None:
     bk = await make_bookie()
     await send(bk.stub, [[add(23, 0), add(23, 1)]])  # lac 0
-    waiting = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(
+    waiting = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY,
         ledger_id=23, long_poll=True, previous_lac=0, timeout_ms=5000, piggyback_entries_max=8)))
     hint = pb.WriteLacRequest(ledger_id=23, lac=1, master_key=KEY, hint_only=True)
     assert (await bk.stub.WriteLac(hint)).status == Status.OK
@@ -306,14 +306,14 @@ async def test_a_hint_only_lac_wakes_long_polls_and_checks_the_key(make_bookie) 
     assert (await bk.stub.WriteLac(wrong)).status == Status.UNAUTHORIZED
     unknown = pb.WriteLacRequest(ledger_id=24, lac=3, master_key=KEY, hint_only=True)
     assert (await bk.stub.WriteLac(unknown)).status == Status.NO_SUCH_LEDGER  # a hint creates nothing
-    assert (await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=24))).status == Status.NO_SUCH_LEDGER
+    assert (await bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=24))).status == Status.NO_SUCH_LEDGER
 
 
 async def test_write_lac_and_bookie_info(make_bookie) -> None:
     bk = await make_bookie()
     await send(bk.stub, [[add(21, 0)]])
     assert (await bk.stub.WriteLac(pb.WriteLacRequest(ledger_id=21, lac=0, master_key=KEY))).status == Status.OK
-    assert (await bk.stub.ReadLac(pb.ReadLacRequest(ledger_id=21))).lac == 0
+    assert (await bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY, ledger_id=21))).lac == 0
     info = await bk.stub.GetBookieInfo(pb.BookieInfoRequest())
     assert info.status == Status.OK and info.bookie_id == "b0" and info.state == pb.BOOKIE_READ_WRITE
     assert info.total_bytes > 0

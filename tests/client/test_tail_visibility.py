@@ -94,10 +94,11 @@ class CountingTransport(StorageTransport):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         result = await super().long_poll_lac(
-            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+            master_key=master_key)
         if not self.lie:
             return result
         storage = self._storage(bookie_id)
@@ -328,13 +329,14 @@ class WaitingPolls(CountingTransport):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         key = (bookie_id, int(previous_lac))
         self.waiting.append(key)
         try:
             return await super().long_poll_lac(
-                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+                master_key=master_key)
         finally:
             self.waiting.remove(key)
 
@@ -458,14 +460,15 @@ class HungPolls(WaitingPolls):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         if self.hung is None:
             self.hung = bookie_id
         if bookie_id == self.hung:
             await self.release.wait()
         return await super().long_poll_lac(
-            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+            master_key=master_key)
 
 
 async def test_a_bookie_that_never_answers_a_long_poll_holds_back_no_tail() -> None:
@@ -499,11 +502,12 @@ class CountedPolls(CountingTransport):
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         self.polls[bookie_id] = self.polls.get(bookie_id, 0) + 1
         return await super().long_poll_lac(
-            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max)
+            bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+            master_key=master_key)
 
 
 async def test_a_tail_stops_polling_a_bookie_that_failed() -> None:

@@ -36,7 +36,8 @@ async def test_mixed_cluster_writes_and_reads_every_bookie_over_its_own_wire(
         wires = {b.bookie_id: transport.wire_of(BookieId(b.bookie_id)) for b in bookie_cluster.bookies}
         assert wires == {**{b.bookie_id: "binary" for b in bookie_cluster.bookies}, old.bookie_id: "grpc"}
         # the gRPC-only bookie holds every entry (W3): read one straight from it
-        raw = await transport.read_entry(BookieId(old.bookie_id), LedgerId(writer.ledger_id), EntryId(199))
+        raw = await transport.read_entry(BookieId(old.bookie_id), LedgerId(writer.ledger_id), EntryId(199),
+                                         master_key=master_key(PASSWORD))
         assert unpack_entry(Crc32cDigest(), raw).payload == b"m-199"
         reader = await client.open_ledger(writer.ledger_id, password=PASSWORD)
         payloads = [e.payload async for e in reader.read(0, 199)]
@@ -65,7 +66,7 @@ async def test_a_bookie_refusing_every_version_is_served_over_grpc(bookie_cluste
         assert await asyncio.wait_for(done, 20) == Status.OK
         assert hellos and hellos[0][:2] == wire.MAGIC.to_bytes(2, "little")  # it did try binary first
         assert t.wire_of(b) == "grpc" and t.links_opened == 0
-        got = await t.read_entry(b, LedgerId(21), EntryId(0))
+        got = await t.read_entry(b, LedgerId(21), EntryId(0), master_key=key)
         assert unpack_entry(Crc32cDigest(), got).payload == b"fallback"
     finally:
         await t.close()

@@ -73,14 +73,14 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any, wire: str) ->
     if wire == "binary":  # the adds went over the binary links, one per bookie
         assert isinstance(t, BinaryTransport) and t.links_opened == 3
     b0 = BookieId(next(iter(addresses)))
-    got = unpack_entry(DIGEST, await t.read_entry(b0, LedgerId(11), EntryId(42)))
+    got = unpack_entry(DIGEST, await t.read_entry(b0, LedgerId(11), EntryId(42), master_key=KEY))
     assert got.payload == b"payload-42"
-    chunk = await t.read_range(b0, LedgerId(11), EntryId(0), EntryId(n + 10), max_entries=5000)
+    chunk = await t.read_range(b0, LedgerId(11), EntryId(0), EntryId(n + 10), max_entries=5000, master_key=KEY)
     assert [unpack_entry(DIGEST, c).entry_id for c in chunk] == list(range(n))
     with pytest.raises(NoSuchEntryError):
-        await t.read_entry(b0, LedgerId(11), EntryId(n + 5))
+        await t.read_entry(b0, LedgerId(11), EntryId(n + 5), master_key=KEY)
     with pytest.raises(NoSuchLedgerError):
-        await t.read_entry(b0, LedgerId(12345), EntryId(0))
+        await t.read_entry(b0, LedgerId(12345), EntryId(0), master_key=KEY)
     info = await t.bookie_info(b0)
     assert info.bookie_id == b0 and not info.read_only
     # wrong master key on an existing ledger: UNAUTHORIZED through the callback
@@ -89,11 +89,11 @@ async def test_adds_and_reads_on_real_bookies(bookie_cluster: Any, wire: str) ->
     await bad.wait(1)
     assert bad.by_key[(b0, 11, n)] == [Status.UNAUTHORIZED]
     # a plain LAC read (no key, nothing written: the RSM leader's fence probe) tells fenced or not
-    assert not (await t.read_lac(b0, LedgerId(11))).fenced
+    assert not (await t.read_lac(b0, LedgerId(11), master_key=KEY)).fenced
     # fencing LAC read, then a normal add is FENCED and a recovery add is accepted
     lac = await t.read_lac(b0, LedgerId(11), fence=True, master_key=KEY)
     assert lac.fenced and lac.last_entry_id == n - 1
-    assert (await t.read_lac(b0, LedgerId(11))).fenced
+    assert (await t.read_lac(b0, LedgerId(11), master_key=KEY)).fenced
     fenced = Answers()
     t.add(b0, LedgerId(11), EntryId(n), KEY, entry(11, n, b"late"), fenced)
     t.add(b0, LedgerId(11), EntryId(n + 1), KEY, entry(11, n + 1, b"rec"), fenced, recovery=True)
@@ -120,7 +120,7 @@ async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster:
     assert time.monotonic() - t0 < 5  # UNAVAILABLE, not after the 10 s add timeout
     assert {s for v in down.by_key.values() for s in v} == {Status.UNAVAILABLE}
     with pytest.raises(UnavailableError):
-        await t.read_entry(b, LedgerId(3), EntryId(0), timeout_s=2)
+        await t.read_entry(b, LedgerId(3), EntryId(0), timeout_s=2, master_key=KEY)
     bookie.start()
     resumed = Answers()
     async with asyncio.timeout(15):
@@ -132,6 +132,6 @@ async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster:
                 break
             e += 1
             await asyncio.sleep(0.05)
-    got = unpack_entry(DIGEST, await t.read_entry(b, LedgerId(3), EntryId(50)))
+    got = unpack_entry(DIGEST, await t.read_entry(b, LedgerId(3), EntryId(50), master_key=KEY))
     assert got.payload == b"a"  # what was acknowledged before the kill survived it
     await t.close()

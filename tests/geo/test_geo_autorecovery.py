@@ -31,7 +31,7 @@ from scriba.autorecovery.replicas import check_replicas
 from scriba.autorecovery.worker import ReplicationWorker
 from scriba.client import Client
 from scriba.embedded.process import ServerProcess, python_module_argv
-from scriba.entry import make_digest
+from scriba.entry import make_digest, master_key
 from scriba.errors import NotEnoughBookiesError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta import connect
@@ -188,7 +188,7 @@ async def test_a_lost_bookie_is_replaced_in_its_own_region_and_recorded() -> Non
         for _first, ensemble in after.ensembles:
             assert len({after.bookie_regions[b] for b in ensemble}) == 2, after.ensembles
         digest = make_digest("crc32c", PASSWORD)
-        assert await check_replicas(transport, after, digest=digest) == []
+        assert await check_replicas(transport, after, digest=digest, master_key=master_key(PASSWORD)) == []
         # The record's regions are what a recovery counts: the new bookie's counts toward its region.
         assert after.slot_regions(after.current_ensemble) is not None
         assert after.slot_regions(after.current_ensemble).count((1 << 3) - 1) == 2  # type: ignore[union-attr]
@@ -280,7 +280,8 @@ async def test_real_processes_replace_a_lost_bookie_within_its_region(tmp_path: 
                 (added,) = set(after.current_ensemble) - set(ensemble)
                 assert region_of[added] == region_of[victim]
                 assert after.bookie_regions == {b: region_of[b] for b in after.current_ensemble}
-                assert await check_replicas(client.transport, after, digest=make_digest("crc32c", PASSWORD)) == []
+                assert await check_replicas(client.transport, after, digest=make_digest("crc32c", PASSWORD),
+                                            master_key=master_key(PASSWORD)) == []
                 # negative control: the region's last bookies go too; only the other region has spares
                 doomed = [b for b in region_of if region_of[b] == region_of[victim] and b != victim]
                 refusals = _refusals(worker.log_path)

@@ -99,7 +99,7 @@ class StorageTransport:
     async def read_range(
         self, bookie_id: BookieId, ledger_id: LedgerId, first_entry_id: EntryId,
         last_entry_id: EntryId, *, max_entries: int = 1024, max_bytes: int = 4 * 1024 * 1024,
-        timeout_s: float | None = None,
+        master_key: bytes = b"", timeout_s: float | None = None,
     ) -> list[bytes]:
         self.range_reads += 1
         storage = self._storage(bookie_id)
@@ -119,7 +119,7 @@ class StorageTransport:
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
-        wait_s: float, piggyback_entries_max: int = 1,
+        wait_s: float, piggyback_entries_max: int = 1, master_key: bytes = b"",
     ) -> LacResult:
         storage = self._storage(bookie_id)
         state = await storage.wait_lac(ledger_id, previous_lac, wait_s)
