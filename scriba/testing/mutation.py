@@ -37,6 +37,7 @@ import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,14 +150,15 @@ class Workspace:
             *(["-x"] if first_failure else []), "--no-header", f"--rootdir={self.tree}", "-c", str(self.tree / "pyproject.toml"),
             "-o", "addopts=--strict-markers", "-o", "timeout=60", *paths,
         ]
-        try:
-            proc = subprocess.run(
-                cmd, cwd=self.view, env=self.env(), capture_output=True, text=True,
-                timeout=timeout_s, check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return -1, f"timed out after {timeout_s:.0f} s"
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-tail_lines:])
+        with subprocess.Popen(
+            cmd, cwd=self.view, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ) as proc:
+            try:
+                out, _ = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _interrupt(proc)
+                return -1, f"timed out after {timeout_s:.0f} s"
+        tail = "\n".join(out.strip().splitlines()[-tail_lines:])
         return proc.returncode, tail
 
     def run(self, mutant: Mutant, timeout_s: float) -> Outcome:
@@ -195,6 +197,17 @@ def failed_tests(output: str) -> list[str]:
     """The node ids of pytest's ``FAILED``/``ERROR`` summary lines, each once, in order."""
     found = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", output, flags=re.MULTILINE)
     return list(dict.fromkeys(found))
+
+
+def _interrupt(proc: subprocess.Popen[str], grace_s: float = 60.0) -> None:
+    """Stop a pytest run that overran as Ctrl-C would: its fixtures tear down and stop the
+    servers they started (a SIGKILL would leave them running); SIGKILL after ``grace_s``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def check_baseline_passes(ws: Workspace, files: Sequence[str], timeout_s: float) -> None:

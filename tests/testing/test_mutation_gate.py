@@ -135,3 +135,32 @@ def test_every_listed_mutant_still_applies_to_the_tree() -> None:
         if (repo / m.file).read_text().count(m.find) != 1
     ]
     assert stale == [], f"stale mutants (their find snippet is not in their file exactly once): {stale}"
+
+
+def test_an_overrunning_run_is_interrupted_so_its_fixtures_tear_down(repo: Path) -> None:
+    """A run past its deadline gets Ctrl-C, not SIGKILL: its fixtures stop what they
+    started (a server left running would outlive the gate)."""
+    marker = repo.parent / "torn-down"
+    (repo / "tests" / "test_hang.py").write_text(textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from collections.abc import Iterator
+
+        import pytest
+
+        @pytest.fixture
+        def server() -> Iterator[None]:
+            yield
+            Path({str(marker)!r}).touch()
+
+        def test_hang(server: None) -> None:
+            time.sleep(600)
+    """))
+    toml = (repo / "mutants.toml").read_text().replace(
+        'tests = ["tests/test_rule.py"]\nwhy = "one ack too few"',
+        'tests = ["tests/test_hang.py"]\nwhy = "one ack too few"')
+    (repo / "mutants.toml").write_text(toml)
+    outcomes = run_gate(repo, load_mutants(repo / "mutants.toml")[:1], jobs=1, timeout_s=5,
+                        check_baseline=False)
+    assert len(outcomes) == 1
+    assert marker.exists(), "the overrun run was killed before its fixtures tore down"
