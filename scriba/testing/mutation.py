@@ -156,8 +156,8 @@ class Workspace:
             try:
                 out, _ = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _interrupt(proc)
-                return -1, f"timed out after {timeout_s:.0f} s"
+                late = _interrupt(proc).strip().splitlines()[-tail_lines:]
+                return -1, "\n".join([*late, f"timed out after {timeout_s:.0f} s"])
         tail = "\n".join(out.strip().splitlines()[-tail_lines:])
         return proc.returncode, tail
 
@@ -199,15 +199,17 @@ def failed_tests(output: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _interrupt(proc: subprocess.Popen[str], grace_s: float = 60.0) -> None:
+def _interrupt(proc: subprocess.Popen[str], grace_s: float = 60.0) -> str:
     """Stop a pytest run that overran as Ctrl-C would: its fixtures tear down and stop the
-    servers they started (a SIGKILL would leave them running); SIGKILL after ``grace_s``."""
+    servers they started (a SIGKILL would leave them running); SIGKILL after ``grace_s``.
+    Returns what it printed (where it was when stopped)."""
     proc.send_signal(signal.SIGINT)
     try:
-        proc.communicate(timeout=grace_s)
+        out, _ = proc.communicate(timeout=grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        out, _ = proc.communicate()
+    return out or ""
 
 
 def check_baseline_passes(ws: Workspace, files: Sequence[str], timeout_s: float) -> None:
@@ -217,7 +219,9 @@ def check_baseline_passes(ws: Workspace, files: Sequence[str], timeout_s: float)
     ran before the gate judges flakiness; the gate needs only a tree in which the tests
     can pass). One that fails twice, or a run that fails outside any test, ends the gate.
     """
-    code, tail = ws.pytest(files, timeout_s * 4, first_failure=False, tail_lines=400)
+    # every mutant's tests in one run (about 8 min on 2 quiet cores at 170 mutants): the
+    # deadline only guards against a hang
+    code, tail = ws.pytest(files, timeout_s * 15, first_failure=False, tail_lines=400)
     if code == 0:
         return
     failed = failed_tests(tail)
