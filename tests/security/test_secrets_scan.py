@@ -13,11 +13,11 @@ scan must name exactly those.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from scriba.embedded.bookie import tls_argv
 from scriba.embedded.process import python_module_argv
 from scriba.embedded.sandbox_children import start_child, stop_child
 from scriba.testing.cluster import BookieCluster
-from scriba.testing.pki import TestPki, https_get
+from scriba.testing.pki import TestPki
 from scriba.testing.secrets_scan import Leak, pem_secrets, read_sources, scan, secret_forms
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -118,8 +118,11 @@ def test_no_secret_in_logs_metrics_json_or_data(etcd_cluster: Any, pki: TestPki,
         assert [row["payload"] for row in json.loads(verbs["read-ledger"][0])] == [f"entry-{i}" for i in range(20)]
         assert json.loads(verbs["ledger-metadata"][0])["password_stored"] is True  # stored, never shown
         urls = [f"https://{b.http_address}/metrics" for b in cluster.bookies] + [json.loads(line)["metrics"]]
+        context = admin.load().client_ssl_context()
         for url in urls:
-            status, body = asyncio.run(https_get(url, admin))
+            # blocking and closed on return (an event loop per GET closed its SSL sockets late)
+            with urllib.request.urlopen(url, context=context, timeout=10) as reply:
+                status, body = reply.status, reply.read().decode()
             assert status == 200 and "# TYPE" in body, (url, status, body[:200])
             texts[url] = body.encode()
     finally:
