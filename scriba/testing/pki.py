@@ -13,9 +13,13 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scriba.certs import CertificateAuthority, Issued, issue, make_ca
 from scriba.tls import Role, TlsConfig
+
+if TYPE_CHECKING:
+    from scriba.client import ClientConfig
 
 CLIENT_IDENTITY = "scriba-client"
 ADMIN_IDENTITY = "scriba-admin"
@@ -67,6 +71,16 @@ class TestPki:
     def client_tls(self, who: Issued | None = None, *, ca: Path | None = None) -> TlsConfig:
         """A client trusting the test CA (or ``ca``), presenting ``who``'s certificate if given."""
         return TlsConfig(cert=who.cert if who else None, key=who.key if who else None, ca=ca or self.ca.cert)
+
+
+def tls_client_config(tls: TlsConfig | None, deadline_s: float) -> ClientConfig:
+    """A client for a test cluster: ``tls`` on every bookie link, every add and read
+    bounded by ``deadline_s`` (a refusal must come as an error, never as a hang)."""
+    from scriba.client import ClientConfig
+    from scriba.client.driver import DriverConfig
+
+    return ClientConfig(add_timeout_s=deadline_s, bookie_wait_s=20.0, tls=tls,
+                        driver=DriverConfig(read_timeout_s=deadline_s, metadata_timeout_s=10.0))
 
 
 async def https_get(url: str, tls: TlsConfig, timeout_s: float = 10.0) -> tuple[int, str]:

@@ -22,23 +22,18 @@ from typing import Any
 
 import pytest
 
-from scriba.client import Client, ClientConfig
-from scriba.client.driver import DriverConfig
+from scriba.client import Client
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
 from scriba.embedded.bookie import BookieProcess
 from scriba.errors import ConfigError, UnauthorizedError, UnavailableError
 from scriba.ids import BookieId
 from scriba.testing.cluster import BookieCluster
-from scriba.testing.pki import TestPki
+from scriba.testing.pki import TestPki, tls_client_config
 from scriba.tls import TlsConfig
 
 DEADLINE_S = 5.0
 
-
-def config(tls: TlsConfig | None) -> ClientConfig:
-    return ClientConfig(add_timeout_s=DEADLINE_S, bookie_wait_s=20.0, tls=tls,
-                        driver=DriverConfig(read_timeout_s=DEADLINE_S, metadata_timeout_s=10.0))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,7 @@ def tls_cluster(etcd_cluster: Any, pki: TestPki, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture
 async def good_client(tls_cluster: BookieCluster, pki: TestPki) -> AsyncIterator[Client]:
-    async with Client.connect(tls_cluster.metadata_uri, config=config(pki.client_tls(pki.client))) as c:
+    async with Client.connect(tls_cluster.metadata_uri, config=tls_client_config(pki.client_tls(pki.client), DEADLINE_S)) as c:
         await c.registry.wait_for_bookies(3, 20.0)
         yield c
 
@@ -104,7 +99,7 @@ async def test_tls_client_off_the_allow_list_is_refused_and_writes_nothing(
     err = await info_error(tls_cluster, pki.client_tls(pki.intruder))
     assert isinstance(err, UnauthorizedError)
     assert "intruder" in str(err) and "allow-list" in str(err), err
-    async with Client.connect(tls_cluster.metadata_uri, config=config(pki.client_tls(pki.intruder))) as bad:
+    async with Client.connect(tls_cluster.metadata_uri, config=tls_client_config(pki.client_tls(pki.intruder), DEADLINE_S)) as bad:
         await bad.registry.wait_for_bookies(3, 20.0)
         w = await bad.create_ledger(3, 3, 2, password=b"pw")  # metadata only: no bookie contacted
         with pytest.raises(UnauthorizedError):

@@ -21,16 +21,15 @@ from typing import Any
 
 import pytest
 
-from scriba.client import Client, ClientConfig
+from scriba.client import Client
 from scriba.client.binary_transport import BinaryTransport
-from scriba.client.driver import DriverConfig
 from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
 from scriba.entry import master_key
 from scriba.errors import UnauthorizedError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.testing.cluster import BookieCluster
-from scriba.testing.pki import TestPki
+from scriba.testing.pki import TestPki, tls_client_config
 from scriba.tls import TlsConfig
 
 DEADLINE_S = 5.0
@@ -44,10 +43,6 @@ class Ledgers:
     open: LedgerId
     bookie: BookieId
 
-
-def _config(tls: TlsConfig) -> ClientConfig:
-    return ClientConfig(add_timeout_s=DEADLINE_S, bookie_wait_s=20.0, tls=tls,
-                        driver=DriverConfig(read_timeout_s=DEADLINE_S, metadata_timeout_s=10.0))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +58,7 @@ def guarded_cluster(etcd_cluster: Any, pki: TestPki, tmp_path_factory: pytest.Te
 
 @pytest.fixture
 async def ledgers(guarded_cluster: BookieCluster, pki: TestPki) -> AsyncIterator[Ledgers]:
-    async with Client.connect(guarded_cluster.metadata_uri, config=_config(pki.client_tls(pki.client))) as c:
+    async with Client.connect(guarded_cluster.metadata_uri, config=tls_client_config(pki.client_tls(pki.client), DEADLINE_S)) as c:
         await c.registry.wait_for_bookies(1, 20.0)
         ids = []
         for password in (PASSWORD, b""):
@@ -135,7 +130,7 @@ async def test_protected_ledger_reads_need_the_key_or_an_admin(
 async def test_the_client_reader_sends_the_key(guarded_cluster: BookieCluster, pki: TestPki, ledgers: Ledgers) -> None:
     """Open, read and tail a protected ledger through the client (binary links): every
     read it makes carries the ledger's master key."""
-    async with Client.connect(guarded_cluster.metadata_uri, config=_config(pki.client_tls(pki.client))) as c:
+    async with Client.connect(guarded_cluster.metadata_uri, config=tls_client_config(pki.client_tls(pki.client), DEADLINE_S)) as c:
         await c.registry.wait_for_bookies(1, 20.0)
         reader = await c.open_ledger(ledgers.protected, password=PASSWORD, recovery=False)
         got = [e.payload async for e in reader.read(0, ENTRIES - 2)]
