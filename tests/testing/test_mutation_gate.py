@@ -90,6 +90,15 @@ def test_gate_refuses_a_failing_baseline(repo: Path) -> None:
                  check_baseline=True)
 
 
+def _killed_mutant_runs(repo: Path, *tests: str) -> list[Mutant]:
+    """The "killed" mutant, its tests replaced by ``tests`` (alone: the gate's first)."""
+    toml = (repo / "mutants.toml").read_text().replace(
+        'tests = ["tests/test_rule.py"]\nwhy = "one ack too few"',
+        f'tests = {list(tests)!r}\nwhy = "one ack too few"'.replace("'", '"'))
+    (repo / "mutants.toml").write_text(toml)
+    return load_mutants(repo / "mutants.toml")[:1]
+
+
 def test_gate_reruns_a_baseline_test_that_fails_once(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # fails on its first run only (a marker outside the copied tree remembers it ran)
     marker = repo.parent / "ran-once"
@@ -102,12 +111,8 @@ def test_gate_reruns_a_baseline_test_that_fails_once(repo: Path, capsys: pytest.
             marker.touch()
             assert not first
     """))
-    toml = (repo / "mutants.toml").read_text().replace(
-        'tests = ["tests/test_rule.py"]\nwhy = "one ack too few"',
-        'tests = ["tests/test_rule.py", "tests/test_flaky.py"]\nwhy = "one ack too few"')
-    (repo / "mutants.toml").write_text(toml)
-    outcomes = run_gate(repo, load_mutants(repo / "mutants.toml")[:1], jobs=1, timeout_s=60,
-                        check_baseline=True)
+    mutants = _killed_mutant_runs(repo, "tests/test_rule.py", "tests/test_flaky.py")
+    outcomes = run_gate(repo, mutants, jobs=1, timeout_s=60, check_baseline=True)
     assert [o.verdict for o in outcomes] == ["killed"]
     assert "flaky unmutated tests" in capsys.readouterr().out and marker.exists()
 
@@ -156,11 +161,7 @@ def test_an_overrunning_run_is_interrupted_so_its_fixtures_tear_down(repo: Path)
         def test_hang(server: None) -> None:
             time.sleep(600)
     """))
-    toml = (repo / "mutants.toml").read_text().replace(
-        'tests = ["tests/test_rule.py"]\nwhy = "one ack too few"',
-        'tests = ["tests/test_hang.py"]\nwhy = "one ack too few"')
-    (repo / "mutants.toml").write_text(toml)
-    outcomes = run_gate(repo, load_mutants(repo / "mutants.toml")[:1], jobs=1, timeout_s=5,
+    outcomes = run_gate(repo, _killed_mutant_runs(repo, "tests/test_hang.py"), jobs=1, timeout_s=5,
                         check_baseline=False)
     assert len(outcomes) == 1
     assert marker.exists(), "the overrun run was killed before its fixtures tore down"
