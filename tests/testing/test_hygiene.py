@@ -119,7 +119,8 @@ def test_leaked_children_and_structlog_changes_are_reported(
     ])
     assert "the session left" not in out  # the module's leak was stopped at the module's end
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    (pid,) = [int(p) for p in re.findall(r"- pid (\d+): .*leaked-by-a-test", out)]
+    # named in the error, and again in the short summary where pytest does not shorten it (CI=1)
+    (pid,) = {int(p) for p in re.findall(r"- pid (\d+): .*leaked-by-a-test", out)}
     wait_until(lambda: not _running(pid), 30, what=f"pid {pid} gone")  # stopped, not left to run out
 
 
