@@ -44,7 +44,10 @@ proposer against each in turn for ``--rounds`` rounds; per round p50/p90/p99, CP
 context switches per proposal over every process, then medians and B/A ratios.
 
 Run: ``.venv/bin/python benchmarks/probe_rsm.py [--seconds 10] [--json OUT] [--profile DIR]``
-or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``.
+or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``;
+an older commit against this one: ``git archive COMMIT | tar -x -C OLD``, lay OLD out as the
+installed package (``scriba.testing.mutation.package_view(OLD, VIEW)``), then
+``... --ab --own-bookies --env-a PYTHONPATH=VIEW``.
 On 2 shared cores the tail is mostly CPU contention: compare runs made together.
 """
 
@@ -301,26 +304,31 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         return {**dict(kv.split("=", 1) for kv in text.split(",") if kv), "BENCH_RSM_CONFIG": config or "{}"}
 
     out: dict[str, Any] = {"rounds": {"A": [], "B": []}, "env": {"A": args.env_a, "B": args.env_b},
-                           "config": {"A": args.config_a, "B": args.config_b}}
+                           "config": {"A": args.config_a, "B": args.config_b}, "own_bookies": args.own_bookies}
+    specs = (("A", args.env_a, args.config_a), ("B", args.env_b, args.config_b))
     with tempfile.TemporaryDirectory(prefix="probe-rsm-ab-") as tmp:
         base = Path(tmp)
         etcd = EtcdCluster(base / "etcd", 1)
         etcd.start()
-        uri = etcd.uri("probe")
-        bookies = BookieCluster(base / "bookies", uri)
-        groups = {k: Replicas(uri, "probe", f"counter-{k}", script=bench_rsm.__file__, env=env(e, c))
-                  for k, e, c in (("A", args.env_a, args.config_a), ("B", args.env_b, args.config_b))}
+        # --own-bookies: each group's bookies run with its environment (another tree on
+        # PYTHONPATH: old code against new), under its own metadata prefix
+        uris = {k: etcd.uri(f"probe-{k}" if args.own_bookies else "probe") for k, _, _ in specs}
+        clusters = ({k: BookieCluster(base / f"bookies-{k}", uris[k], env=env(e, "")) for k, e, _ in specs}
+                    if args.own_bookies else {"AB": BookieCluster(base / "bookies", uris["A"])})
+        groups = {k: Replicas(uris[k], "probe", f"counter-{k}", script=bench_rsm.__file__, env=env(e, c))
+                  for k, e, c in specs}
         try:
-            for zone in ("z1", "z2", "z3"):
-                bookies.add_bookie(zone=zone)
+            for bookies in clusters.values():
+                for zone in ("z1", "z2", "z3"):
+                    bookies.add_bookie(zone=zone)
             for group in groups.values():
                 for slot in range(3):
                     group.start(slot)
-            bookie_pids = {f"bookie-{b.bookie_id}": b.pid for b in bookies.bookies if b.pid is not None}
             for _ in range(args.rounds):
                 for k, group in groups.items():
+                    bookies = clusters.get(k) or clusters["AB"]
                     pids = {"client": os.getpid(), **{f"replica-{s}": p.pid for s, p in group.procs.items()},
-                            **bookie_pids}
+                            **{f"bookie-{b.bookie_id}": b.pid for b in bookies.bookies if b.pid is not None}}
                     lat, cpu, sw = asyncio.run(one_proposer(list(group.addresses.values()), args.seconds, pids))
                     out["rounds"][k].append({"n": len(lat), "p50": pct(lat, 0.5), "p90": pct(lat, 0.9),
                                              "p99": pct(lat, 0.99), "load": os.getloadavg()[0],
@@ -330,7 +338,8 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for group in groups.values():
                 group.stop_all()
-            bookies.stop_all()
+            for bookies in clusters.values():
+                bookies.stop_all()
             etcd.stop()
     for k in ("A", "B"):
         rounds = out["rounds"][k]
@@ -359,6 +368,9 @@ def main() -> int:
     p.add_argument("--config-a", default="", help="RsmConfig fields of group A, as JSON")
     p.add_argument("--config-b", default="", help="RsmConfig fields of group B, as JSON")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--own-bookies", action="store_true",
+                   help="--ab: each group its own 3 bookies, run with its --env (e.g. PYTHONPATH=<another tree's "
+                        "package view>: an older commit's bookies and replicas against this one's)")
     args = p.parse_args()
     if args.ab:
         result = ab(args)

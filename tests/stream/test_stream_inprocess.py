@@ -36,6 +36,7 @@ from scriba.errors import (
 from scriba.stream import (
     Namespace,
     Position,
+    ReaderOptions,
     Record,
     StreamReader,
     WriterOptions,
@@ -190,6 +191,22 @@ async def test_the_writers_lac_push_delay_holds_for_every_segment(env: Env) -> N
     plain = await ns.open_writer("lacdelay")
     assert plain.current_ledger is not None and plain.current_ledger.explicit_lac_delay_s == 0.0
     await plain.close()
+
+
+async def test_reader_options_are_checked(env: Env) -> None:
+    """A bad ``ReaderOptions`` is a ConfigError naming the field, before anything is read;
+    ``tail_poll_replicas`` 1 tails like 2 (one bookie per long poll instead of two)."""
+    ns = await _ns(env)
+    w = await ns.open_writer("opts", create=True)
+    for bad, field in ((ReaderOptions(tail_poll_replicas=3), "tail_poll_replicas"),
+                       (ReaderOptions(read_ahead_entries=0), "read_ahead_entries")):
+        with pytest.raises(ConfigError, match=field):
+            await ns.open_reader("opts", "earliest", options=bad)
+    reader = await ns.open_reader("opts", "earliest", options=ReaderOptions(tail_poll_replicas=1))
+    positions = [await w.append(b"%d" % i) for i in range(3)]
+    assert [(await reader.read_next(10.0)).position for _ in range(3)] == positions  # type: ignore[union-attr]
+    await reader.close()
+    await w.close()
 
 
 async def test_roll_by_bytes_and_record_set_split(env: Env) -> None:
