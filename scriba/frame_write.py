@@ -12,17 +12,25 @@ per-record cost, not the cipher's per-byte cost, is what TLS added to the data p
 (measured: ~5 us per 1 KiB entry per link sent part by part, ~0.8 us joined).
 
 So over TLS the parts are joined first (one copy, as plain TCP's ``writelines`` makes
-on 3.11) and written once: TLS then cuts records of the maximum size (16 KiB).
+on 3.11) and written: TLS then cuts records of the maximum size (16 KiB). A message of
+many adds (500 of 1 KiB at 1,000 in flight) is joined into writes of about
+``TLS_WRITE_BYTES`` (64 KiB), not into one: each write's plaintext, its ciphertext (read
+out of the TLS layer's memory BIO as a new ``bytes``) and the socket buffer then stay
+below glibc's mmap threshold and in cache. Joined whole, each message allocated fresh
+half-megabyte buffers: the client took 45,000-116,000 page faults in a 4 s run instead
+of 18,000 (the same as plaintext), about 1 us per entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from scriba.proto.binary import Buffer
 
 FrameWrite = Callable[[Sequence[Buffer]], None]
+TLS_WRITE_BYTES: Final = 64 * 1024  # parts are joined into writes of about this size over TLS
 
 
 def is_tls(transport: asyncio.BaseTransport) -> bool:
@@ -36,8 +44,19 @@ def frame_writer(transport: asyncio.Transport) -> FrameWrite:
     if not is_tls(transport):
         return transport.writelines  # type: ignore[return-value]
     write = transport.write
+    chunk_bytes = TLS_WRITE_BYTES
 
     def write_joined(parts: Sequence[Buffer]) -> None:
-        write(b"".join(parts))
+        chunk: list[Buffer] = []
+        size = 0
+        for part in parts:
+            chunk.append(part)
+            size += len(part)
+            if size >= chunk_bytes:
+                write(b"".join(chunk))
+                chunk = []
+                size = 0
+        if chunk:
+            write(b"".join(chunk))
 
     return write_joined
