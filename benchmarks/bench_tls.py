@@ -11,6 +11,13 @@ goal of issue #21 (at most 15% loss), and where the CPU goes: the client's and t
 bookies' CPU time per confirmed entry on each side (steadier than rates on a busy
 machine; TLS's cost is the difference).
 
+The floor: TLS cannot cost less than sealing each entry once per bookie at the client
+and opening it once at each bookie. ``cipher_floor`` measures that in this process with
+the same certificates and the cipher the handshake picks (``ssl.SSLObject`` over memory
+BIOs: no sockets, no asyncio), sealing 64 KiB writes of 1 KiB entries and opening them,
+and states the throughput loss that CPU alone would cause were the plaintext run bound
+by CPU (``floor_loss_pct``: floor / (plaintext CPU per entry + floor)).
+
 Run: ``.venv/bin/python benchmarks/bench_tls.py [--seconds 5] [--runs 3] [--storage memory] [--json OUT]``.
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
@@ -19,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,45 @@ from scriba.testing.pki import TestPki  # noqa: E402
 from scriba.tls import TlsConfig  # noqa: E402
 
 GOAL_LOSS_PCT_MAX = 15.0  # issue #21: TLS may cost at most 15% of plaintext throughput
+REPLICAS = 3  # each entry is sealed once per bookie of the write quorum (E3/W3)
+
+
+def cipher_floor(pki: TestPki, *, entry_bytes: int = 1024, write_bytes: int = 64 * 1024,
+                 total_bytes: int = 64 * 1024 * 1024) -> dict[str, Any]:
+    """CPU microseconds to seal and to open one entry on one TLS link (docstring above)."""
+    client = pki.client_tls(pki.client).load().client_ssl_context().wrap_bio(
+        c_in := ssl.MemoryBIO(), c_out := ssl.MemoryBIO(), server_hostname="localhost")
+    server = pki.server_tls().load().server_ssl_context().wrap_bio(
+        s_in := ssl.MemoryBIO(), s_out := ssl.MemoryBIO(), server_side=True)
+    for _ in range(10):  # the handshake, in memory
+        for side, out, peer_in in ((client, c_out, s_in), (server, s_out, c_in)):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            peer_in.write(out.read())
+    plain = b"\x5a" * write_bytes
+    seal_s = open_s = 0.0
+    for _ in range(total_bytes // (16 * write_bytes)):  # 16 writes (1 MiB) at a time: no memory growth
+        t0 = time.process_time()
+        sealed = []
+        for _ in range(16):
+            client.write(plain)
+            sealed.append(c_out.read())
+        t1 = time.process_time()
+        for record in sealed:
+            s_in.write(record)
+            try:
+                while server.read(256 * 1024):
+                    pass
+            except ssl.SSLWantReadError:
+                pass
+        seal_s += t1 - t0
+        open_s += time.process_time() - t1
+    entries = total_bytes / entry_bytes
+    cipher = client.cipher()
+    return {"cipher": cipher[0] if cipher else "", "seal_us_per_entry": round(1e6 * seal_s / entries, 3),
+            "open_us_per_entry": round(1e6 * open_s / entries, 3)}
 
 
 def bench(uri: str, tls: TlsConfig | None, *, seconds: float | None, entries: int | None,
@@ -72,6 +120,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
         base = Path(tmp)
         pki = TestPki.create(base / "pki")
+        floor = cipher_floor(pki)
         etcd = EtcdCluster(base / "etcd", 1)
         etcd.start()
         storage = ["--storage", "memory"] if args.storage == "memory" else []
@@ -123,6 +172,11 @@ def main() -> int:
     summary["cpu_us_per_entry_added_by_tls"] = {
         "client": round(tls["client_cpu_us_per_entry_median"] - plain["client_cpu_us_per_entry_median"], 2),
         "bookies": round(tls["bookies_cpu_us_per_entry_median"] - plain["bookies_cpu_us_per_entry_median"], 2)}
+    floor_us = REPLICAS * (floor["seal_us_per_entry"] + floor["open_us_per_entry"])
+    plain_us = plain["client_cpu_us_per_entry_median"] + plain["bookies_cpu_us_per_entry_median"]
+    summary["cipher_floor"] = {**floor, "cpu_us_per_entry": round(floor_us, 2),
+                               "plain_cpu_us_per_entry": round(plain_us, 2),
+                               "floor_loss_pct": round(100 * floor_us / (plain_us + floor_us), 1)}
     summary["ratio_p99_one_inflight_tls_over_plain"] = round(
         tls["latency_ms_p99_one_inflight"] / plain["latency_ms_p99_one_inflight"], 3)
     summary["settings"] = {"seconds": args.seconds, "runs": args.runs, "inflight": args.inflight,
