@@ -40,11 +40,14 @@ py-spy``, not a dependency).
 
 ``--ab``: no tracing; two groups of 3 replica processes on the same bookies, group A with
 ``--config-a`` (``RsmConfig`` fields as JSON) and ``--env-a``, group B likewise, one
-proposer against each in turn for ``--rounds`` rounds; per round p50/p90/p99, CPU µs and
+proposer against each in turn for ``--rounds`` rounds (A first in even rounds, B in odd ones); per round p50/p90/p99, CPU µs and
 context switches per proposal over every process, then medians and B/A ratios.
 
 Run: ``.venv/bin/python benchmarks/probe_rsm.py [--seconds 10] [--json OUT] [--profile DIR]``
-or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``.
+or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``;
+an older commit against this one: ``git archive COMMIT | tar -x -C OLD``, lay OLD out as the
+installed package (``scriba.testing.mutation.package_view(OLD, VIEW)``), then
+``... --ab --own-bookies --env-a PYTHONPATH=VIEW``.
 On 2 shared cores the tail is mostly CPU contention: compare runs made together.
 """
 
@@ -267,12 +270,29 @@ def switches(pids: dict[str, int]) -> dict[str, int]:
     return out
 
 
+async def serving(client: Any, timeout_s: float = 60.0) -> None:
+    """Propose until one is confirmed: the elected replica may not serve yet (it replays
+    first and answers RsmNotLeaderError naming itself meanwhile)."""
+    from scriba.errors import RsmNotLeaderError, UnavailableError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await client.propose(COMMAND)
+            return
+        except (RsmNotLeaderError, UnavailableError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def one_proposer(addresses: list[str], seconds: float, pids: dict[str, int]
                        ) -> tuple[list[float], dict[str, float], dict[str, float]]:
     """Latencies (ms); CPU µs and context switches per proposal, by process."""
     from scriba.rsm.remote import RsmClient
 
     client = RsmClient(addresses, timeout_s=60.0)
+    await serving(client)
     for _ in range(100):
         await client.propose(COMMAND)
     latencies: list[float] = []
@@ -301,26 +321,34 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         return {**dict(kv.split("=", 1) for kv in text.split(",") if kv), "BENCH_RSM_CONFIG": config or "{}"}
 
     out: dict[str, Any] = {"rounds": {"A": [], "B": []}, "env": {"A": args.env_a, "B": args.env_b},
-                           "config": {"A": args.config_a, "B": args.config_b}}
+                           "config": {"A": args.config_a, "B": args.config_b}, "own_bookies": args.own_bookies}
+    specs = (("A", args.env_a, args.config_a), ("B", args.env_b, args.config_b))
     with tempfile.TemporaryDirectory(prefix="probe-rsm-ab-") as tmp:
         base = Path(tmp)
         etcd = EtcdCluster(base / "etcd", 1)
         etcd.start()
-        uri = etcd.uri("probe")
-        bookies = BookieCluster(base / "bookies", uri)
-        groups = {k: Replicas(uri, "probe", f"counter-{k}", script=bench_rsm.__file__, env=env(e, c))
-                  for k, e, c in (("A", args.env_a, args.config_a), ("B", args.env_b, args.config_b))}
+        # --own-bookies: each group's bookies run with its environment (another tree on
+        # PYTHONPATH: old code against new), under its own metadata prefix
+        uris = {k: etcd.uri(f"probe-{k}" if args.own_bookies else "probe") for k, _, _ in specs}
+        clusters = ({k: BookieCluster(base / f"bookies-{k}", uris[k], env=env(e, "")) for k, e, _ in specs}
+                    if args.own_bookies else {"AB": BookieCluster(base / "bookies", uris["A"])})
+        groups = {k: Replicas(uris[k], "probe", f"counter-{k}", script=bench_rsm.__file__, env=env(e, c))
+                  for k, e, c in specs}
         try:
-            for zone in ("z1", "z2", "z3"):
-                bookies.add_bookie(zone=zone)
+            for bookies in clusters.values():
+                for zone in ("z1", "z2", "z3"):
+                    bookies.add_bookie(zone=zone)
             for group in groups.values():
                 for slot in range(3):
                     group.start(slot)
-            bookie_pids = {f"bookie-{b.bookie_id}": b.pid for b in bookies.bookies if b.pid is not None}
-            for _ in range(args.rounds):
-                for k, group in groups.items():
+            for i in range(args.rounds):
+                # A then B, then B then A: the group measured second in a round ran slower
+                # (by ~1.2x at p50 in same-code runs on a busy machine); alternating cancels it
+                for k in ("A", "B") if i % 2 == 0 else ("B", "A"):
+                    group = groups[k]
+                    bookies = clusters.get(k) or clusters["AB"]
                     pids = {"client": os.getpid(), **{f"replica-{s}": p.pid for s, p in group.procs.items()},
-                            **bookie_pids}
+                            **{f"bookie-{b.bookie_id}": b.pid for b in bookies.bookies if b.pid is not None}}
                     lat, cpu, sw = asyncio.run(one_proposer(list(group.addresses.values()), args.seconds, pids))
                     out["rounds"][k].append({"n": len(lat), "p50": pct(lat, 0.5), "p90": pct(lat, 0.9),
                                              "p99": pct(lat, 0.99), "load": os.getloadavg()[0],
@@ -330,7 +358,8 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for group in groups.values():
                 group.stop_all()
-            bookies.stop_all()
+            for bookies in clusters.values():
+                bookies.stop_all()
             etcd.stop()
     for k in ("A", "B"):
         rounds = out["rounds"][k]
@@ -359,6 +388,9 @@ def main() -> int:
     p.add_argument("--config-a", default="", help="RsmConfig fields of group A, as JSON")
     p.add_argument("--config-b", default="", help="RsmConfig fields of group B, as JSON")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--own-bookies", action="store_true",
+                   help="--ab: each group its own 3 bookies, run with its --env (e.g. PYTHONPATH=<another tree's "
+                        "package view>: an older commit's bookies and replicas against this one's)")
     args = p.parse_args()
     if args.ab:
         result = ab(args)

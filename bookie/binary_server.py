@@ -41,6 +41,7 @@ from typing import Any, Final, cast
 
 from scriba.bookie.service import BOOKIE_CALLERS, BookieService, PeerIdentities, ServingState
 from scriba.errors import Status
+from scriba.frame_write import FrameWrite, frame_writer
 from scriba.log import get_logger
 from scriba.proto import binary as wire
 from scriba.proto import scriba_pb2 as pb
@@ -63,6 +64,7 @@ class BinaryConnection(asyncio.Protocol):
         self._service = server.service
         self._reader = wire.FrameReader(server.frame_bytes_max)
         self._transport: asyncio.Transport | None = None
+        self._write_frame: FrameWrite | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._version = 0  # negotiated; 0 until HELLO
         self._reading_paused = False
@@ -76,6 +78,7 @@ class BinaryConnection(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+        self._write_frame = frame_writer(self._transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
@@ -173,8 +176,8 @@ class BinaryConnection(asyncio.Protocol):
             self._transport.close()
 
     def _write(self, parts: list[wire.Buffer]) -> None:
-        if not self.closed and self._transport is not None:
-            self._transport.writelines(parts)
+        if not self.closed and self._write_frame is not None:
+            self._write_frame(parts)
 
     def _start(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=kind)

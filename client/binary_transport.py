@@ -63,6 +63,7 @@ from scriba.errors import (
     UnavailableError,
     error_for_status,
 )
+from scriba.frame_write import FrameWrite, frame_writer
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import binary as wire
@@ -90,6 +91,7 @@ class BinaryLink(asyncio.Protocol):
         self.bookie_id = bookie_id
         self._reader = wire.FrameReader(frame_bytes_max)
         self._transport: asyncio.Transport | None = None
+        self._write_frame: FrameWrite | None = None
         loop = asyncio.get_running_loop()
         self._hello: asyncio.Future[tuple[int, int, str]] = loop.create_future()
         self._closed: asyncio.Future[str] = loop.create_future()
@@ -105,6 +107,7 @@ class BinaryLink(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+        self._write_frame = frame_writer(self._transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -213,9 +216,9 @@ class BinaryLink(asyncio.Protocol):
 
     # --- sending --------------------------------------------------------------------------
     def _send(self, parts: list[wire.Buffer]) -> None:
-        if self._closed.done() or self._transport is None:
+        if self._closed.done() or self._write_frame is None:
             raise UnavailableError(f"bookie {self.bookie_id}: {self._closed.result() if self.closed else 'not connected'}")
-        self._transport.writelines(parts)
+        self._write_frame(parts)
 
     async def write(self, body: bytes) -> None:
         """Send one ADD frame (the add stream's write); waits while the socket is full."""

@@ -15,6 +15,7 @@ from scriba.client.driver import DriverConfig, read_ledger_metadata
 from scriba.client.operation import Operation
 from scriba.client.read_core import LacReadCore, ReadConfig, ReadCore, ReadOrder
 from scriba.client.transport import BookieTransport, LacResult
+from scriba.config import require
 from scriba.entry import Digest, Entry, unpack_entry
 from scriba.errors import (
     DigestMismatchError,
@@ -32,6 +33,7 @@ log = get_logger(__name__)
 PIGGYBACK_ENTRIES_MAX: Final = 64  # entries a tailing long poll's answer may carry (bookies cap it too)
 POLLS_AHEAD: Final = 2  # long polls a tail keeps waiting: for the next entry and those after it
 POLL_REPLICAS: Final = 2  # replicas (1 or 2) each of those polls waits at: the first useful answer is taken
+POLL_REPLICAS_CHOICES: Final = (1, 2)  # what ``tail(poll_replicas=...)`` takes
 
 
 class LedgerReader:
@@ -60,7 +62,7 @@ class LedgerReader:
         self._lac = int(metadata.last_entry_id)
         self._poll_index = 0
         self._poll_bookie: BookieId | None = None  # the bookie a tail polls while it can
-        self._poll_second: BookieId | None = None  # and the second one (POLL_REPLICAS)
+        self._poll_second: BookieId | None = None  # and the second one (tail's poll_replicas)
         self._second_index = 0
 
     @property
@@ -134,7 +136,7 @@ class LedgerReader:
             for entry in batch:
                 yield entry
 
-    async def tail(self, start: int = 0) -> AsyncGenerator[Entry, None]:
+    async def tail(self, start: int = 0, *, poll_replicas: int = POLL_REPLICAS) -> AsyncGenerator[Entry, None]:
         """Follow the ledger from ``start``: every entry in order, ending once it is closed.
 
         Waiting at the end is by long poll (``ReadLastConfirmed`` with ``long_poll``): the
@@ -154,12 +156,16 @@ class LedgerReader:
         ``piggybacked``); an answer that a larger step made stale is dropped.
 
         Each of those polls waits at two replicas of the entry's write set at once
-        (``POLL_REPLICAS``) and takes the first answer that carries the entry: the writer
-        pushes the LAC to each bookie on its own, and the bookie a single poll waited at
-        may learn it last (descheduled, busy with its journal, or its push slow). Any
-        bookie's LAC is a confirmed point, so whichever answers first is as good as the
-        other; the slower answer is dropped.
+        (``poll_replicas``, default ``POLL_REPLICAS``) and takes the first answer that
+        carries the entry: the writer pushes the LAC to each bookie on its own, and the
+        bookie a single poll waited at may learn it last (descheduled, busy with its
+        journal, or its push slow). Any bookie's LAC is a confirmed point, so whichever
+        answers first is as good as the other; the slower answer is dropped. That hedge
+        costs a second answer (and poll) per entry at the bookies and here: a tail whose
+        delivery latency matters less than CPU (an RSM follower, off the commit path)
+        passes ``poll_replicas=1``.
         """
+        require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
         next_id = start
         failures = 0
         polls: dict[int, asyncio.Task[LacResult | None]] = {}  # previous_lac -> its poll
@@ -176,7 +182,7 @@ class LedgerReader:
                         yield entry
                     next_id = last + 1
                     continue
-                self._arm(polls, next_id - 1)
+                self._arm(polls, next_id - 1, poll_replicas)
                 result = await polls.pop(next_id - 1)
                 if result is None:  # that bookie failed: back off (bounded), try the next
                     failures += 1
@@ -194,14 +200,14 @@ class LedgerReader:
                     continue
                 after = next_id + len(carried)
                 if after > self._lac:  # waiting again once these are delivered: poll now
-                    self._arm(polls, after - 1)
+                    self._arm(polls, after - 1, poll_replicas)
                 for entry in carried:
                     yield entry
                     next_id += 1
         finally:
             _cancel(polls)
 
-    def _arm(self, polls: dict[int, asyncio.Task[LacResult | None]], previous_lac: int) -> None:
+    def _arm(self, polls: dict[int, asyncio.Task[LacResult | None]], previous_lac: int, replicas: int) -> None:
         """Polls for ``previous_lac`` and the ``POLLS_AHEAD - 1`` entries after it; stale
         ones (for entries already delivered) are cancelled."""
         for stale in [p for p in polls if p < previous_lac]:
@@ -209,14 +215,14 @@ class LedgerReader:
         loop = asyncio.get_running_loop()
         for previous in range(previous_lac, previous_lac + POLLS_AHEAD):
             if previous not in polls:
-                polls[previous] = loop.create_task(self._long_poll(EntryId(previous)))
+                polls[previous] = loop.create_task(self._long_poll(EntryId(previous), replicas))
 
-    async def _long_poll(self, previous_lac: EntryId) -> LacResult | None:
-        """The first answer, of ``POLL_REPLICAS`` bookies that hold entry ``previous_lac + 1``
+    async def _long_poll(self, previous_lac: EntryId, replicas: int) -> LacResult | None:
+        """The first answer, of ``replicas`` bookies that hold entry ``previous_lac + 1``
         (the best in read order; after a failure the next ones), that carries that entry;
         else the answer with the highest LAC (the entry not yet stored there, or the poll's
         time up); None if every one of them failed."""
-        bookies = self._poll_targets(previous_lac + 1)
+        bookies = self._poll_targets(previous_lac + 1, replicas)
         if len(bookies) == 1:
             return await self._poll_one(bookies[0], previous_lac)
         return await self._first_carrying(bookies, previous_lac)
@@ -259,12 +265,12 @@ class LedgerReader:
                 self._poll_second = None
             return None
 
-    def _poll_targets(self, entry_id: int) -> list[BookieId]:
+    def _poll_targets(self, entry_id: int, replicas: int) -> list[BookieId]:
         """The bookies to long-poll for ``entry_id``: ``_poll_target``'s, and (with
-        ``POLL_REPLICAS`` 2) a second replica of the entry's write set, likewise kept while
+        ``replicas`` 2) a second replica of the entry's write set, likewise kept while
         it holds the entries and has not failed (after a failure, the next one)."""
         primary = self._poll_target(entry_id)
-        if POLL_REPLICAS < 2:
+        if replicas < 2:
             return [primary]
         write_set = self._md.write_set(entry_id)
         second = self._poll_second

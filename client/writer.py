@@ -337,6 +337,19 @@ class LedgerWriter:
             else:
                 raise InternalError(f"writer: unexpected effect {effect!r}")
 
+    def cork(self) -> None:
+        """Hold the adds made (through this writer's transport) until ``uncork``: a caller
+        that packs a burst of appends in one go (a stream writer's flush) has each idle
+        bookie's adds sent as one message when it uncorks, without the loop turn an idle
+        bookie's send otherwise waits for more. Calls nest; a transport without the hooks
+        sends as it would."""
+        if self._cork is not None:
+            self._cork()
+
+    def uncork(self) -> None:
+        if self._cork is not None:
+            self._uncork()
+
     def _timer_due(self, key: object) -> None:
         self._execute(self._core.on_timer(key))
         self._settle_close()

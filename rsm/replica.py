@@ -87,7 +87,7 @@ from scriba.rsm.snapshots_core import SnapshotSchedule
 from scriba.rsm.snapshotting import Snapshotting
 from scriba.rsm.state import Outcome, ReplicatedState
 from scriba.rsm.term import LeaderTerm
-from scriba.stream import Namespace, Position, StreamReader, open_namespace
+from scriba.stream import Namespace, Position, ReaderOptions, StreamReader, open_namespace
 
 log = get_logger(__name__)
 
@@ -398,7 +398,8 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         assert self._ns is not None
         applied = self.state.applied
         start = applied.successor() if applied is not None else Position(0, 0, 0)
-        reader: StreamReader = await self._ns.open_reader(self.name, start)
+        reader: StreamReader = await self._ns.open_reader(
+            self.name, start, options=ReaderOptions(tail_poll_replicas=self.config.tail_poll_replicas))
         try:
             while self._stopped is None and self.role.role is not Role.LEADER:
                 record = await reader.read_next(timeout_s=0.2)

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class LeaderTerm:
         self._open_barrier: Proposal | None = None
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._appends: set[asyncio.Future[list[Position]]] = set()  # record sets sent, not yet confirmed
         self._applied = applied  # the replica's applied position (the read index of a probe)
         self._read_rounds = ReadIndexRounds(self._prove_leadership)
         self.ended = False
@@ -194,6 +196,9 @@ class LeaderTerm:
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
+        """Send every batch the batcher allows: each one record set, sent now
+        (``append_many_nowait``: no task to start, no loop turn before the bookies get
+        it); a batch that does not fit in the writer's queue now waits for room in a task."""
         self._flush_scheduled = False
         while not self.ended:
             batch = self.batcher.take()
@@ -201,20 +206,43 @@ class LeaderTerm:
                 return
             if self._open_barrier is not None and self._open_barrier in batch.items:
                 self._open_barrier = None  # later reads need a later barrier
-            task = asyncio.get_running_loop().create_task(self._append(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.batches_sent += 1
+            self.records_sent += len(batch.items)
+            if self._on_batch is not None:
+                self._on_batch(len(batch.items))
+            records = [p.envelope.encode() for p in batch.items]
+            try:
+                appended = self.writer.append_many_nowait(records)
+            except TooManyRequestsError:
+                task = asyncio.get_running_loop().create_task(self._append(batch, records))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                continue
+            except ScribaError as exc:
+                self._depose(self, f"append failed: {type(exc).__name__}: {exc}")
+                return
+            self._appends.add(appended)
+            appended.add_done_callback(functools.partial(self._appended, batch))
 
-    async def _append(self, batch: Batch[Proposal]) -> None:
-        self.batches_sent += 1
-        self.records_sent += len(batch.items)
-        if self._on_batch is not None:
-            self._on_batch(len(batch.items))
+    def _appended(self, batch: Batch[Proposal], appended: asyncio.Future[list[Position]]) -> None:
+        self._appends.discard(appended)
+        if appended.cancelled():
+            return  # the term ended
+        error = appended.exception()
+        if error is not None:
+            self._depose(self, f"append failed: {type(error).__name__}: {error}")
+            return
+        self._confirmed(batch, appended.result())
+
+    async def _append(self, batch: Batch[Proposal], records: list[bytes]) -> None:
         try:
-            positions = await self.writer.append_many([p.envelope.encode() for p in batch.items])
+            positions = await self.writer.append_many(records)
         except ScribaError as exc:
             self._depose(self, f"append failed: {type(exc).__name__}: {exc}")
             return
+        self._confirmed(batch, positions)
+
+    def _confirmed(self, batch: Batch[Proposal], positions: list[Position]) -> None:
         if self.ended:
             return  # deposed meanwhile: the tail applies what reached the stream
         self._confirm(self, self.batcher.confirmed(batch.batch_id, positions))
@@ -233,6 +261,8 @@ class LeaderTerm:
         for proposal in self.batcher.fail_all():
             if not proposal.future.done():
                 proposal.future.set_exception(error)
+        for appended in list(self._appends):
+            appended.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from scriba.client import Client, LedgerReader
+from scriba.client.reader import POLL_REPLICAS, POLL_REPLICAS_CHOICES
+from scriba.config import require
 from scriba.errors import (
     NoSuchLedgerError,
     PositionTruncatedError,
@@ -50,6 +52,16 @@ _END: Final = object()
 class ReaderOptions:
     read_ahead_entries: int = 1024  # entries decoded ahead of the consumer
     range_entries_max: int = 512  # entries per range read of a closed segment
+    # replicas each tail long poll waits at (``LedgerReader.tail``): 2 takes the first
+    # bookie to learn the LAC (lower tail p99), 1 halves the poll answers per entry
+    tail_poll_replicas: int = POLL_REPLICAS
+
+    def validate(self) -> ReaderOptions:
+        require(self.read_ahead_entries >= 1, "read_ahead_entries", "must be >= 1")
+        require(self.range_entries_max >= 1, "range_entries_max", "must be >= 1")
+        require(self.tail_poll_replicas in POLL_REPLICAS_CHOICES, "tail_poll_replicas",
+                f"one of {POLL_REPLICAS_CHOICES}")
+        return self
 
 
 class StreamReader:
@@ -64,7 +76,7 @@ class StreamReader:
         self.name = name
         self._record = record
         self._password = password
-        self._options = options
+        self._options = options.validate()
         self._position = start  # where the producer continues
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, options.read_ahead_entries))
         self._chunk: deque[Record] = deque()
@@ -255,7 +267,8 @@ class StreamReader:
 
     async def _tail_entries(self, reader: LedgerReader, segment: Segment) -> None:
         # aclosing: a tail stopped while delivering ends its long polls now, not when collected
-        async with contextlib.aclosing(reader.tail(self._position.entry_id)) as entries:
+        tail = reader.tail(self._position.entry_id, poll_replicas=self._options.tail_poll_replicas)
+        async with contextlib.aclosing(tail) as entries:
             async for entry in entries:
                 await self._deliver(segment, entry)
 

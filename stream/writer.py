@@ -10,7 +10,12 @@ stream record, recover and close every OPEN segment, then start a new segment.
 
 Appends: ``append_async`` queues a record and returns a future; the records queued
 in one event-loop turn (or given to ``append_many``) are packed into one record set,
-up to ``record_set_bytes_max``, and sent as one ledger entry. At most
+up to ``record_set_bytes_max``, and sent as one ledger entry. ``append_many`` (and
+``append_many_nowait``, an RSM leader's group commit) sends at once: its caller packed
+the records already, so no loop turn waits for more. The sets a flush packs leave as
+one message per bookie when it ends (the ledger writer corked), and a set's
+confirmation reaches the writer as the ledger writer processes the bookies' answers
+(``append_callback``), not a loop turn later. At most
 ``sets_inflight_max`` sets are in flight; more records wait (bounded by
 ``records_waiting_max``). Futures resolve in order with each record's
 :class:`~scriba.stream.position.Position`.
@@ -48,6 +53,7 @@ from scriba.errors import (
     NoSuchKeyError,
     ScribaError,
     StreamWriterClosedError,
+    TooManyRequestsError,
     WriterLockedError,
 )
 from scriba.invariant import invariant
@@ -237,10 +243,33 @@ class StreamWriter:
         except BaseException as exc:  # refused part-way: the records queued go on, unobserved
             group.future.add_done_callback(_retrieve)
             group.fail(exc if isinstance(exc, ScribaError) else StreamWriterClosedError(repr(exc)))
-            raise
-        finally:
             self._schedule_flush()
+            raise
+        self._flush()  # the caller packed them: they leave now, not a loop turn later
         return await group.future
+
+    def append_many_nowait(
+        self, records: Iterable[bytes | tuple[bytes, Mapping[str, bytes] | None]]
+    ) -> asyncio.Future[list[Position]]:
+        """``append_many`` without a coroutine: the records are checked, queued and sent
+        now; the future resolves to their positions once all are confirmed. When they do not
+        all fit (``records_waiting_max``) nothing is queued and ``TooManyRequestsError`` is
+        raised: ``append_many`` waits for room instead."""
+        core = self._core
+        core.check_usable()
+        checked = core.check_records(records)
+        future: asyncio.Future[list[Position]] = self._loop.create_future()
+        if not checked:
+            future.set_result([])
+            return future
+        if core.room() < len(checked):
+            raise TooManyRequestsError(
+                f"stream writer {self.name}: {len(checked)} records do not fit, {core.room()} may wait now"
+            )
+        invariant(core.append_all(checked, _Group(future, len(checked))) == len(checked),
+                  "append_many_nowait: every record fits")
+        self._flush()
+        return future
 
     async def _wait_room(self, n: int) -> None:
         core = self._core
@@ -256,7 +285,15 @@ class StreamWriter:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        self._execute(self._core.flush())
+        ledger = self.current_ledger
+        if ledger is None:
+            self._execute(self._core.flush())
+        else:
+            ledger.cork()  # the sets packed now leave when packing ends, as one message per bookie
+            try:
+                self._execute(self._core.flush())
+            finally:
+                ledger.uncork()
         self._progress.set()
 
     def _execute(self, effects: list[Effect]) -> None:
@@ -304,21 +341,20 @@ class StreamWriter:
 
     def _send(self, effect: SendSet) -> None:
         try:
-            sent = self._ledgers[effect.segment_seq].append_async(effect.data)
+            self._ledgers[effect.segment_seq].append_callback(
+                effect.data, functools.partial(self._on_sent, effect.set_id))
         except ScribaError as exc:
             self._execute(self._core.on_set_failed(effect.set_id, as_stream_error(exc, self.name)))
-            return
-        sent.add_done_callback(functools.partial(self._on_sent, effect.set_id))
 
-    def _on_sent(self, set_id: int, done: asyncio.Future[int]) -> None:
+    def _on_sent(self, set_id: int, entry_id: int, error: ScribaError | None) -> None:
+        """A set's entry confirmed (``error`` None) or failed: called by the ledger writer
+        as it processes the bookies' answers, in entry order."""
         core = self._core
-        if done.cancelled():
-            effects = core.on_set_failed(set_id, StreamWriterClosedError(f"stream writer {self.name}: append cancelled"))
-        elif done.exception() is not None:
-            effects = core.on_set_failed(set_id, as_stream_error(done.exception(), self.name))  # type: ignore[arg-type]
+        if error is not None:
+            effects = core.on_set_failed(set_id, as_stream_error(error, self.name))
         else:
             effects = core.on_lock_lost(self._leadership.reason) if self._leadership.lost.is_set() else []
-            effects += core.on_set_confirmed(set_id, done.result())
+            effects += core.on_set_confirmed(set_id, entry_id)
         self._execute(effects)
         self._progress.set()
         self._schedule_flush()

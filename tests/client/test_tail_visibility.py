@@ -57,13 +57,14 @@ T = TypeVar("T", bound=StorageTransport)
 
 
 @contextlib.asynccontextmanager
-async def tailing(transport: T, long_poll_s: float) -> AsyncIterator[tuple[T, LedgerWriter, AsyncGenerator[Entry, None]]]:
-    """A new ledger's writer and a tail of it from entry 0, over ``transport``."""
+async def tailing(transport: T, long_poll_s: float, **tail: Any
+                  ) -> AsyncIterator[tuple[T, LedgerWriter, AsyncGenerator[Entry, None]]]:
+    """A new ledger's writer and a tail of it from entry 0 (``tail``: its options), over ``transport``."""
     client = await open_client(transport, long_polls(long_poll_s))
     try:
         w = await client.create_ledger(3, 3, 2)
         r = await client.open_ledger(w.ledger_id, recovery=False)
-        yield transport, w, r.tail(0)
+        yield transport, w, r.tail(0, **tail)
     finally:
         await client.close()
         await client.store.close()
@@ -361,6 +362,33 @@ async def test_the_next_polls_wait_at_two_bookies_while_the_consumer_holds_an_en
         await tail.aclose()
         await eventually(lambda: transport.waiting == [], what="the polls of a closed tail ended")
         await w.close()
+
+
+async def test_a_tail_with_one_poll_replica_waits_at_one_bookie() -> None:
+    """``poll_replicas=1`` (an RSM follower's tail: half the answers per entry): the polls
+    for entries i + 1 and i + 2 wait at one bookie each, the same one, and still carry
+    every entry (no read)."""
+    async with tailing(WaitingPolls(BOOKIES), 20.0, poll_replicas=1) as (transport, w, tail):
+        reads = transport.range_reads + transport.entry_reads
+        for i in range(5):
+            await w.append(b"e%d" % i)
+            entry = await asyncio.wait_for(anext(tail), 10)
+            assert entry.entry_id == i
+            await eventually(lambda: sorted(p for _, p in transport.waiting) == [i, i + 1],  # noqa: B023 (awaited here)
+                             what=f"one poll each for entries {i + 1} and {i + 2} while entry {i} is held")
+            assert len({b for b, _ in transport.waiting}) == 1, transport.waiting
+        assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
+        await tail.aclose()
+        await w.close()
+
+
+async def test_a_tail_refuses_a_poll_replica_count_other_than_one_or_two() -> None:
+    for bad in (0, 3):
+        async with tailing(WaitingPolls(BOOKIES), 20.0, poll_replicas=bad) as (transport, w, tail):
+            with pytest.raises(ConfigError, match="poll_replicas"):
+                await anext(tail)
+            assert transport.waiting == [], "nothing polled"
+            await w.close()
 
 
 class HeldTransport(CountingTransport):

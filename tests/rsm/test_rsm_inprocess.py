@@ -222,6 +222,37 @@ async def test_followers_apply_what_an_idle_leader_confirmed_last(env: Env) -> N
     assert [r.state.machine.count for r in replicas] == [5, 5, 5]
 
 
+@pytest.mark.parametrize("poll_replicas", [None, 2])
+async def test_followers_tail_with_the_configured_poll_replicas(
+        env: Env, poll_replicas: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower's tail long-polls ``tail_poll_replicas`` bookies per entry: by default
+    one (its tail is off the commit path: half the poll answers the bookies send and it
+    takes), 2 when configured; the followers apply every command either way."""
+    from scriba.client.reader import LedgerReader
+
+    asked: list[int] = []
+    tail = LedgerReader.tail
+
+    def noted(self: LedgerReader, start: int = 0, **options: Any) -> Any:
+        asked.append(options.get("poll_replicas", -1))
+        return tail(self, start, **options)
+
+    monkeypatch.setattr(LedgerReader, "tail", noted)
+    fields = _fields(FAST) if poll_replicas is None else {**_fields(FAST), "tail_poll_replicas": poll_replicas}
+    replicas = [await env.replica(f"r{i}", config=FAST.__class__(**fields)) for i in range(3)]
+    leader = await leader_of(replicas)
+    assert [await leader.propose(b"incr") for _ in range(3)] == [b"1", b"2", b"3"]
+    await until(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 3")
+    assert asked and set(asked) == {poll_replicas or 1}, asked
+
+
+def test_tail_poll_replicas_is_checked() -> None:
+    assert RsmConfig().validate().tail_poll_replicas == 1
+    for bad in (0, 3):
+        with pytest.raises(ConfigError, match="tail_poll_replicas"):
+            RsmConfig(tail_poll_replicas=bad).validate()
+
+
 def test_lac_push_delay_is_checked() -> None:
     assert RsmConfig().validate().lac_push_delay_s == 0.002
     for bad in (-0.001, 2.0):

@@ -30,12 +30,14 @@ from scriba.errors import (
     RecordTooLargeError,
     StreamNotFoundError,
     StreamWriterClosedError,
+    TooManyRequestsError,
     WriterFencedError,
     WriterLockedError,
 )
 from scriba.stream import (
     Namespace,
     Position,
+    ReaderOptions,
     Record,
     StreamReader,
     WriterOptions,
@@ -190,6 +192,45 @@ async def test_the_writers_lac_push_delay_holds_for_every_segment(env: Env) -> N
     plain = await ns.open_writer("lacdelay")
     assert plain.current_ledger is not None and plain.current_ledger.explicit_lac_delay_s == 0.0
     await plain.close()
+
+
+async def test_append_many_nowait_sends_at_once_and_queues_all_or_nothing(env: Env) -> None:
+    """``append_many_nowait`` (an RSM leader's group commit) hands its record set to the
+    ledger before it returns (no loop turn), and resolves to the positions in order; a
+    batch that does not fit now is refused whole (TooManyRequestsError, nothing queued),
+    as is a bad record (typed error)."""
+    ns = await _ns(env)
+    w = await ns.open_writer("nowait", create=True, options=WriterOptions(records_waiting_max=4))
+    assert w.current_ledger is not None
+    before = w.current_ledger.pending
+    future = w.append_many_nowait([b"a", b"b", b"c"])
+    assert w.current_ledger.pending == before + 1, "the set was appended to the ledger before the call returned"
+    positions = await asyncio.wait_for(future, 10)
+    assert [(p.entry_id, p.slot) for p in positions] == [(positions[0].entry_id, s) for s in range(3)]
+    with pytest.raises(TooManyRequestsError):
+        w.append_many_nowait([b"x"] * 5)
+    with pytest.raises(RecordTooLargeError):
+        w.append_many_nowait([b"y", b"z" * (w.settings.record_bytes_max + 1)])
+    assert w.pending == 0, "nothing queued by the refused calls"
+    assert await asyncio.wait_for(w.append_many_nowait([]), 1) == []
+    await w.close()
+    assert [r.payload for r in await read_all(ns, "nowait")] == [b"a", b"b", b"c"]
+
+
+async def test_reader_options_are_checked(env: Env) -> None:
+    """A bad ``ReaderOptions`` is a ConfigError naming the field, before anything is read;
+    ``tail_poll_replicas`` 1 tails like 2 (one bookie per long poll instead of two)."""
+    ns = await _ns(env)
+    w = await ns.open_writer("opts", create=True)
+    for bad, field in ((ReaderOptions(tail_poll_replicas=3), "tail_poll_replicas"),
+                       (ReaderOptions(read_ahead_entries=0), "read_ahead_entries")):
+        with pytest.raises(ConfigError, match=field):
+            await ns.open_reader("opts", "earliest", options=bad)
+    reader = await ns.open_reader("opts", "earliest", options=ReaderOptions(tail_poll_replicas=1))
+    positions = [await w.append(b"%d" % i) for i in range(3)]
+    assert [(await reader.read_next(10.0)).position for _ in range(3)] == positions  # type: ignore[union-attr]
+    await reader.close()
+    await w.close()
 
 
 async def test_roll_by_bytes_and_record_set_split(env: Env) -> None:
