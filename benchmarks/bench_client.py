@@ -16,6 +16,9 @@
    and fsyncs), with the client's and each bookie's CPU per confirmed append beside the
    throughput, one-append-in-flight p50/p99 beside ``write + fdatasync`` p50/p99 measured
    on the bookies' disk in the same run, and the ratios binary/gRPC and N ledgers/1.
+   Each one-in-flight run (the writer's, then the bare transport's) starts once the
+   bookies have been idle for a second (``settle``): right after a throughput run they
+   are still flushing its writes, which the first of them alone would measure.
 
 Run: ``.venv/bin/python benchmarks/bench_client.py [--seconds 10] [--runs 3] [--json OUT]``
 (``--skip-etcd`` for the Scriba side only; ``--transport binary`` for one wire;
@@ -75,6 +78,42 @@ def _cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _written_bytes(pid: int | None) -> int:
+    """Bytes process ``pid`` has caused to be written to storage so far (0 when unknown)."""
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def settle(bookies: list[BookieProcess], *, quiet_s: float = 1.0, timeout_s: float = 30.0) -> float:
+    """Wait until the bookies have been idle for ``quiet_s`` (less than 1 MiB written and
+    at most 2 clock ticks of CPU each per 0.25 s), at most ``timeout_s``; returns the
+    seconds waited. A throughput run leaves each bookie flushing its write cache (tens of
+    MB to its entry log and index, seconds of disk and CPU) after its client has gone: a
+    one-in-flight run started then measures that flush, not the append path."""
+    t0 = time.monotonic()
+    quiet_since: float | None = None
+    prev: list[tuple[int, float]] | None = None
+    while (now := time.monotonic()) - t0 < timeout_s:
+        cur = [(_written_bytes(b.pid), _cpu_s(b.pid)) for b in bookies]
+        if prev is not None and all(w - pw < 1 << 20 and c - pc <= 2 / os.sysconf("SC_CLK_TCK")
+                                    for (w, c), (pw, pc) in zip(cur, prev, strict=True)):
+            quiet_since = quiet_since if quiet_since is not None else now
+            if now - quiet_since >= quiet_s:
+                break
+        else:
+            quiet_since = None
+        prev = cur
+        time.sleep(0.25)
+    return time.monotonic() - t0
+
+
 def measured(bookies: list[BookieProcess], bench: Any) -> dict[str, Any]:
     """``bench()``'s result with each bookie's CPU per confirmed entry (us) beside it."""
     before = [_cpu_s(b.pid) for b in bookies]
@@ -104,8 +143,10 @@ def scriba_side(base: Path, *, seconds: float, inflights: list[int], runs: int, 
                     transport=transport, append_api=append_api)) for _ in range(runs)]
                 for n in inflights for nl in ledgers
             }
+            settle(bookies)
             latency = run_scriba_bench(uri, seconds=None, entries=latency_entries, inflight=1, ledgers=1,
                                        transport=transport, append_api=append_api)
+            settle(bookies)
             floor = asyncio.run(transport_latency(bookies, latency_entries, transport))
             out[transport] = {"throughput": throughput, "one_in_flight": latency, "transport_one_in_flight": floor}
     finally:

@@ -19,13 +19,16 @@ after a bounded backoff). Only four hooks differ: the add "call" is the link (it
 ``write_parts`` frames an ADD around the message's parts, which the socket write joins:
 the entries are copied once; answers arrive in ``data_received`` and are dispatched
 directly, with no reader task in between), runs are encoded as binary runs, reads are
-request/answer frames matched by request id, and a bookie with nothing unanswered has
-its adds framed and written without its sender task (``_send_now``): at the end of the
-loop turn that queued them (a ``call_soon``, with whatever else that turn adds), or,
-for the appends a writer's callbacks make while it processes one confirmation, when
-that processing ends (``cork``/``uncork``: inside the answer's own handling, no loop
-turn). One append in flight waits for no task wake-up; a busy bookie's adds keep
-batching in its sender task.
+request/answer frames matched by request id, and adds are framed and written without
+the sender task when waiting gains nothing (``_send_now``): a bookie with nothing
+unanswered gets its adds at the end of the loop turn that queued them (a ``call_soon``,
+with whatever else that turn adds); the appends made by callbacks while one ADD_ACK
+frame is handled (every ledger it answers: a writer calls back its appends' owners as
+it processes a confirmation, and they append again) are held (``cork``) and leave when
+the frame's handling ends, one message per bookie, to every bookie whose send rule lets
+a message go, busy or not (``uncork``: no loop turn; at one append in flight the bookie
+slowest on the last entry is not left to its task, a turn behind the others). Other
+adds to a busy bookie keep batching in its sender task.
 
 A link's states: DIALING (TCP connect + HELLO/HELLO_OK, bounded by ``read_timeout_s``)
 -> OPEN -> CLOSED (socket lost, ERROR frame, protocol error, or closed by the
@@ -387,8 +390,12 @@ class BinaryTransport(GrpcBookieTransport):
             if conn.call is not link:
                 return
             on_answer = self._on_answer
-            for a in answers:
-                on_answer(conn, a.ledger_id, a.entry_ids, a.status)  # type: ignore[arg-type]
+            self._corked += 1  # cork(): the appends the answers' callbacks make leave together
+            try:
+                for a in answers:
+                    on_answer(conn, a.ledger_id, a.entry_ids, a.status)  # type: ignore[arg-type]
+            finally:
+                self.uncork()
 
         link.on_answers = on_answers
         return link

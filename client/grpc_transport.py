@@ -377,19 +377,22 @@ class GrpcBookieTransport:
         self._corked += 1
 
     def uncork(self) -> None:
+        """The burst is complete: every bookie it queued adds for gets them now, in one
+        message each (``_send_now``: a busy bookie too, when its send rule lets a message
+        go; its sender task would send the same message one loop turn later)."""
         self._corked -= 1
         if self._corked or not self._corked_conns:
             return
         conns, self._corked_conns = self._corked_conns, []
-        self._send_or_wake(conns)
+        self._send_or_wake(conns, busy_too=True)
 
     def _flush(self) -> None:
         conns, self._flush_conns = self._flush_conns, []
-        self._send_or_wake(conns)
+        self._send_or_wake(conns, busy_too=False)
 
-    def _send_or_wake(self, conns: list[_Connection]) -> None:
+    def _send_or_wake(self, conns: list[_Connection], *, busy_too: bool) -> None:
         for conn in conns:
-            if conn.sender is None or (not conn.adds.sent_unanswered and self._send_now(conn)):
+            if conn.sender is None or ((busy_too or not conn.adds.sent_unanswered) and self._send_now(conn)):
                 continue
             conn.wake.set()
 
@@ -399,9 +402,9 @@ class GrpcBookieTransport:
 
     def _send_now(self, conn: _Connection) -> bool:
         """Send ``conn``'s queued adds at once, without waking its sender task, when its
-        call can take a message synchronously; False: the sender task must do it. Only
-        asked for the first add queued while nothing is unanswered (an idle bookie:
-        waiting gains no batching there; a busy one keeps batching in its task)."""
+        call can take a message synchronously; False: the sender task must do it. Asked
+        when waiting gains no batching: for an idle bookie's first add, and at ``uncork``
+        (the burst is complete); a busy bookie's other adds keep batching in its task."""
         return False
 
     def _parts_writer(self, call: Any) -> Callable[[list[bytes]], Awaitable[None]] | None:
