@@ -22,8 +22,9 @@ from scriba.client.driver import DriverConfig
 from scriba.client.write_core import WriteCore
 from scriba.client.writer import LedgerWriter
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, make_digest, master_key
-from scriba.errors import BadRequestError, EntryTooLargeError, UnauthorizedError
-from scriba.ids import BookieId
+from scriba.errors import BadRequestError, EntryTooLargeError, ScribaError, UnauthorizedError
+from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.testing.waiting import eventually
 
 CONFIG = ClientConfig(
     add_timeout_s=5.0, bookie_wait_s=20.0,
@@ -111,10 +112,25 @@ async def test_bookies_advertise_their_limit_and_refuse_beyond_it(client: Client
     await w.close()
 
 
+async def holds_entry_0(client: Client, writer: LedgerWriter, ensemble: tuple[BookieId, ...]) -> bool:
+    """Whether every bookie of ``ensemble`` answers a read of ``writer``'s entry 0."""
+    for bookie in ensemble:
+        try:
+            await client.transport.read_entry(
+                bookie, LedgerId(writer.ledger_id), EntryId(0), master_key=master_key(b"pw"), timeout_s=5.0,
+            )
+        except ScribaError:
+            return False
+    return True
+
+
 async def test_a_wrong_master_key_is_refused_not_moved_to_a_fresh_bookie(client: Client) -> None:
     owner = await client.create_ledger(2, 2, 1, password=b"pw")
     ensemble = owner.metadata.current_ensemble
     assert await owner.append(b"owner's entry") == 0
+    # Qa=1 confirmed entry 0 at one bookie; the other binds the first key it sees, so the
+    # intruder writes only once both hold the owner's entry (else it races the owner there)
+    await eventually(lambda: holds_entry_0(client, owner, ensemble), 20.0, what="both bookies hold entry 0")
     intruder, chooser = second_writer(client, owner, b"wrong")
     with pytest.raises(UnauthorizedError, match="rejected the master key"):
         await asyncio.wait_for(intruder.append(b"intruder's entry"), 10)
