@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpc._cython import cygrpc
 
 CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 
@@ -153,6 +154,10 @@ async def test_a_cancelled_stream_handler_is_no_escape_but_a_cancelled_callback_
     assert [type(c["exception"]) for c in loop_exceptions.take()] == [asyncio.CancelledError]
 
 
+GRPC_POLLER_CALLBACK = "PollerCompletionQueue._handle_events"  # as in tests/conftest.py (``conftest``
+# names whichever directory's conftest was imported first: not importable from here)
+
+
 class PollerCompletionQueue:
     """Stands in for gRPC's cython poller (same qualified name of the reader callback)."""
 
@@ -164,9 +169,6 @@ def test_grpc_stale_event_for_a_closed_loop_is_no_escape_but_other_errors_are(lo
     """gRPC's late completion event for a loop closed since (``grpc_false_alarm`` in the
     conftest) is not recorded; another error from the same callback, or the same error
     from another callback, still is."""
-    from conftest import GRPC_POLLER_CALLBACK
-    from grpc._cython import cygrpc
-
     assert cygrpc.PollerCompletionQueue._handle_events.__qualname__ == GRPC_POLLER_CALLBACK  # still gRPC's name
     assert PollerCompletionQueue._handle_events.__qualname__ == GRPC_POLLER_CALLBACK
 
