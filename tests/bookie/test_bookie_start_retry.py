@@ -3,8 +3,10 @@
 The core (``bookie/startup.py``'s verdicts, ``bookie/registration.py``'s owner rule) is
 tested alone on a manual clock. The rest runs against real etcd and ZooKeeper servers
 started by this module: an in-process bookie whose store (a real one) is wrapped to fail
-its first registration attempts, and a bookie process started while the metadata server
-is stopped with SIGSTOP, which comes up once the server is continued with SIGCONT.
+its first registration attempts; the failure seen on a loaded machine reproduced through
+the fault proxy (ZooKeeper applies the create, its answer is held, kazoo drops the
+connection: ConnectionLoss); and a bookie process started while the metadata server is
+stopped with SIGSTOP, which comes up once the server is continued with SIGCONT.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from scriba.meta import connect
 from scriba.meta.records import BookieRegistration, Cookie, bookie_key, cookie_key
 from scriba.meta.session import BasicSession
 from scriba.meta.store import MetadataStore, SessionState
+from scriba.testing.faults import FaultProxyConfig, ToxiproxyServer, toxiproxy_client
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -160,21 +163,29 @@ async def test_a_session_that_stays_lost_ends_the_start_at_the_bound() -> None:
 # --- real servers: an in-process bookie on a wrapped real store -----------------------------
 
 
-@pytest.fixture(scope="module", params=["etcd", "zk"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if request.param == "etcd":
-        from scriba.embedded.etcd import EtcdCluster
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from scriba.embedded.etcd import EtcdCluster
 
-        cluster: Any = EtcdCluster(tmp_path_factory.mktemp("etcd-start"), 1)
-    else:
-        from scriba.embedded.zookeeper import ZooKeeperEnsemble
+    with EtcdCluster(tmp_path_factory.mktemp("etcd-start"), 1) as cluster:
+        yield cluster
 
-        cluster = ZooKeeperEnsemble(tmp_path_factory.mktemp("zk-start"), 1)
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from scriba.embedded.zookeeper import ZooKeeperEnsemble
+
+    cluster = ZooKeeperEnsemble(tmp_path_factory.mktemp("zk-start"), 1)
     cluster.start(timeout_s=60.0)
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["etcd", "zk"])
+def server(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 @pytest.fixture
@@ -187,12 +198,14 @@ class FlakyStore:
 
     ``before``: the create is not sent. ``lost``: it is applied, then its answer is lost.
     ``expire``: the session is expired on the server, then the create fails with it.
-    ``refuse``: the server refuses it (a non-retriable error)."""
+    ``refuse``: the server refuses it (a non-retriable error). ``fault``: ``self.fault``
+    sends it under a real fault of the test's making."""
 
     def __init__(self, inner: MetadataStore, *, fail: int, mode: str) -> None:
         self.inner = inner
         self.fail = fail
         self.mode = mode
+        self.fault: Callable[[Callable[[], Awaitable[int]]], Awaitable[int]] | None = None  # mode "fault"
         self.creates = 0
         self.deletes = 0
         self.cookie_reads = 0
@@ -219,6 +232,8 @@ class FlakyStore:
         if self.mode == "expire":
             await self.inner.expire_session_for_test()  # type: ignore[attr-defined]
             raise SessionExpiredError(f"create {key}: lease expired")
+        if self.mode == "fault" and self.fault is not None:
+            return await self.fault(lambda: self.inner.create(key, value, ephemeral=ephemeral))
         if self.mode == "refuse":
             raise UnauthorizedError(f"create {key}: not allowed")
         raise MetadataUnavailableError(f"create {key}: outstanding heartbeat ping not received")
@@ -271,13 +286,63 @@ async def test_a_bookie_whose_first_registrations_fail_comes_up_and_registers_on
         record = await observer.get(bookie_key("b1"))
         assert BookieRegistration.from_bytes(record.value).address == bookie.address
         assert record.owner == flaky.inner.session.session_id  # held by the bookie's session
-        assert flaky.creates == 4 if mode == "before" else flaky.creates == 2  # a lost create is found at once
+        assert flaky.creates == (4 if mode == "before" else 2)  # a lost create is found at once
         assert flaky.deletes == 0, "our own record was deleted and created again"
         if mode == "lost":
             assert record.created == flaky.lost_created, "registered twice: the record was re-created"
     finally:
         await bookie.stop()
     assert flaky.deletes == 1  # the clean stop's deregistration, nothing before it
+
+
+async def test_a_registration_create_whose_answer_zookeeper_never_sent_is_kept_not_made_twice(
+    zk_server: Any, tmp_path: Path
+) -> None:
+    """The failure seen on a loaded machine, for real: the create reaches ZooKeeper and is
+    applied, its answer (and the pings') is held by the fault proxy, kazoo gives up on the
+    connection ("outstanding heartbeat ping not received") and the create fails with
+    ConnectionLoss. The session survives (the client's pings still arrive), the bookie
+    retries, finds the record its own session created, and keeps it."""
+    host, port = zk_server.endpoints[0]
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    with ToxiproxyServer(config=FaultProxyConfig(seed=7)) as proxy_server:
+        proxy = toxiproxy_client(proxy_server.url).create(upstream=f"{host}:{port}", name="zk-answers")
+        via_proxy = await connect(f"zk://{proxy.listen}/{prefix}", connect_timeout_s=10.0, session_timeout_s=6.0)
+        observer = await connect(zk_server.uri(prefix), connect_timeout_s=10.0, session_timeout_s=10.0)
+        await observer.create("bookies/available/parent", b"")  # the parent exists: one request, one answer
+        await observer.delete("bookies/available/parent")
+        flaky = FlakyStore(via_proxy, fail=1, mode="fault")
+        lost: list[tuple[BaseException, int, str]] = []
+
+        async def answer_lost(create: Callable[[], Awaitable[int]]) -> int:
+            await asyncio.to_thread(proxy.add_toxic, type="timeout", stream="downstream",
+                                    attributes={"timeout": 0}, name="hold_answers")
+            try:
+                return await create()
+            except MetadataUnavailableError as exc:
+                record = await observer.get(bookie_key("b1"))  # applied, though unanswered
+                lost.append((exc, record.created, record.owner))
+                raise
+            finally:
+                await asyncio.to_thread(proxy.destroy_toxic, "hold_answers")
+
+        flaky.fault = answer_lost
+        try:
+            bookie = await start(config("zk://unused/x", tmp_path), flaky)
+            try:
+                assert len(lost) == 1, "the held answer did not fail the create"
+                error, created, owner = lost[0]
+                assert "ConnectionLoss" in str(error) or "ConnectionDropped" in str(error), error
+                assert owner == via_proxy.session.session_id  # same session after the reconnect
+                record = await observer.get(bookie_key("b1"))
+                assert (record.created, record.owner) == (created, owner), "registered twice"
+                assert (flaky.creates, flaky.deletes) == (2, 0)
+                assert bookie.registration is not None and bookie.registration.registered
+            finally:
+                await bookie.stop()
+        finally:
+            await observer.close()
+            await via_proxy.close()
 
 
 async def test_a_registration_lost_with_its_session_is_made_under_the_new_session(
