@@ -6,7 +6,8 @@ journal) -> start gRPC -> start the binary data path (``binary_server``; its add
 advertised in the registration beside the gRPC one) -> start HTTP -> register
 (ephemeral) -> GC. The metadata steps (connect, cookies, register) retry a lost
 connection or session within ``metadata_start_timeout_s`` each (``bookie/startup.py``);
-any other failure ends the start at once with its typed error.
+any other failure ends the start at once with its typed error. A SIGTERM during a start
+that is still retrying ends it (everything opened so far is closed; exit code 0).
 Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
 -> stop the binary listener and gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
 
@@ -355,12 +356,33 @@ class Bookie:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await self.start()
+        if not await self._start_unless(stop):
+            log.info("bookie_start_abandoned", bookie_id=self.bookie_id)
+            return 0
         print(f"bookie {self.bookie_id} serving on {self.address}", flush=True)
         await stop.wait()
         log.info("signal_received", bookie_id=self.bookie_id)
         await self.stop()
         return 0
+
+
+    async def _start_unless(self, stop: asyncio.Event) -> bool:
+        """Start (True), or give the start up when ``stop`` is set first (False): a start
+        still retrying its metadata steps must not outlive a SIGTERM."""
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not starting.done():
+            starting.cancel()  # start() closes what it opened on the way out
+            try:
+                await starting
+            except asyncio.CancelledError:
+                return False
+        starting.result()  # a failed start raises here
+        return True
 
 
 def check_dirs(config: BookieConfig) -> None:

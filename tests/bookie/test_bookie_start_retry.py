@@ -29,7 +29,7 @@ from scriba.bookie.startup import StartVerdict, retry_start_step, start_verdict
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.clock import ManualClock
 from scriba.embedded.bookie import BookieProcess
-from scriba.embedded.process import wait_until
+from scriba.embedded.process import ServerStartError, wait_until
 from scriba.errors import (
     BadRequestError,
     ConfigError,
@@ -436,27 +436,48 @@ def test_a_bookie_started_while_the_metadata_server_is_stopped_comes_up_when_it_
     bookie = BookieProcess(tmp_path / "b", uri, bookie_id="paused-start",
                            extra_args=["--session-timeout-s", "2", "--start-timeout-s", "120"])
 
-    def retried() -> bool:
-        try:
-            return "bookie_start_retry" in bookie.log_path.read_text(errors="replace")
-        except OSError:
-            return False
-
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         member.pause()
         try:
             starting = pool.submit(bookie.start, 150.0)
-            wait_until(lambda: retried() or starting.done(), WAIT_S,
+            wait_until(lambda: "bookie_start_retry" in _log(bookie) or starting.done(), WAIT_S,
                        what="the bookie retrying its connect while the server is stopped")
-            assert retried() and bookie.running, bookie.log_tail()
+            assert bookie.running, bookie.log_tail()
         finally:
             member.resume()
         try:
             starting.result(timeout=150.0)
             assert bookie.serving()
-            log = bookie.log_path.read_text(errors="replace").splitlines()
-            assert any("bookie_start_retry" in line and "connect" in line for line in log)
+            assert any("bookie_start_retry" in line and "connect" in line for line in _log(bookie).splitlines())
         finally:
             bookie.stop()
     assert bookie.returncode == 0
 
+
+
+def test_sigterm_ends_a_start_that_is_still_retrying(server: Any, uri: str, tmp_path: Path) -> None:
+    """A start retrying for minutes must not outlive the SIGTERM that a supervisor sends."""
+    member = server.members[0]
+    bookie = BookieProcess(tmp_path / "b", uri, bookie_id="abandoned-start",
+                           extra_args=["--start-timeout-s", "120"])
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        member.pause()
+        try:
+            starting = pool.submit(bookie.start, 150.0)
+            wait_until(lambda: "bookie_start_retry" in _log(bookie) or starting.done(), WAIT_S,
+                       what="the bookie retrying its connect while the server is stopped")
+            assert bookie.running, bookie.log_tail()
+            bookie.stop(timeout_s=WAIT_S)  # SIGTERM; SIGKILL only if it does not exit by then
+        finally:
+            member.resume()
+        with pytest.raises(ServerStartError, match="exited with 0 before it was ready"):
+            starting.result(timeout=150.0)
+    assert bookie.returncode == 0, bookie.log_tail()  # exited on SIGTERM, not killed
+    assert "bookie_start_abandoned" in _log(bookie)
+
+
+def _log(bookie: BookieProcess) -> str:
+    try:
+        return bookie.log_path.read_text(errors="replace")
+    except OSError:
+        return ""
