@@ -380,6 +380,29 @@ async def test_an_earlier_incarnations_registration_is_replaced_once(
         await bookie.stop()
 
 
+async def test_a_second_bookie_with_the_same_id_fails_at_once_and_leaves_the_first_registered(
+    uri: str, tmp_path: Path, open_store: Callable[[], Awaitable[MetadataStore]]
+) -> None:
+    """Another live bookie of this id is refused before registration: on the same dirs by
+    their LOCK (StorageError), on other dirs by the cookie (CookieMismatchError)."""
+    first = Bookie(config(uri, tmp_path))  # disk storage: holds the dirs' LOCK
+    await first.start()
+    try:
+        observer = await open_store()
+        before = await observer.get(bookie_key("b1"))
+        same_dirs = Bookie(config(uri, tmp_path))
+        with pytest.raises(StorageError, match="LOCK held"):
+            await same_dirs.start()
+        other_dirs = Bookie(config(uri, tmp_path / "other"))
+        with pytest.raises(CookieMismatchError, match="is registered with instance"):
+            await other_dirs.start()
+        after = await observer.get(bookie_key("b1"))
+        assert (after.created, after.owner) == (before.created, before.owner)  # the first's, untouched
+        assert first.registration is not None and first.registration.registered
+    finally:
+        await first.stop()
+
+
 async def test_a_refused_registration_fails_the_start_at_once_with_its_type(
     uri: str, tmp_path: Path, open_store: Callable[[], Awaitable[MetadataStore]]
 ) -> None:
