@@ -130,7 +130,7 @@ async def retry_start_step(
         if start_verdict(exc) is StartVerdict.FAIL:
             raise
         raise MetadataUnavailableError(
-            f"bookie {bookie_id}: {step} still failing after {timeout_s:g}s ({attempts} attempts); "
+            f"bookie {bookie_id}: {step} still failing at the end of its {timeout_s:g}s bound ({attempts} attempts); "
             f"last error: {_describe(exc)}"
         ) from exc
 

@@ -127,7 +127,7 @@ async def test_the_time_bound_ends_retries_with_a_typed_error_naming_the_last_ca
     with pytest.raises(MetadataUnavailableError) as caught:
         await s.run(timeout_s=5.0)
     message = str(caught.value)
-    assert "registration still failing after 5s" in message and f"{s.calls} attempts" in message
+    assert "registration still failing at the end of its 5s bound" in message and f"{s.calls} attempts" in message
     assert f"last error: MetadataUnavailableError: ConnectionLoss {s.calls - 1}" in message
     assert isinstance(caught.value.__cause__, MetadataUnavailableError)
     assert s.calls >= 3
@@ -435,7 +435,7 @@ async def test_a_registration_that_keeps_failing_gives_up_at_the_bound_naming_th
                     store=flaky)  # type: ignore[arg-type]
     with pytest.raises(MetadataUnavailableError) as caught:
         await bookie.start()
-    assert "bookie b1: registration still failing after 1s" in str(caught.value)
+    assert "bookie b1: registration still failing at the end of its 1s bound" in str(caught.value)
     assert "outstanding heartbeat ping not received" in str(caught.value)
     assert isinstance(caught.value.__cause__, MetadataUnavailableError)
     assert flaky.creates >= 2
