@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -452,49 +453,48 @@ def test_config_refuses_a_start_timeout_that_is_not_positive(tmp_path: Path) -> 
 # --- a real bookie process against a stopped (SIGSTOP) metadata server ----------------------
 
 
+@contextlib.contextmanager
+def starting_while_stopped(member: Any, bookie: BookieProcess) -> Iterator[concurrent.futures.Future[None]]:
+    """Start ``bookie`` while the metadata server ``member`` is stopped (SIGSTOP); yield the
+    start (running in a thread) once the bookie has logged a retry; SIGCONT on the way out,
+    then wait for the start to end (serving, or exited)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    member.pause()
+    try:
+        starting = pool.submit(bookie.start, 150.0)
+        wait_until(lambda: "bookie_start_retry" in _log(bookie) or starting.done(), WAIT_S,
+                   what="the bookie retrying its connect while the server is stopped")
+        assert bookie.running, bookie.log_tail()
+        yield starting
+    finally:
+        member.resume()
+        pool.shutdown(wait=True)
+
+
 def test_a_bookie_started_while_the_metadata_server_is_stopped_comes_up_when_it_resumes(
     server: Any, uri: str, tmp_path: Path
 ) -> None:
-    member = server.members[0]
     bookie = BookieProcess(tmp_path / "b", uri, bookie_id="paused-start",
                            extra_args=["--session-timeout-s", "2", "--start-timeout-s", "120"])
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        member.pause()
-        try:
-            starting = pool.submit(bookie.start, 150.0)
-            wait_until(lambda: "bookie_start_retry" in _log(bookie) or starting.done(), WAIT_S,
-                       what="the bookie retrying its connect while the server is stopped")
-            assert bookie.running, bookie.log_tail()
-        finally:
-            member.resume()
-        try:
-            starting.result(timeout=150.0)
-            assert bookie.serving()
-            assert any("bookie_start_retry" in line and "connect" in line for line in _log(bookie).splitlines())
-        finally:
-            bookie.stop()
+    try:
+        with starting_while_stopped(server.members[0], bookie) as starting:
+            pass
+        starting.result()
+        assert bookie.serving()
+        assert any("bookie_start_retry" in line and "connect" in line for line in _log(bookie).splitlines())
+    finally:
+        bookie.stop()
     assert bookie.returncode == 0
-
 
 
 def test_sigterm_ends_a_start_that_is_still_retrying(server: Any, uri: str, tmp_path: Path) -> None:
     """A start retrying for minutes must not outlive the SIGTERM that a supervisor sends."""
-    member = server.members[0]
     bookie = BookieProcess(tmp_path / "b", uri, bookie_id="abandoned-start",
                            extra_args=["--start-timeout-s", "120"])
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        member.pause()
-        try:
-            starting = pool.submit(bookie.start, 150.0)
-            wait_until(lambda: "bookie_start_retry" in _log(bookie) or starting.done(), WAIT_S,
-                       what="the bookie retrying its connect while the server is stopped")
-            assert bookie.running, bookie.log_tail()
-            bookie.stop(timeout_s=WAIT_S)  # SIGTERM; SIGKILL only if it does not exit by then
-        finally:
-            member.resume()
-        with pytest.raises(ServerStartError, match="exited with 0 before it was ready"):
-            starting.result(timeout=150.0)
+    with starting_while_stopped(server.members[0], bookie) as starting:
+        bookie.stop(timeout_s=WAIT_S)  # SIGTERM; SIGKILL only if it does not exit by then
+    with pytest.raises(ServerStartError, match="exited with 0 before it was ready"):
+        starting.result()
     assert bookie.returncode == 0, bookie.log_tail()  # exited on SIGTERM, not killed
     assert "bookie_start_abandoned" in _log(bookie)
 
