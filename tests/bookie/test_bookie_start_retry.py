@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -344,6 +345,50 @@ async def test_a_registration_create_whose_answer_zookeeper_never_sent_is_kept_n
         finally:
             await observer.close()
             await via_proxy.close()
+
+
+async def test_a_registration_under_a_lease_etcd_has_expired_is_made_under_the_new_lease(
+    etcd_server: Any, tmp_path: Path
+) -> None:
+    """The etcd failure seen on a loaded machine, for real: the bookie's lease is gone on the
+    server (revoked here, as expiry would) before its registration is written; etcd refuses
+    the create ("requested lease not found"), the driver grants a new lease, the bookie
+    retries under it."""
+    uri = etcd_server.uri(f"t{uuid.uuid4().hex[:12]}")
+    async with contextlib.AsyncExitStack() as stores:
+        inner = await stores.enter_async_context(await connect(uri, session_timeout_s=SESSION_TIMEOUT_S))
+        observer = await stores.enter_async_context(await connect(uri, session_timeout_s=SESSION_TIMEOUT_S))
+        await registered_under_a_new_lease(etcd_server, tmp_path, inner, observer)
+
+
+async def registered_under_a_new_lease(
+    etcd_server: Any, tmp_path: Path, inner: MetadataStore, observer: MetadataStore
+) -> None:
+    old_lease = inner.session.session_id
+    flaky = FlakyStore(inner, fail=1, mode="fault")
+    refused: list[BaseException] = []
+
+    async def lease_gone(create: Callable[[], Awaitable[int]]) -> int:
+        host, port = etcd_server.endpoints[0]
+        done = await asyncio.to_thread(subprocess.run, ["etcdctl", f"--endpoints={host}:{port}", "lease", "revoke",
+                                                        old_lease], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        try:
+            return await create()
+        except SessionExpiredError as exc:
+            refused.append(exc)
+            raise
+
+    flaky.fault = lease_gone
+    bookie = await start(config("etcd://unused/x", tmp_path), flaky)
+    try:
+        assert len(refused) == 1 and "lease" in str(refused[0]), refused
+        record = await observer.get(bookie_key("b1"))
+        assert record.owner == inner.session.session_id != old_lease
+        assert (flaky.creates, flaky.deletes) == (2, 0)
+        assert bookie.registration is not None and bookie.registration.registered
+    finally:
+        await bookie.stop()
 
 
 async def test_a_registration_lost_with_its_session_is_made_under_the_new_session(
