@@ -41,6 +41,7 @@ from typing import Any, Final, cast
 
 from scriba.bookie.service import BOOKIE_CALLERS, BookieService, PeerIdentities, ServingState
 from scriba.errors import Status
+from scriba.frame_read import BufferedFrames
 from scriba.frame_write import FrameWrite, frame_writer
 from scriba.log import get_logger
 from scriba.proto import binary as wire
@@ -56,7 +57,7 @@ _OK: Final = int(Status.OK)
 _UNAUTHORIZED: Final = int(Status.UNAUTHORIZED)
 
 
-class BinaryConnection(asyncio.Protocol):
+class BinaryConnection(BufferedFrames):
     """One client connection (module docstring)."""
 
     def __init__(self, server: BinaryServer) -> None:
@@ -75,7 +76,7 @@ class BinaryConnection(asyncio.Protocol):
         self.caller = PeerIdentities(frozenset())  # its certificate's identities (reads of protected ledgers)
         self.inflight_bytes = 0  # AddCredit: add bytes accepted and not answered
 
-    # --- asyncio.Protocol ---------------------------------------------------------------
+    # --- asyncio.BufferedProtocol (reads land in a reused buffer: scriba.frame_read) --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         self._write_frame = frame_writer(self._transport)

@@ -63,6 +63,7 @@ from scriba.errors import (
     UnavailableError,
     error_for_status,
 )
+from scriba.frame_read import BufferedFrames
 from scriba.frame_write import FrameWrite, frame_writer
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
@@ -83,7 +84,7 @@ def _encode_run(run: AddRun, parts: list[bytes]) -> None:
     wire.encode_run(run.ledger_id, run.flags, run.master_key, run.entry_ids, run.entries, parts)  # type: ignore[arg-type]
 
 
-class BinaryLink(asyncio.Protocol):
+class BinaryLink(BufferedFrames):
     """One TCP connection to one bookie (module docstring). Also the add stream's call:
     ``write(body)`` sends an ADD frame, ``cancel()`` closes."""
 
@@ -104,7 +105,7 @@ class BinaryLink(asyncio.Protocol):
         self.version = 0
         self.on_answers: Callable[[list[wire.AddAnswer]], None] | None = None
 
-    # --- asyncio.Protocol ---------------------------------------------------------------
+    # --- asyncio.BufferedProtocol (reads land in a reused buffer: scriba.frame_read) --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         self._write_frame = frame_writer(self._transport)

@@ -49,9 +49,33 @@ async def test_a_lone_record_is_written_and_synced_before_submit_returns(tmp_pat
         fut = j.submit(jr.frame(b"\x04" + bytes(16)), "t1")
         assert file_size(tmp_path) > before  # written on the spot ...
         assert fio.sync_threads == [fio_thread()]  # ... and synced on the loop's thread
-        assert not fut.done() and durable == []  # the outcome comes on the loop's next turn
+        assert fut.done() and durable == [["t1"]]  # settled before submit returned: no loop turn
         await asyncio.wait_for(fut, 5)
-        assert durable == [["t1"]]
+    finally:
+        j.close()
+
+
+async def test_one_record_a_turn_takes_the_idle_path_the_rest_of_that_turn_queue(tmp_path: Path) -> None:
+    """A burst read at once still shares syncs, and a caller submitting in a loop yields."""
+    fio = SlowSyncIO()
+    durable: list[list[Any]] = []
+    j = open_journal(tmp_path, fio, durable)
+    try:
+        fio.sync_threads.clear()
+        first = j.submit(jr.frame(b"\x04" + bytes(16)), "a")
+        assert first.done() and durable == [["a"]]  # the journal is idle again now ...
+        rest = [j.submit(jr.frame(b"\x04" + bytes(16)), t) for t in ("b", "c")]
+        assert not any(f.done() for f in rest)  # ... yet the same turn's next records queue
+        await asyncio.wait_for(asyncio.gather(*rest), 5)
+        assert fio.sync_threads[0] == fio_thread()
+        assert fio.sync_threads[1:] and set(fio.sync_threads[1:]) == {"scriba-journal"}
+        assert [t for g in durable for t in g] == ["a", "b", "c"]
+        for token in range(50):  # a later turn: the idle path again (once a sync was fast)
+            later = j.submit(jr.frame(b"\x04" + bytes(16)), token)
+            if later.done():
+                break
+            await asyncio.wait_for(later, 5)
+        assert later.done() and durable[-1] == [token]
     finally:
         j.close()
 
