@@ -47,7 +47,7 @@ from scriba.errors import (
 from scriba.meta import connect
 from scriba.meta.records import BookieRegistration, Cookie, bookie_key, cookie_key
 from scriba.meta.session import BasicSession
-from scriba.meta.store import MetadataStore, SessionState
+from scriba.meta.store import MetadataStore, SessionState, Versioned
 from scriba.testing.faults import FaultProxyConfig, ToxiproxyServer, toxiproxy_client
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -275,6 +275,16 @@ async def start(cfg: BookieConfig, store: FlakyStore) -> Bookie:
     return bookie
 
 
+async def registered(bookie: Bookie, flaky: FlakyStore, observer: MetadataStore) -> Versioned[bytes]:
+    """The bookie's record, as another client reads it, checked to be the bookie's own:
+    it advertises the bookie's address, the bookie's session holds it, the bookie takes adds."""
+    record = await observer.get(bookie_key("b1"))
+    assert BookieRegistration.from_bytes(record.value).address == bookie.address
+    assert record.owner == flaky.inner.session.session_id
+    assert bookie.registration is not None and bookie.registration.registered and bookie.state.accepting_adds
+    return record
+
+
 @pytest.mark.parametrize("mode", ["before", "lost"])
 async def test_a_bookie_whose_first_registrations_fail_comes_up_and_registers_once(
     uri: str, tmp_path: Path, open_store: Callable[[], Awaitable[MetadataStore]], mode: str
@@ -282,12 +292,7 @@ async def test_a_bookie_whose_first_registrations_fail_comes_up_and_registers_on
     flaky = FlakyStore(await open_store(), fail=3, mode=mode)
     bookie = await start(config(uri, tmp_path), flaky)
     try:
-        assert bookie.registration is not None and bookie.registration.registered
-        assert bookie.state.accepting_adds
-        observer = await open_store()
-        record = await observer.get(bookie_key("b1"))
-        assert BookieRegistration.from_bytes(record.value).address == bookie.address
-        assert record.owner == flaky.inner.session.session_id  # held by the bookie's session
+        record = await registered(bookie, flaky, await open_store())
         assert flaky.creates == (4 if mode == "before" else 2)  # a lost create is found at once
         assert flaky.deletes == 0, "our own record was deleted and created again"
         if mode == "lost":
@@ -336,10 +341,9 @@ async def test_a_registration_create_whose_answer_zookeeper_never_sent_is_kept_n
                 error, created, owner = lost[0]
                 assert "ConnectionLoss" in str(error) or "ConnectionDropped" in str(error), error
                 assert owner == via_proxy.session.session_id  # same session after the reconnect
-                record = await observer.get(bookie_key("b1"))
+                record = await registered(bookie, flaky, observer)
                 assert (record.created, record.owner) == (created, owner), "registered twice"
                 assert (flaky.creates, flaky.deletes) == (2, 0)
-                assert bookie.registration is not None and bookie.registration.registered
             finally:
                 await bookie.stop()
         finally:
@@ -383,10 +387,8 @@ async def registered_under_a_new_lease(
     bookie = await start(config("etcd://unused/x", tmp_path), flaky)
     try:
         assert len(refused) == 1 and "lease" in str(refused[0]), refused
-        record = await observer.get(bookie_key("b1"))
-        assert record.owner == inner.session.session_id != old_lease
+        assert (await registered(bookie, flaky, observer)).owner != old_lease
         assert (flaky.creates, flaky.deletes) == (2, 0)
-        assert bookie.registration is not None and bookie.registration.registered
     finally:
         await bookie.stop()
 
@@ -400,10 +402,7 @@ async def test_a_registration_lost_with_its_session_is_made_under_the_new_sessio
     flaky = FlakyStore(inner, fail=1, mode="expire")
     bookie = await start(config(uri, tmp_path), flaky)
     try:
-        observer = await open_store()
-        record = await observer.get(bookie_key("b1"))
-        assert record.owner == inner.session.session_id != old_session
-        assert bookie.registration is not None and bookie.registration.registered
+        assert (await registered(bookie, flaky, await open_store())).owner != old_session
         assert flaky.deletes == 0
     finally:
         await bookie.stop()
@@ -418,9 +417,7 @@ async def test_an_earlier_incarnations_registration_is_replaced_once(
     flaky = FlakyStore(await open_store(), fail=0, mode="before")
     bookie = await start(config(uri, tmp_path), flaky)
     try:
-        record = await flaky.inner.get(bookie_key("b1"))
-        assert record.owner == flaky.inner.session.session_id != killed.session.session_id
-        assert BookieRegistration.from_bytes(record.value).address == bookie.address
+        assert (await registered(bookie, flaky, killed)).owner != killed.session.session_id
         assert (flaky.creates, flaky.deletes) == (2, 1)
     finally:
         await bookie.stop()
