@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--compaction-rate-entries-per-s", type=float, default=None,
                      help="compaction throttle: entries copied per second (0: unlimited)")
     run.add_argument("--session-timeout-s", type=float, default=None, help="metadata session")
+    run.add_argument("--start-timeout-s", type=float, default=None,
+                     help="how long each metadata step of start-up (connect, cookie check, registration) "
+                          "retries a lost connection or session before the bookie exits (default 30)")
     run.add_argument(
         "--storage",
         choices=["disk", "memory"],
@@ -105,6 +108,8 @@ def build_config(args: argparse.Namespace) -> Any:
             extra[name] = getattr(args, name)
     if args.session_timeout_s is not None:
         extra["metadata_session_timeout_s"] = args.session_timeout_s
+    if args.start_timeout_s is not None:
+        extra["metadata_start_timeout_s"] = args.start_timeout_s
     binary = str(getattr(args, "binary_port", "0"))
     try:
         extra["binary_port"] = None if binary == "off" else int(binary)

@@ -58,6 +58,11 @@ class BookieConfig:
     registration_refresh_s: float = 60.0  # disk figures in the registration
     metadata_session_timeout_s: float = 10.0
     metadata_connect_timeout_s: float = 5.0
+    # How long each metadata step of start-up (connect, cookie check, registration) keeps
+    # retrying a lost connection, an expired session or a deadline before the bookie gives
+    # up (bookie/startup.py). Of the order of the metadata session timeout, with room for a
+    # session to be lost and renewed on a loaded machine.
+    metadata_start_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to StorageConfig
     # TLS on the gRPC port and the HTTP endpoint (None: plaintext). With mutual TLS the
@@ -89,6 +94,8 @@ class BookieConfig:
         self.compaction_policy.validate(self.gc_interval_s)
         require(self.registration_refresh_s > 0, "registration_refresh_s", "must be > 0")
         require(self.metadata_session_timeout_s > 0, "metadata_session_timeout_s", "must be > 0")
+        require(self.metadata_connect_timeout_s > 0, "metadata_connect_timeout_s", "must be > 0")
+        require(self.metadata_start_timeout_s > 0, "metadata_start_timeout_s", "must be > 0")
         require(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
         for name in ("region", "zone", "rack"):
             value = getattr(self, name)

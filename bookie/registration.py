@@ -13,18 +13,40 @@ The record advertises what clients must know before they send: the address, the
 location (placement), the mode, and ``entry_size_max`` (clients refuse a larger
 payload up front instead of sending it to be refused).
 
-A record left by an earlier incarnation of this bookie (killed before its session
-expired) is replaced: the cookie check has already proven that this process owns
-the bookie's data dirs.
+Creating the record (:meth:`Registration.register`, one attempt; start-up retries it
+within a bound, ``bookie/startup.py``). A create that finds the key present reads the
+record's owner (the session an ephemeral belongs to) and decides
+(:func:`existing_registration`):
+
+- owned by this store's current session: ours. An earlier attempt's create was applied
+  but its answer was lost (a dropped connection, a deadline): it is kept, not created
+  twice (nor deleted and created again, which watchers would see as the bookie leaving).
+- owned by another session (or by none): an earlier incarnation of this bookie, killed
+  before its session expired. It is replaced (deleted at the version read, then created):
+  the cookie check has already proven that this process owns the bookie's data dirs, and
+  their ``LOCK`` that no other process serves them.
+
+A pass that finds the record changed under it looks again, at most
+``REGISTER_PASSES_MAX`` times. A registration is only taken as done if the session that
+created it is still the store's session; otherwise the next pass looks again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import enum
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from scriba.errors import KeyExistsError, MetadataError, NoSuchKeyError, ScribaError
+from scriba.errors import (
+    BadVersionError,
+    KeyExistsError,
+    MetadataError,
+    MetadataUnavailableError,
+    NoSuchKeyError,
+    ScribaError,
+)
 from scriba.log import get_logger
 from scriba.meta.records import BOOKIE_CODEC, BookieMode, BookieRegistration, bookie_key
 from scriba.meta.store import MetadataStore, SessionState
@@ -32,7 +54,20 @@ from scriba.meta.update import update_metadata
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
 REGISTER_ATTEMPTS_MAX = 1_000_000  # bounded, but effectively "until shutdown"
+REGISTER_PASSES_MAX = 8  # looks at a record that keeps changing, within one attempt
+
+
+class Existing(enum.Enum):
+    OURS = "ours"  # created by this session: keep it
+    STALE = "stale"  # another session's (an earlier incarnation): replace it
+
+
+def existing_registration(owner: str, session_id: str) -> Existing:
+    """What to do with a registration record found in place (see the module docstring)."""
+    return Existing.OURS if owner and owner == session_id else Existing.STALE
 
 
 class Registration:
@@ -52,6 +87,7 @@ class Registration:
         self._op_timeout_s = op_timeout_s
         self._key = bookie_key(record.bookie_id)
         self._registered = False
+        self._session_id = ""  # the session that created the record
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -65,33 +101,60 @@ class Registration:
     def record(self) -> BookieRegistration:
         return self._record
 
-    async def start(self) -> None:
-        """Register now (errors propagate), then follow the session."""
-        await self._register_once()
-        self._store.session.add_listener(self._on_session)
+    def follow_session(self) -> None:
+        """After the first registration: re-register whenever the session is lost."""
+        session = self._store.session
+        session.add_listener(self._on_session)
+        if session.session_id != self._session_id or session.state is SessionState.LOST:
+            self._on_session(SessionState.LOST)  # lost between the registration and now
 
     def _set(self, registered: bool) -> None:
         if registered != self._registered:
             self._registered = registered
             self._on_change(registered)
 
-    async def _register_once(self) -> None:
+    async def _op(self, call: Awaitable[T]) -> T:
+        return await asyncio.wait_for(call, self._op_timeout_s)
+
+    async def register(self) -> None:
+        """One attempt to create the record (errors propagate: the caller retries)."""
         async with self._lock:
             data = self._record.to_bytes()
-            try:
-                await asyncio.wait_for(self._store.create(self._key, data, ephemeral=True), self._op_timeout_s)
-            except KeyExistsError:
-                # An earlier incarnation's (or our previous session's) record: replace it.
-                log.info("stale_registration_replaced", bookie_id=self._record.bookie_id)
-                try:
-                    await asyncio.wait_for(self._store.delete(self._key), self._op_timeout_s)
-                except NoSuchKeyError:
-                    pass
-                await asyncio.wait_for(self._store.create(self._key, data, ephemeral=True), self._op_timeout_s)
-            self._set(True)
-            log.info("bookie_registered", bookie_id=self._record.bookie_id, address=self._record.address,
-                     region=self._record.region, zone=self._record.zone, rack=self._record.rack,
-                     mode=self._record.mode.value, entry_size_max=self._record.entry_size_max)
+            for _ in range(REGISTER_PASSES_MAX):
+                session_id = self._store.session.session_id
+                if await self._create_or_keep(data, session_id) and self._store.session.session_id == session_id:
+                    self._session_id = session_id
+                    self._set(True)
+                    log.info("bookie_registered", bookie_id=self._record.bookie_id, address=self._record.address,
+                             region=self._record.region, zone=self._record.zone, rack=self._record.rack,
+                             mode=self._record.mode.value, entry_size_max=self._record.entry_size_max)
+                    return
+            raise MetadataUnavailableError(
+                f"register {self._key}: the record kept changing ({REGISTER_PASSES_MAX} passes)"
+            )
+
+    async def _create_or_keep(self, data: bytes, session_id: str) -> bool:
+        """One pass: True once the key holds our record, False to look again."""
+        try:
+            await self._op(self._store.create(self._key, data, ephemeral=True))
+            return True
+        except KeyExistsError:
+            pass
+        try:
+            found = await self._op(self._store.get(self._key))
+        except NoSuchKeyError:
+            return False  # gone meanwhile: create it
+        try:
+            if existing_registration(found.owner, session_id) is Existing.OURS:
+                log.info("registration_found_own", bookie_id=self._record.bookie_id, session_id=session_id)
+                if found.value != data:
+                    await self._op(self._store.set(self._key, data, expected_version=found.version))
+                return True
+            log.info("stale_registration_replaced", bookie_id=self._record.bookie_id, owner=found.owner)
+            await self._op(self._store.delete(self._key, expected_version=found.version))
+        except (NoSuchKeyError, BadVersionError):
+            pass  # changed under us: look again
+        return False
 
     def _on_session(self, state: SessionState) -> None:
         if self._closed:
@@ -114,7 +177,7 @@ class Registration:
                 return
             if self._store.session.state is SessionState.CONNECTED:
                 try:
-                    await self._register_once()
+                    await self.register()
                     return
                 except (ScribaError, TimeoutError, OSError) as exc:
                     log.warning("reregister_failed", bookie_id=self._record.bookie_id, error=str(exc))

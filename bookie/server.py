@@ -4,7 +4,10 @@ Start order: check the dirs and the listen address (a clear error before any wor
 connect to the metadata store -> check (or create) cookies -> open storage (replays the
 journal) -> start gRPC -> start the binary data path (``binary_server``; its address is
 advertised in the registration beside the gRPC one) -> start HTTP -> register
-(ephemeral) -> GC.
+(ephemeral) -> GC. The metadata steps (connect, cookies, register) retry a lost
+connection or session within ``metadata_start_timeout_s`` each (``bookie/startup.py``);
+any other failure ends the start at once with its typed error. A SIGTERM during a start
+that is still retrying ends it (everything opened so far is closed; exit code 0).
 Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
 -> stop the binary listener and gRPC -> checkpoint and close storage -> close HTTP and the metadata session.
 
@@ -23,7 +26,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scriba.bookie.binary_server import BinaryServer
 from scriba.bookie.config import BookieConfig
@@ -33,6 +36,7 @@ from scriba.bookie.http import HttpEndpoint
 from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.registration import Registration
 from scriba.bookie.service import BookieService, ServingState, new_grpc_server
+from scriba.bookie.startup import retry_start_step
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.errors import ConfigError
 from scriba.grpc_auth import bind
@@ -43,6 +47,8 @@ from scriba.meta.store import MetadataStore
 from scriba.tls import LoadedTls
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 StorageFactory = Callable[[StorageConfig], Awaitable[LedgerStorage]]
 
@@ -108,21 +114,30 @@ class Bookie:
         self._tls = cfg.tls.load() if cfg.tls is not None else None  # a bad file: ConfigError, no start
         self._loop = asyncio.get_running_loop()
         if self._store is None:
-            self._store = await connect(
+            self._store = await self._start_step("connect", lambda: connect(
                 cfg.metadata_uri,
                 connect_timeout_s=cfg.metadata_connect_timeout_s,
                 session_timeout_s=cfg.metadata_session_timeout_s,
-            )
+            ), needs_session=False)
         try:
             await self._start_serving()
         except BaseException:
             await self._abort_start()
             raise
 
+    async def _start_step(self, step: str, call: Callable[[], Awaitable[T]], *, needs_session: bool = True) -> T:
+        """A metadata step of start-up, retried within ``metadata_start_timeout_s``."""
+        return await retry_start_step(
+            step, call, bookie_id=self.bookie_id, timeout_s=self.config.metadata_start_timeout_s,
+            session=(lambda: self.store.session) if needs_session else None,
+        )
+
     async def _start_serving(self) -> None:
         cfg = self.config
         store = self.store
-        await verify_or_create(store, self.bookie_id, cfg.cookie_dirs, [cfg.data_dir])
+        await self._start_step(
+            "cookie check", lambda: verify_or_create(store, self.bookie_id, cfg.cookie_dirs, [cfg.data_dir])
+        )
         storage_config = StorageConfig(
             journal_dir=cfg.storage_journal_dir,
             ledger_dir=cfg.storage_ledger_dir,
@@ -174,7 +189,8 @@ class Bookie:
             store, record, on_change=self._on_registered, retry_s=cfg.registration_retry_s
         )
         self._mode_task = asyncio.get_running_loop().create_task(self._sync_mode())
-        await self.registration.start()
+        await self._start_step("registration", self.registration.register)
+        self.registration.follow_session()
         self.state.started = True
         self.gc = GarbageCollector(
             storage, store, self.metrics, bookie_id=self.bookie_id, interval_s=cfg.gc_interval_s,
@@ -340,12 +356,33 @@ class Bookie:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await self.start()
+        if not await self._start_unless(stop):
+            log.info("bookie_start_abandoned", bookie_id=self.bookie_id)
+            return 0
         print(f"bookie {self.bookie_id} serving on {self.address}", flush=True)
         await stop.wait()
         log.info("signal_received", bookie_id=self.bookie_id)
         await self.stop()
         return 0
+
+
+    async def _start_unless(self, stop: asyncio.Event) -> bool:
+        """Start (True), or give the start up when ``stop`` is set first (False): a start
+        still retrying its metadata steps must not outlive a SIGTERM."""
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not starting.done():
+            starting.cancel()  # start() closes what it opened on the way out
+            try:
+                await starting
+            except asyncio.CancelledError:
+                return False
+        starting.result()  # a failed start raises here
+        return True
 
 
 def check_dirs(config: BookieConfig) -> None:

@@ -6,7 +6,8 @@ move to the next). aetcd's own ``Client`` is not used: it has no paginated range
 no lease keep-alive stream and one shared watch stream without resume.
 
 Mapping: key = ``PREFIX/`` + key; ``version`` = mod_revision, ``created`` =
-create_revision (both store-wide revisions, strictly increasing); create, CAS
+create_revision (both store-wide revisions, strictly increasing), ``owner`` = the
+key's lease in hex (the session id of the lease's session); create, CAS
 set and conditional delete are etcd transactions; ids come from ranges reserved
 by CAS on a counter at ``ids/<name>`` (``scriba.meta.id_ranges``).
 
@@ -393,7 +394,7 @@ class EtcdStore:
             raise self._error(what, exc) from None
 
     def _versioned(self, kv: Any) -> Versioned[bytes]:
-        return Versioned(bytes(kv.value), kv.mod_revision, kv.create_revision)
+        return Versioned(bytes(kv.value), kv.mod_revision, kv.create_revision, f"{kv.lease:x}" if kv.lease else "")
 
     @staticmethod
     def _cmp(key: bytes, target: int, result: int, **value: int) -> Any:

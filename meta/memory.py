@@ -65,6 +65,9 @@ class _Record:
     created: int
     owner: str | None  # session id of an ephemeral record
 
+    def versioned(self) -> Versioned[bytes]:
+        return Versioned(self.value, self.version, self.created, self.owner or "")
+
 
 class _Watcher:
     """One watch's bounded event queue; overflow turns into a re-sync."""
@@ -189,7 +192,7 @@ class MemoryStore:
         record = self._space.records.get(check_key(key))
         if record is None:
             raise NoSuchKeyError(f"{key}: no such key")
-        return Versioned(record.value, record.version, record.created)
+        return record.versioned()
 
     async def create(self, key: str, value: bytes, *, ephemeral: bool = False) -> int:
         self._check_open()
@@ -233,7 +236,7 @@ class MemoryStore:
         if limit is not None:
             keys = keys[:limit]
         records = self._space.records
-        return [(k, Versioned(records[k].value, records[k].version, records[k].created)) for k in keys]
+        return [(k, records[k].versioned()) for k in keys]
 
     async def scan(self, prefix: str, *, page_size: int = 500) -> AsyncIterator[tuple[str, Versioned[bytes]]]:
         after: str | None = None

@@ -9,6 +9,9 @@ Versions are opaque integers that change on every write of a key (etcd
 mod_revision, ZooKeeper stat.version, a counter in memory); compare-and-set
 compares them. ``created`` is the store-wide, strictly increasing revision at which
 the key was created (etcd create_revision, ZooKeeper czxid): a fencing token.
+``owner`` is the ``session_id`` of the session an ephemeral record belongs to (etcd's
+lease, ZooKeeper's ephemeralOwner, in the form ``Session.session_id`` takes) and ``""``
+for a persistent record: a create whose answer was lost is recognised as one's own.
 
 Ephemeral records belong to the store's :class:`Session`. The session reports
 CONNECTED / SUSPENDED / LOST to whoever holds ephemerals or leadership:
@@ -35,6 +38,7 @@ class Versioned(Generic[T]):
     value: T
     version: int
     created: int = 0
+    owner: str = ""  # an ephemeral's session_id; "" for a persistent record
 
 
 class SessionState(enum.Enum):

@@ -38,7 +38,7 @@ class _LostRace(Exception):
 
 async def read_record(store: MetadataStore, key: str, codec: Codec[T]) -> Versioned[T]:
     raw = await store.get(key)
-    return Versioned(codec.from_bytes(raw.value), raw.version, raw.created)
+    return Versioned(codec.from_bytes(raw.value), raw.version, raw.created, raw.owner)
 
 
 async def update_metadata(
@@ -70,7 +70,7 @@ async def update_metadata(
         except BadVersionError:
             record = None  # lost the race: the next attempt reads the winner's record
             raise _LostRace from None
-        return Versioned(new_value, version, record.created)
+        return Versioned(new_value, version, record.created, record.owner)  # a set keeps the owner
 
     policy = replace(CAS_RETRY, attempts_max=attempts_max).validate()
     try:

@@ -46,7 +46,8 @@ certificate by default (``ssl.clientAuth=need``). The Debian ZooKeeper 3.8 serve
 with ``serverCnxnFactory=NettyServerCnxnFactory``, PEM key and trust stores and the
 Debian Netty jars on its classpath (``scriba.embedded.zookeeper`` does this).
 
-Versions: ``version`` = stat.version, ``created`` = stat.czxid. Ids: ranges reserved by
+Versions: ``version`` = stat.version, ``created`` = stat.czxid, ``owner`` = the hex
+ephemeralOwner (the session id of an ephemeral's session). Ids: ranges reserved by
 CAS on a counter record ``ids/<name>`` (``scriba.meta.id_ranges``); a counter created
 where the older per-id epoch znodes ``ids/<name>/<epoch>`` exist starts above them.
 """
@@ -144,6 +145,11 @@ _Events = list[WatchEvent]
 
 def _session_hex(session_id: int) -> str:
     return f"{session_id & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _versioned(data: bytes, stat: ZnodeStat) -> Versioned[bytes]:
+    owner = _session_hex(stat.ephemeralOwner) if stat.ephemeralOwner else ""
+    return Versioned(data, stat.version, stat.czxid, owner)
 
 
 def _connection_retry() -> KazooRetry:
@@ -570,7 +576,7 @@ class ZooKeeperStore:
         if node is None or node[0] == CONTAINER:
             raise NoSuchKeyError(f"{key}: no such key")
         data, stat = node
-        return Versioned(data, stat.version, stat.czxid)
+        return _versioned(data, stat)
 
     async def create(self, key: str, value: bytes, *, ephemeral: bool = False) -> int:
         self._check_open()
@@ -672,7 +678,7 @@ class ZooKeeperStore:
             for key, node in zip(chunk, nodes, strict=True):
                 if node is None or node[0] == CONTAINER:
                     continue
-                out.append((key, Versioned(node[0], node[1].version, node[1].czxid)))
+                out.append((key, _versioned(*node)))
         return out if limit is None else out[:limit]
 
     async def scan(

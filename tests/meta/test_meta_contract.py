@@ -467,6 +467,23 @@ async def test_ephemeral_vanishes_after_its_session_closes(
     assert (await observer.get("live/persistent")).value == b"stays"
 
 
+async def test_an_ephemeral_names_its_session_as_owner_and_a_persistent_record_none(
+    backend: Backend, make_store: StoreFactory
+) -> None:
+    """How a holder whose create answer was lost recognises the record as its own."""
+    owner, other = await make_store(), await make_store()
+    await owner.create("own/eph", b"e", ephemeral=True)
+    await owner.create("own/persistent", b"p")
+    assert owner.session.session_id != other.session.session_id
+    assert (await owner.get("own/eph")).owner == owner.session.session_id
+    assert (await owner.get("own/persistent")).owner == ""
+    listed = dict(await owner.list("own/"))
+    assert (listed["own/eph"].owner, listed["own/persistent"].owner) == (owner.session.session_id, "")
+    version = (await owner.get("own/eph")).version
+    await owner.set("own/eph", b"e2", expected_version=version)  # a write keeps the owner
+    assert (await owner.get("own/eph")).owner == owner.session.session_id
+
+
 async def test_session_expiry_removes_ephemerals_and_reports_lost_then_connected(
     backend: Backend, make_store: StoreFactory, eventually: Eventually
 ) -> None:
