@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proc_cpu import pids_cpu_s
+
 HEAD = struct.Struct("<IB")  # body length (type byte included), type
 ADD, ACK, LAC, POLL, ENTRY = 1, 2, 3, 4, 5
 U64 = struct.Struct("<Q")
@@ -54,8 +56,9 @@ def _cpu_s() -> float:
 
 
 def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))], 3) if values else 0.0
+    from scriba.client.bench import percentile
+
+    return round(percentile(sorted(values), q), 3) if values else 0.0
 
 
 def frame(kind: int, body: bytes) -> bytes:
@@ -283,11 +286,6 @@ def _child(argv: list[str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, text=True)
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = proc.communicate(timeout=300)
     if proc.returncode != 0:
@@ -320,19 +318,19 @@ def skeleton_round(base: Path, entries: int, seconds: float) -> dict[str, Any]:
     """Fresh skeleton bookies for each part (each part's entries start at 0)."""
     ports, servers = _servers(base, "one")
     try:
-        cpu0 = sum(_proc_cpu_s(s.pid) for s in servers)
+        cpu0 = pids_cpu_s([s.pid for s in servers])
         one = _result(_child(["one", "--ports", ",".join(map(str, ports)), "--entries", str(entries)]))
-        one["bookies_cpu_us"] = round((sum(_proc_cpu_s(s.pid) for s in servers) - cpu0) / entries * 1e6, 1)
+        one["bookies_cpu_us"] = round((pids_cpu_s([s.pid for s in servers]) - cpu0) / entries * 1e6, 1)
     finally:
         _stop(servers)
     ports, servers = _servers(base, "tail")
     try:
         reader = _child(["reader", "--port", str(ports[0])])
         assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
-        cpu0 = sum(_proc_cpu_s(s.pid) for s in servers)
+        cpu0 = pids_cpu_s([s.pid for s in servers])
         written = _result(_child(["writer", "--ports", ",".join(map(str, ports)), "--seconds", str(seconds)]))
         seen = _result(reader)
-        bookies_us = (sum(_proc_cpu_s(s.pid) for s in servers) - cpu0) / written["records"] * 1e6
+        bookies_us = (pids_cpu_s([s.pid for s in servers]) - cpu0) / written["records"] * 1e6
     finally:
         _stop(servers)
     return {"one_in_flight": one,
