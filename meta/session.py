@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from scriba.errors import MetadataUnavailableError
 from scriba.log import get_logger
-from scriba.meta.store import Session, SessionListener, SessionState
+from scriba.meta.store import SessionListener, SessionState
 
 log = get_logger(__name__)
 
@@ -84,25 +83,3 @@ class BasicSession:
         except TimeoutError:
             return False
         return True
-
-
-async def wait_connected(session: Session, timeout_s: float) -> None:
-    """Return once ``session`` is CONNECTED; ``MetadataUnavailableError`` after ``timeout_s``."""
-    if session.state is SessionState.CONNECTED:
-        return
-    connected = asyncio.Event()
-
-    def on_state(state: SessionState) -> None:
-        if state is SessionState.CONNECTED:
-            connected.set()
-
-    session.add_listener(on_state)
-    try:
-        if session.state is not SessionState.CONNECTED:
-            await asyncio.wait_for(connected.wait(), max(0.0, timeout_s))
-    except TimeoutError:
-        raise MetadataUnavailableError(
-            f"metadata session still {session.state.value} after {timeout_s:.1f}s"
-        ) from None
-    finally:
-        session.remove_listener(on_state)
