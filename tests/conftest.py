@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio.base_events
 import contextlib
+import functools
 import gc
 import sys
 import threading
@@ -106,9 +107,13 @@ def grpc_false_alarm(context: dict[str, Any]) -> bool:
     in between (a test's loop, right after its teardown closed the store), gRPC's reader
     callback raises "Event loop is closed" in whichever loop runs next. The call was
     already cancelled and its loop is gone: noise, not an escape. A process that runs one
-    loop for its life (every scriba command) never sees it. One CI run in many hit it."""
+    loop for its life (every scriba command) never sees it. One CI run in many hit it.
+    gRPC schedules that callback bare or as ``functools.partial(_handle_events, loop)``
+    (seen at the teardown of a paused-leader test): both are recognised."""
     handle = context.get("handle")
     callback = getattr(handle, "_callback", None)
+    if isinstance(callback, functools.partial):
+        callback = callback.func
     exc = context.get("exception")
     return (
         isinstance(exc, RuntimeError)
