@@ -4,7 +4,9 @@ Theory of operation. One :class:`BinaryConnection` per client connection. The cl
 opens with HELLO (the version is negotiated: the highest both speak); any other frame
 first is a protocol error. Then ADD frames (runs of adds), READ_ENTRY, READ_RANGE and
 READ_LAC (long poll included) and, on a link negotiated at version 2, WRITE_LAC (the
-writer's explicit LAC push) are taken as they arrive, each in its own task, and
+writer's explicit LAC push) are taken as they arrive, each started at once
+(``scriba.eager``: a request that need not wait, as an add on the journal's idle path,
+is answered before the next frame is read; one that waits goes on in its own task), and
 answered out of order as they finish (pipelining; the client matches add answers by
 ledger and entry ids, read answers by request id). What a request means is the
 ``BookieService``'s to judge, exactly as on gRPC: adds go through
@@ -40,6 +42,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, cast
 
 from scriba.bookie.service import BOOKIE_CALLERS, BookieService, PeerIdentities, ServingState
+from scriba.eager import start_eagerly
 from scriba.errors import Status
 from scriba.frame_read import BufferedFrames
 from scriba.frame_write import FrameWrite, frame_writer
@@ -130,7 +133,8 @@ class BinaryConnection(BufferedFrames):
         if ftype == FrameType.ADD:
             runs = wire.decode_add(body)
             task = self._start(self._add(rid, runs), "add")
-            self._service.track_adds(task)
+            if task is not None:
+                self._service.track_adds(task)
         elif ftype == FrameType.READ_ENTRY:
             self._start(self._read_entry(rid, *wire.decode_read_entry(body)), "read")
         elif ftype == FrameType.READ_RANGE:
@@ -180,18 +184,28 @@ class BinaryConnection(BufferedFrames):
         if not self.closed and self._write_frame is not None:
             self._write_frame(parts)
 
-    def _start(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=kind)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-        self._update_reading()
+    def _start(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None] | None:
+        """Serve a request now (``scriba.eager``): one that need not wait (an add the
+        journal's idle path syncs at once, a long poll already answerable) is answered
+        before this returns; one that waits goes on in a task (None: it is done)."""
+        try:
+            task = start_eagerly(coro, name=kind)
+        except Exception as exc:  # as a task's failure: logged, the connection goes on
+            self._failed(exc)
+            return None
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+            self._update_reading()
         return task
+
+    def _failed(self, exc: BaseException) -> None:
+        log.error("binary_request_failed", bookie_id=self._server.state.bookie_id, peer=self.peer, error=repr(exc))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("binary_request_failed", bookie_id=self._server.state.bookie_id, peer=self.peer,
-                      error=repr(task.exception()))
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._failed(exc)
         self._update_reading()
 
     def _update_reading(self) -> None:

@@ -381,24 +381,31 @@ class LacWaiters:
             return
         if self._count >= self._waiters_max:
             raise TooManyRequestsError(f"{self._count} long polls waiting (limit)")
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         self._waiters.setdefault(ledger_id, []).append(fut)
         self._count += 1
+        # The deadline resolves ``fut`` as ``notify`` does. Not ``wait_for``: it wakes this
+        # task through a helper future, one loop turn later than ``notify`` resolving ``fut``
+        # does (on a bookie whose loop also runs inline fdatasyncs, every turn a long poll's
+        # answer waits is felt). Not ``asyncio.timeout``: it needs a task, and a long poll
+        # starts eagerly, outside one (``scriba.eager``).
+        expiry = loop.call_later(timeout_s, _resolve, fut)
         try:
-            # Not ``wait_for``: it wakes this task through a helper future, one loop turn
-            # later than ``notify`` resolving ``fut`` does (on a bookie whose loop also
-            # runs inline fdatasyncs, every turn a long poll's answer waits is felt).
-            async with asyncio.timeout(timeout_s):
-                await fut
-        except TimeoutError:
-            pass
+            await fut
         finally:
+            expiry.cancel()
             self._count -= 1
             futs = self._waiters.get(ledger_id)
             if futs is not None and fut in futs:
                 futs.remove(fut)
                 if not futs:
                     del self._waiters[ledger_id]
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def read_consecutive(

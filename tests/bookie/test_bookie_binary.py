@@ -317,3 +317,81 @@ def test_long_poll_carries_the_confirmed_entries_and_none_beyond_the_lac(harness
     assert [bytes(e) for e in answer.piggybacked_entries] == expected
     plain, _ = harness.run(harness.exchange(b(wire.encode_read_lac(9, 30, wire.LAC_LONG_POLL, 0, 1000, KEY))))
     assert wire.decode_lac_answer(plain[-1][1]).piggybacked_entries == ()  # none asked, none sent
+
+
+def test_a_long_poll_nothing_satisfies_is_answered_at_its_deadline(harness: Harness) -> None:
+    """The bookie caps the wait (20 ms here); then it answers with the LAC it has."""
+    harness.run(harness.exchange(add_frame(31, [0, 1])))  # entry 1 carries lac 0
+    poll, _ = harness.run(harness.exchange(b(wire.encode_read_lac(8, 31, wire.LAC_LONG_POLL, 0, 60_000, KEY))))
+    answer = wire.decode_lac_answer(poll[-1][1])
+    assert (answer.status, answer.lac) == (0, 0)
+
+
+class _Transport(asyncio.Transport):
+    """What a connection writes, kept (no socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:
+        self.written.append(b"".join(bytes(p) for p in parts))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_idle_bookie_answers_an_add_within_the_read_that_brought_it(tmp_path: Path) -> None:
+    """Requests start eagerly (scriba.eager): on the journal's idle path (a real journal
+    on disk) an add's acknowledgement is written before ``data_received`` returns, with no
+    task left behind; a long poll that must wait goes on in a task and is answered when
+    the entry comes."""
+    from scriba.bookie.binary_server import BinaryConnection
+
+    loop = asyncio.new_event_loop()
+    config = BookieConfig(metadata_uri=f"memory://eager-{uuid.uuid4().hex[:8]}", data_dir=tmp_path / "data",
+                          listen_port=0, bookie_id="eager")
+    bookie = Bookie(config)
+
+    async def main() -> None:
+        await bookie.start()
+        try:
+            conn = BinaryConnection(bookie._binary)  # type: ignore[arg-type]
+            transport = _Transport()
+            conn.connection_made(transport)
+            conn.data_received(b(wire.encode_hello()))
+
+            def answers() -> list[tuple[int, Any]]:
+                frames = [f for data in transport.written for f in FrameReader().feed(data)]
+                transport.written.clear()
+                return [(h.type, body) for h, body in frames]
+
+            assert [t for t, _ in answers()] == [FrameType.HELLO_OK]
+            conn.data_received(add_frame(5, [0]))
+            [(kind, body)] = answers()
+            assert kind == FrameType.ADD_ACK and conn._tasks == set()
+            assert [(a.ledger_id, list(a.entry_ids), a.status) for a in wire.decode_add_ack(body)] == [(5, [0], 0)]
+
+            poll = wire.encode_read_lac(11, 5, wire.LAC_LONG_POLL, 0, 5000, KEY, 4)
+            conn.data_received(b(poll))
+            assert answers() == [] and len(conn._tasks) == 1  # waits for LAC > 0, in a task
+            conn.data_received(add_frame(5, [1]))
+            conn.data_received(b(wire.encode_write_lac(12, 5, 1, 0, KEY)))
+            await asyncio.wait_for(asyncio.gather(*conn._tasks), 10)
+            assert FrameType.LAC in [t for t, _ in answers()]
+        finally:
+            await bookie.stop()
+
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
