@@ -8,14 +8,16 @@ present as a znode). So a transaction is built from a read:
 2. user checks are decided on that read: a check that fails now is a valid outcome
    (the transaction aborts at this read) and raises ``BadVersionError``;
 3. missing parents are created as containers;
-4. the multi holds, per user check, a *guard* that fails unless the znode is still as
-   read (absent: create-then-delete; a container: a version check that counts as a
-   guard; a record: a version check that counts as the user's), then per written key
-   the write at the version read: create, set, a container kept (a deleted key with
-   records under it, or under a key this transaction puts) or a delete;
-5. if an operation fails, the op's *owner* tells why: a user check's op raises
-   ``BadVersionError``; a guard (someone wrote between our read and the multi) makes
-   the transaction read again and rebuild the multi, at most ``TXN_ATTEMPTS_MAX`` times.
+4. the multi holds, per user check, ops that fail unless the znode is still as read
+   (absent: a create and its delete; a container or a record: a version check), then
+   per written key the write at the version read: a create, a set, a container kept
+   (a deleted key with records under it, or under a key this transaction puts), a
+   delete, or, for a deleted key already absent, the same ops as a check (a *guard*);
+5. each op has an *owner*: the user check it decides (absent or record), or none (a
+   container's check, a write, a guard). When the multi fails, the failing op's owner
+   tells why: a user check's op raises ``BadVersionError``; an op with no owner
+   (someone wrote between our read and the multi) makes the transaction read again
+   and rebuild the multi, at most ``TXN_ATTEMPTS_MAX`` times.
 
 Writes apply in order: the last write of a key wins. Bounds: ``TXN_OPS_MAX`` checks and
 writes per transaction.
