@@ -42,7 +42,8 @@ from typing import Final, TypeVar
 from scriba.clock import Clock, SystemClock
 from scriba.errors import MetadataUnavailableError, SessionExpiredError
 from scriba.log import get_logger
-from scriba.meta.store import Session, SessionState
+from scriba.meta.session import wait_connected
+from scriba.meta.store import Session
 from scriba.retry import RetryPolicy, is_retriable, retry_async
 
 log = get_logger(__name__)
@@ -66,28 +67,6 @@ def start_verdict(error: BaseException) -> StartVerdict:
     if isinstance(error, TimeoutError) or is_retriable(error):
         return StartVerdict.RETRY
     return StartVerdict.FAIL
-
-
-async def wait_connected(session: Session, timeout_s: float) -> None:
-    """Return once ``session`` is CONNECTED; ``MetadataUnavailableError`` after ``timeout_s``."""
-    if session.state is SessionState.CONNECTED:
-        return
-    connected = asyncio.Event()
-
-    def on_state(state: SessionState) -> None:
-        if state is SessionState.CONNECTED:
-            connected.set()
-
-    session.add_listener(on_state)
-    try:
-        if session.state is not SessionState.CONNECTED:
-            await asyncio.wait_for(connected.wait(), max(0.0, timeout_s))
-    except TimeoutError:
-        raise MetadataUnavailableError(
-            f"metadata session still {session.state.value} after {timeout_s:.1f}s"
-        ) from None
-    finally:
-        session.remove_listener(on_state)
 
 
 async def retry_start_step(

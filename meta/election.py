@@ -32,10 +32,12 @@ from scriba.errors import (
     BadRequestError,
     BadVersionError,
     KeyExistsError,
+    MetadataUnavailableError,
     NoSuchKeyError,
     SessionExpiredError,
 )
 from scriba.log import get_logger
+from scriba.meta.session import wait_connected
 from scriba.meta.store import EventKind, MetadataStore, SessionState, Versioned
 from scriba.retry import RetryPolicy, is_retriable, retry_async
 
@@ -180,20 +182,9 @@ class Election:
         return leadership
 
     async def _wait_connected(self) -> None:
-        while self.store.session.state is not SessionState.CONNECTED:
-            waiter = asyncio.get_running_loop().create_future()
-
-            def wake(_state: SessionState, fut: asyncio.Future[None] = waiter) -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            self.store.session.add_listener(wake)
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), SESSION_WAIT_S)
-            except TimeoutError:
-                pass
-            finally:
-                self.store.session.remove_listener(wake)
+        while self.store.session.state is not SessionState.CONNECTED:  # the session may be replaced
+            with contextlib.suppress(MetadataUnavailableError):
+                await wait_connected(self.store.session, SESSION_WAIT_S)
 
     async def _wait_vacant(self) -> None:
         """Return once the leader record is absent (after the watch has synced)."""

@@ -10,6 +10,10 @@ Inputs: the driver's transitions (``set_state``, ``renew``), always on the event
 loop. Outputs: listener calls, in order, one per change, on the event loop.
 Invariant: a listener never sees the same state twice in a row, and LOST is
 always followed by CONNECTED with a different ``session_id`` before anything else.
+
+:func:`wait_connected` is how a holder of a session waits out SUSPENDED / LOST: it
+returns once the session reports CONNECTED, or raises ``MetadataUnavailableError``
+at its deadline (the bookie's start-up steps and the election's claim both use it).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from scriba.errors import MetadataUnavailableError
 from scriba.log import get_logger
-from scriba.meta.store import SessionListener, SessionState
+from scriba.meta.store import Session, SessionListener, SessionState
 
 log = get_logger(__name__)
 
@@ -83,3 +88,25 @@ class BasicSession:
         except TimeoutError:
             return False
         return True
+
+
+async def wait_connected(session: Session, timeout_s: float) -> None:
+    """Return once ``session`` is CONNECTED; ``MetadataUnavailableError`` after ``timeout_s``."""
+    if session.state is SessionState.CONNECTED:
+        return
+    connected = asyncio.Event()
+
+    def on_state(state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            connected.set()
+
+    session.add_listener(on_state)
+    try:
+        if session.state is not SessionState.CONNECTED:
+            await asyncio.wait_for(connected.wait(), max(0.0, timeout_s))
+    except TimeoutError:
+        raise MetadataUnavailableError(
+            f"metadata session still {session.state.value} after {timeout_s:.1f}s"
+        ) from None
+    finally:
+        session.remove_listener(on_state)

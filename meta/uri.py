@@ -12,7 +12,7 @@ in a bookie's registration without giving anything away.
 - zk: ``ca``, ``cert``, ``key`` (``zk+tls`` only: ZooKeeper's secure client port, which
   asks for a client certificate by default), ``digest_file`` or ``digest_env`` (``USER:PASSWORD``): SASL-less digest
   authentication, and every znode Scriba creates gets an ACL that admits only that
-  user (see ``scriba.meta.zookeeper``).
+  user (see ``scriba.meta.zk_security``).
 
 ``password=``, ``digest=`` and the like are refused with a message that says where the
 secret belongs.

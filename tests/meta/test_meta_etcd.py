@@ -225,7 +225,7 @@ async def test_watch_resyncs_when_its_start_revision_was_compacted(
     async with open_store(uri) as store, open_store(uri) as other:
         await store.create("d/k", b"0")
         await store.create("d/gone", b"0")
-        read_state = store._read_state
+        read_state = store._watcher.read_state
         reads = 0
 
         async def read_then_compact(key: str, prefix: bool) -> tuple[dict[str, object], int]:
@@ -238,10 +238,10 @@ async def test_watch_resyncs_when_its_start_revision_was_compacted(
                     await other.set("d/k", value, expected_version=(await other.get("d/k")).version)
                 await other.delete("d/gone")
                 now = (await other.get("d/k")).version
-                await other._kv.Compact(rpc.CompactionRequest(revision=now, physical=True))
+                await other._conn.kv.Compact(rpc.CompactionRequest(revision=now, physical=True))
             return state, revision  # type: ignore[return-value]
 
-        monkeypatch.setattr(store, "_read_state", read_then_compact)
+        monkeypatch.setattr(store._watcher, "read_state", read_then_compact)
         got: list[tuple[EventKind, str, bytes | None]] = []
         async with contextlib.aclosing(store.watch("d/", prefix=True)) as events, asyncio.timeout(WAIT_S):
             while len(got) < 5:

@@ -141,17 +141,17 @@ class _FirstStreamDead:
 async def test_a_watch_whose_stream_went_silent_resumes_and_delivers_the_delete(
     etcd1: EtcdCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import scriba.meta.etcd as etcd_driver
+    import scriba.meta.etcd_watch as etcd_watch
 
-    monkeypatch.setattr(etcd_driver, "WATCH_IDLE_S", 0.5, raising=False)
-    monkeypatch.setattr(etcd_driver, "WATCH_PROGRESS_TIMEOUT_S", 1.0, raising=False)
+    monkeypatch.setattr(etcd_watch, "WATCH_IDLE_S", 0.5)
+    monkeypatch.setattr(etcd_watch, "WATCH_PROGRESS_TIMEOUT_S", 1.0)
     host, port = etcd1.endpoints[0]
     key = "elections/g/leader"
     async with open_store(f"etcd://{host}:{port}/silent") as writer, \
             open_store(f"etcd://{host}:{port}/silent") as watcher:
         await writer.create(key, b"leader")
-        stub = _FirstStreamDead(watcher._watch)
-        monkeypatch.setattr(watcher, "_watch", stub)
+        stub = _FirstStreamDead(watcher._watcher.stub)
+        monkeypatch.setattr(watcher._watcher, "stub", stub)
         async with contextlib.aclosing(watcher.watch(key)) as events:
             assert (await next_event(events, EventKind.PUT)).value == b"leader"
             await next_event(events, EventKind.SYNCED)

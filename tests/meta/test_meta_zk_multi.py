@@ -27,7 +27,8 @@ from scriba.meta.zk_multi import (
     sort_results,
     take_batch,
 )
-from scriba.meta.zookeeper import _ROLLED_BACK, ZooKeeperStore
+from scriba.meta.zk_requests import ROLLED_BACK
+from scriba.meta.zookeeper import ZooKeeperStore
 
 _seq = iter(range(1_000_000))
 
@@ -68,7 +69,7 @@ def test_take_batch_sends_an_oversized_write_alone() -> None:
 
 def test_sort_results_success_gives_each_write_its_version() -> None:
     batch = [_write(WriteKind.CREATE, "/c"), _write(WriteKind.SET, "/s", version=4)]
-    fates = sort_results(batch, ["/c", _stat(5)], _ROLLED_BACK)
+    fates = sort_results(batch, ["/c", _stat(5)], ROLLED_BACK)
     assert fates.values == [(batch[0], 0), (batch[1], 5)]
     assert not fates.errors and not fates.again
 
@@ -77,7 +78,7 @@ def test_sort_results_failure_blames_one_write_and_sends_the_rest_again() -> Non
     batch = [_write(WriteKind.CREATE, f"/{i}") for i in range(4)]
     lost = kz.NodeExistsError()
     results = [kz.RolledBackError(), kz.RolledBackError(), lost, kz.RuntimeInconsistency()]
-    fates = sort_results(batch, results, _ROLLED_BACK)
+    fates = sort_results(batch, results, ROLLED_BACK)
     assert fates.errors == [(batch[2], lost)]
     assert fates.again == [batch[0], batch[1], batch[3]]
     assert not fates.values
@@ -86,9 +87,9 @@ def test_sort_results_failure_blames_one_write_and_sends_the_rest_again() -> Non
 def test_sort_results_refuses_answers_that_would_loop_or_do_not_match() -> None:
     batch = [_write(WriteKind.CREATE, "/a"), _write(WriteKind.CREATE, "/b")]
     with pytest.raises(InvariantViolation):  # a failure that blames nobody would retry forever
-        sort_results(batch, [kz.RolledBackError(), kz.RuntimeInconsistency()], _ROLLED_BACK)
+        sort_results(batch, [kz.RolledBackError(), kz.RuntimeInconsistency()], ROLLED_BACK)
     with pytest.raises(InvariantViolation):
-        sort_results(batch, ["/a"], _ROLLED_BACK)
+        sort_results(batch, ["/a"], ROLLED_BACK)
 
 
 @pytest.fixture
