@@ -17,7 +17,6 @@ placement again (``on_timer``), and failing that re-send to the same bookies; ev
 counts against ``ensemble_changes_max``, past which the writer fails.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Collection

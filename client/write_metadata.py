@@ -14,7 +14,6 @@ usable only when every write set's slots span ``R`` known regions; the writer ch
 at open and for each replacement, recovery and the auditor's repair plans too.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
