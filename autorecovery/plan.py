@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scriba.autorecovery.fragments import Fragment, entries_on_slots, fragment_at, repairable_last
-from scriba.client.write_core import region_shortfall
+from scriba.client.write_metadata import region_shortfall
 from scriba.errors import NotEnoughBookiesError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.invariant import InvariantViolation, invariant

@@ -41,7 +41,8 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, cast
 
-from scriba.bookie.service import BOOKIE_CALLERS, BookieService, PeerIdentities, ServingState
+from scriba.bookie.service import BookieService
+from scriba.bookie.serving import BOOKIE_CALLERS, PeerIdentities, ServingState
 from scriba.eager import start_eagerly
 from scriba.errors import Status
 from scriba.frame_read import BufferedFrames

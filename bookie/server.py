@@ -35,7 +35,8 @@ from scriba.bookie.gc import GarbageCollector
 from scriba.bookie.http import HttpEndpoint
 from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.registration import Registration
-from scriba.bookie.service import BookieService, ServingState, new_grpc_server
+from scriba.bookie.service import BookieService, new_grpc_server
+from scriba.bookie.serving import ServingState
 from scriba.bookie.startup import retry_start_step
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.errors import ConfigError

@@ -19,18 +19,9 @@ refuse the whole message (too many adds, not serving: ``_refuse``) -> decode it 
 storage columns, answering malformed adds (``add_decoding``) -> bound the connection's
 in-flight bytes -> store (``storage.add_columns``) -> answer (``_admit``).
 
-Reads: unary (``ReadEntry``, ``ReadLac``) or server-streamed (``ReadRange``: chunks of
-consecutive entries bounded in entries and bytes; a client that asks ``packed`` gets
-each chunk's entries as one run, serialized here with one copy of the entries).
-
-Read authorisation (as BookKeeper's bookies check the master key on reads): a ledger
-bound here to the master key of a password (any key but that of the empty password)
-is read only by a caller that sends that same master key (the one-way derivation the
-adds carry, never the password), or whose mutual-TLS identity is on the admin
-allow-list (``scriba.tls.is_admin``: autorecovery and operators' tools). Anyone else
-gets UNAUTHORIZED, not retriable, on every read kind: entry, range, LAC and long poll
-(checked again when the poll answers, for a ledger that arrived while it waited).
-Ledgers without a password, and ledgers not on this bookie, read as before.
+Reads, ``WriteLac`` and ``GetBookieInfo``, with their authorisation, are the layer
+``service_reads.BookieReads``; what the servicer shares with the bookie and the binary
+path (serving state, callers' identities, exceptions as wire statuses) is ``serving``.
 
 Invariant: an add is answered OK only when ``storage.add_batch`` said OK for it,
 and only while the bookie accepts adds (registered, not shutting down).
@@ -39,11 +30,9 @@ and only while the bookie accepts adds (registered, not shutting down).
 from __future__ import annotations
 
 import asyncio
-import hmac
-import struct
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import grpc
 
@@ -56,87 +45,25 @@ from scriba.bookie.add_decoding import (
     wire_status,
 )
 from scriba.bookie.metrics import BookieMetrics
-from scriba.bookie.storage_api import AddColumns, LacState, LedgerStorage, long_poll_entries
-from scriba.entry import HEADER_SIZE, master_key
-from scriba.errors import (
-    BadRequestError,
-    BookieReadOnlyError,
-    ScribaError,
-    Status,
-    UnauthorizedError,
-)
+from scriba.bookie.service_reads import BookieReads
+from scriba.bookie.serving import BOOKIE_CALLERS, AddCredit, ServingState, error_status
+from scriba.bookie.storage_api import AddColumns, LedgerStorage
+from scriba.errors import ScribaError, Status
 from scriba.grpc_auth import guard_handlers, identity_check
-from scriba.ids import LEDGER_ID_MAX
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
-from scriba.proto.packed import encode_packed_chunk
-from scriba.tls import LoadedTls, Role, identities_from_grpc, is_admin
+from scriba.tls import LoadedTls
 
 log = get_logger(__name__)
 
-_IDS: Final = struct.Struct(">Qq")  # the ledger id and entry id at the front of a packed entry
-_WIRE_STATUS_MAX: Final = int(Status.UNAVAILABLE)
-# wire codes as plain ints (the generated stubs type them as the proto enum)
 _OK: Final[Any] = int(Status.OK)
 _BAD_REQUEST: Final[Any] = int(Status.BAD_REQUEST)
 _READ_ONLY: Final[Any] = int(Status.READ_ONLY)
 _TOO_MANY: Final[Any] = int(Status.TOO_MANY_REQUESTS)
-_INTERNAL: Final[Any] = int(Status.INTERNAL)
-_NO_SUCH_ENTRY: Final[Any] = int(Status.NO_SUCH_ENTRY)
 RESPONSES_PENDING_MAX: Final = 1024
 RESPONSES_MERGE_MAX: Final = 16  # answers of up to this many batches share one message
 RESPONSES_MERGE_ENTRIES_MAX: Final = 4096  # ... while the message stays small (< 1 MiB)
-OPEN_LEDGER_KEY: Final = master_key(b"")  # the key of a ledger without a password: anyone reads it
-
-
-def error_status(exc: BaseException) -> tuple[int, str]:
-    """The wire status and message for an exception raised while serving a request."""
-    if isinstance(exc, ScribaError):
-        code = int(exc.status)
-        message = str(exc) or type(exc).__name__
-        if code > _WIRE_STATUS_MAX:
-            message = f"{type(exc).__name__}: {message}"
-        return wire_status(code), message
-    return _INTERNAL, f"{type(exc).__name__}: {exc}"
-
-
-class PeerIdentities:
-    """A caller's certificate identities, known before the call (the binary path takes
-    them once per connection; a gRPC call's come from its context)."""
-
-    __slots__ = ("identities",)
-
-    def __init__(self, identities: frozenset[str]) -> None:
-        self.identities = identities
-
-
-def caller_identities(context: Any) -> frozenset[str]:
-    """The certificate identities of a call's peer: a gRPC context, ``PeerIdentities``
-    or None (no identities)."""
-    if context is None:
-        return frozenset()
-    if isinstance(context, PeerIdentities):
-        return context.identities
-    return identities_from_grpc(context.auth_context())
-
-
-class AddCredit(Protocol):
-    """What bounds one connection's adds: the bytes accepted and not yet answered."""
-
-    inflight_bytes: int
-
-
-class ServingState:
-    """What the servicer needs to know about the bookie around it."""
-
-    __slots__ = ("accepting_adds", "bookie_id", "shutting_down", "started")
-
-    def __init__(self, bookie_id: str) -> None:
-        self.bookie_id = bookie_id
-        self.started = False  # registered at least once: the bookie serves
-        self.accepting_adds = False  # registered now and not shutting down
-        self.shutting_down = False
 
 
 class _Connection:
@@ -152,7 +79,7 @@ class _Connection:
         self.closed = False
 
 
-class BookieService(pb_grpc.BookieServicer):
+class BookieService(BookieReads):
     def __init__(
         self,
         storage: LedgerStorage,
@@ -398,224 +325,12 @@ class BookieService(pb_grpc.BookieServicer):
             return f"in-flight bytes per connection exceed {self._inflight_max}"
         return ""
 
-    # --- reads -----------------------------------------------------------------
-    def _check_ids(self, ledger_id: int, entry_id: int | None = None) -> None:
-        if ledger_id > LEDGER_ID_MAX:
-            raise BadRequestError(f"ledger id {ledger_id} out of range")
-        if entry_id is not None and entry_id < -1:
-            raise BadRequestError(f"entry id {entry_id} out of range")
-
-    def _authorize_read(self, ledger_id: int, key: bytes, context: Any) -> None:
-        """UNAUTHORIZED unless the ledger is open to all here, ``key`` is its master key or
-        the caller is an admin (module docstring)."""
-        bound = self._storage.ledger_master_key(ledger_id)
-        if not bound or bound == OPEN_LEDGER_KEY or hmac.compare_digest(bound, key):
-            return
-        if self._tls is not None and is_admin(self._tls.config, caller_identities(context)):
-            return
-        why = "no master key was sent" if not key else "the master key sent does not match"
-        raise UnauthorizedError(
-            f"ledger {ledger_id} has a password: {why} (read with the ledger's password, or as an admin)"
-        )
-
-    async def _fence(self, ledger_id: int, master_key: bytes) -> LacState:
-        if not master_key:
-            raise BadRequestError("FENCE needs the master key")
-        state = await self._storage.fence(ledger_id, master_key)
-        log.info("ledger_fenced", bookie_id=self._state.bookie_id, ledger_id=ledger_id,
-                 lac=state.lac, entry_id=state.last_entry_id)
-        return state
-
-    async def ReadEntry(self, request: pb.ReadEntryRequest, context: Any) -> pb.ReadEntryResponse:
-        started = time.perf_counter()
-        lid = request.ledger_id
-        eid = request.entry_id
-        try:
-            self._check_ids(lid, eid)
-            if request.flags & pb.FENCE:
-                await self._fence(lid, request.master_key)
-            self._authorize_read(lid, request.master_key, context)
-            data = self._storage.read_entry(lid, eid)
-            if eid < 0 and len(data) >= HEADER_SIZE:
-                eid = _IDS.unpack_from(data)[1]
-            response = pb.ReadEntryResponse(status=_OK, ledger_id=lid, entry_id=eid, entry=data)
-        except Exception as exc:
-            response = pb.ReadEntryResponse(ledger_id=lid, entry_id=eid)
-            self._fail(response, exc, "read_entry", lid, eid)
-        self._metrics.observe_read("entry", response.status, time.perf_counter() - started)
-        return response
-
-    async def ReadRange(
-        self, request: pb.ReadRangeRequest, context: Any
-    ) -> AsyncIterator[pb.ReadRangeResponse | bytes]:
-        """Chunks of consecutive entries; with ``packed``, each OK chunk is a serialized
-        packed ``ReadRangeResponse`` (see ``scriba.proto.packed``; ``new_grpc_server``
-        sends bytes as they are), else a message with one ``entries`` element each."""
-        packed = request.packed and self.packed_reads
-        status: Any
-        async for status, first, entries, message in self.range_chunks(request, context):
-            if status != _OK:
-                yield pb.ReadRangeResponse(status=status, first_entry_id=first, message=message)
-            elif packed:
-                yield encode_packed_chunk(first, entries)
-            else:
-                yield pb.ReadRangeResponse(status=_OK, first_entry_id=first, entries=entries)
-
-    async def range_chunks(
-        self, request: pb.ReadRangeRequest, context: Any = None
-    ) -> AsyncIterator[tuple[int, int, Sequence[bytes], str]]:
-        """A range read as ``(status, first_entry_id, entries, message)`` chunks, for
-        either wire: OK chunks of consecutive entries bounded in entries and bytes, then
-        at most one non-OK chunk (no entries) that ends the range early."""
-        started = time.perf_counter()
-        lid = request.ledger_id
-        first = request.first_entry_id
-        last = request.last_entry_id
-        entries_max = min(request.max_entries or self._range_entries_max, self._range_entries_max)
-        bytes_max = min(request.max_bytes or self._range_bytes_max, self._range_bytes_max)
-        status: Any = _OK
-        try:
-            self._check_ids(lid)
-            if first < 0 or last < first:
-                raise BadRequestError(f"range {first}..{last} is empty or negative")
-            if request.flags & pb.FENCE:
-                await self._fence(lid, request.master_key)
-            self._authorize_read(lid, request.master_key, context)
-        except Exception as exc:
-            response = pb.ReadRangeResponse(first_entry_id=first)
-            self._fail(response, exc, "read_range", lid, first)
-            self._metrics.observe_read("range", response.status, time.perf_counter() - started)
-            yield response.status, first, (), response.message
-            return
-        next_id = first
-        while next_id <= last:
-            try:
-                entries = self._storage.read_range(lid, next_id, last, entries_max, bytes_max)
-            except Exception as exc:
-                response = pb.ReadRangeResponse(first_entry_id=next_id)
-                self._fail(response, exc, "read_range", lid, next_id)
-                status = response.status
-                yield status, next_id, (), response.message
-                break
-            if not entries:  # storage promised at least `first` or an error
-                status = _NO_SUCH_ENTRY
-                yield status, next_id, (), "no entry"
-                break
-            yield _OK, next_id, entries, ""
-            next_id += len(entries)
-        self._metrics.observe_read("range", status, time.perf_counter() - started)
-
-    async def ReadLac(self, request: pb.ReadLacRequest, context: Any) -> pb.ReadLacResponse:
-        started = time.perf_counter()
-        lid = request.ledger_id
-        kind = "lac"
-        try:
-            self._check_ids(lid)
-            fence = bool(request.flags & pb.FENCE)
-            if fence:
-                kind = "fence"
-                state = await self._fence(lid, request.master_key)
-            elif request.long_poll:
-                kind = "long_poll"
-                previous = request.previous_lac
-                if previous < -1:
-                    raise BadRequestError(f"previous_lac {previous} out of range")
-                self._authorize_read(lid, request.master_key, context)
-                timeout_s = min(request.timeout_ms / 1000.0, self._long_poll_s_max)
-                wanted = bool(request.piggyback_entries_max or request.piggyback_entry)  # answer with entries
-                state = await self._storage.wait_lac(lid, previous, timeout_s, entry=wanted)
-                self._authorize_read(lid, request.master_key, context)  # the ledger may have come meanwhile
-            else:
-                self._authorize_read(lid, request.master_key, context)
-                state = self._storage.lac_state(lid)
-            response = pb.ReadLacResponse(
-                status=_OK, lac=state.lac, last_entry_id=state.last_entry_id, fenced=state.fenced
-            )
-            if fence and state.last_entry_id >= 0:
-                response.last_entry = self._storage.read_entry(lid, state.last_entry_id)
-            if request.long_poll and state.lac > request.previous_lac:
-                self._piggyback(response, request, state.lac)
-        except Exception as exc:
-            response = pb.ReadLacResponse(lac=-1, last_entry_id=-1)
-            self._fail(response, exc, "read_lac", lid, None)
-        self._metrics.observe_read(kind, response.status, time.perf_counter() - started)
-        return response
-
-    def _piggyback(self, response: pb.ReadLacResponse, request: pb.ReadLacRequest, lac: int) -> None:
-        """A long poll's answer carries the entries the reader waits for (confirmed ones
-        only): ``piggyback_entries_max`` of them, or the one of ``piggyback_entry``."""
-        lid, previous = request.ledger_id, request.previous_lac
-        if request.piggyback_entries_max:
-            entries_max = min(request.piggyback_entries_max, self._range_entries_max)
-            response.piggybacked_entries.extend(
-                long_poll_entries(self._storage, lid, previous, lac, entries_max, self._range_bytes_max)
-            )
-        elif request.piggyback_entry:
-            entries = long_poll_entries(self._storage, lid, previous, lac, 1, self._range_bytes_max)
-            if entries:
-                response.piggybacked_entry = entries[0]
-
-    async def WriteLac(self, request: pb.WriteLacRequest, context: Any) -> pb.WriteLacResponse:
-        lid = request.ledger_id
-        try:
-            self._check_ids(lid, request.lac)
-            if not request.master_key:
-                raise BadRequestError("master key missing")
-            if not self._state.accepting_adds:
-                raise BookieReadOnlyError("bookie is not accepting writes")
-            if request.hint_only:
-                self._storage.note_lac(lid, request.lac, request.master_key)
-            else:
-                await self._storage.write_lac(lid, request.lac, request.master_key)
-            return pb.WriteLacResponse(status=_OK)
-        except Exception as exc:
-            response = pb.WriteLacResponse()
-            self._fail(response, exc, "write_lac", lid, None)
-            return response
-
-    async def GetBookieInfo(self, request: pb.BookieInfoRequest, context: Any) -> pb.BookieInfoResponse:
-        try:
-            free, total = self._storage.disk_usage()
-            return pb.BookieInfoResponse(
-                status=_OK,
-                bookie_id=self._state.bookie_id,
-                state=self.bookie_state(),
-                free_bytes=max(free, 0),
-                total_bytes=max(total, 0),
-                message=self._storage.read_only_reason if self._storage.read_only else "",
-            )
-        except Exception as exc:
-            response = pb.BookieInfoResponse(bookie_id=self._state.bookie_id)
-            self._fail(response, exc, "bookie_info", None, None)
-            return response
-
-    def bookie_state(self) -> Any:
-        if self._state.shutting_down:
-            return pb.BOOKIE_SHUTTING_DOWN
-        if not self._state.started:
-            return pb.BOOKIE_STATE_UNKNOWN
-        if self._storage.read_only or not self._state.accepting_adds:
-            return pb.BOOKIE_READ_ONLY
-        return pb.BOOKIE_READ_WRITE
-
-    def _fail(self, response: Any, exc: BaseException, op: str, lid: int | None, eid: int | None) -> None:
-        if isinstance(exc, asyncio.CancelledError):
-            raise exc
-        status, message = error_status(exc)
-        response.status = status
-        response.message = message
-        if not isinstance(exc, ScribaError):
-            log.exception(f"{op}_failed", bookie_id=self._state.bookie_id, ledger_id=lid, entry_id=eid)
-
     # --- lifecycle -------------------------------------------------------------
     async def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for every accepted add to be answered by storage."""
         tasks = list(self._batches)
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
-
-
-BOOKIE_CALLERS: Final = (Role.CLIENT, Role.BOOKIE, Role.ADMIN)  # who may call a bookie's gRPC service
 
 
 def grpc_server_options(message_bytes_max: int) -> list[tuple[str, Any]]:

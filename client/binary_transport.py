@@ -46,13 +46,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Final, cast
 
 from scriba.client.add_batcher import AddRun
-from scriba.client.grpc_transport import (
-    LONG_POLL_MARGIN_S,
-    GrpcBookieTransport,
-    _Connection,
-    _message,
-    follow_runs,
-)
+from scriba.client.grpc_channels import _Connection, _message
+from scriba.client.grpc_reads import LONG_POLL_MARGIN_S, follow_runs
+from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import BookieTransport, EntryRun, LacResult, TransportConfig
 from scriba.errors import (
     DeadlineExceededError,

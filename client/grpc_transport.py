@@ -34,60 +34,33 @@ Invariants:
 An add that timed out leaves its stream suspect (a silent blackhole keeps a TCP
 connection open forever), so a timeout also drops that bookie's channel; the next
 use dials afresh.
+
+Layers: ``GrpcChannels`` (``grpc_channels.py``: the fields, one channel per bookie,
+dialing and gRPC errors) <- ``GrpcReads`` (``grpc_reads.py``: the unary and streamed
+reads) <- ``GrpcBookieTransport`` (this module: the add streams, and closing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from itertools import accumulate
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import grpc
 import grpc.aio
 
-from scriba.client.add_batcher import (
-    REFUSED,
-    STOPPED,
-    WAKE,
-    AddBatcher,
-    AddRun,
-    BookieAdds,
-    RunKey,
-)
-from scriba.client.transport import (
-    AddCallback,
-    AddRunCallback,
-    BookieInfo,
-    EntryRun,
-    LacResult,
-    TransportConfig,
-)
-from scriba.errors import (
-    DeadlineExceededError,
-    InternalError,
-    NoSuchEntryError,
-    ScribaError,
-    Status,
-    UnauthorizedError,
-    UnavailableError,
-    error_for_status,
-)
-from scriba.grpc_auth import open_channel
+from scriba.client.add_batcher import REFUSED, STOPPED, WAKE, AddRun, RunKey
+from scriba.client.grpc_channels import _REFUSED_CODES, _Connection
+from scriba.client.grpc_reads import GrpcReads
+from scriba.client.transport import AddCallback, AddRunCallback
+from scriba.errors import ScribaError, Status, UnauthorizedError, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import scriba_pb2 as pb
-from scriba.proto import scriba_pb2_grpc as pb_grpc
-from scriba.proto.packed import run_ends
 
 log = get_logger(__name__)
 
-MESSAGE_BYTES_MAX: Final = 64 * 1024 * 1024
-RECONNECT_BACKOFF_MIN_S: Final = 0.05
-RECONNECT_BACKOFF_MAX_S: Final = 2.0
-LONG_POLL_MARGIN_S: Final = 2.0
 CLOSE_TIMEOUT_S: Final = 5.0
 
 _STATUS_BY_CODE: Final = {int(s): s for s in Status}
@@ -96,95 +69,15 @@ _TIMEOUT: Final = Status.TIMEOUT
 _UNAVAILABLE: Final = Status.UNAVAILABLE
 _TOO_MANY: Final = Status.TOO_MANY_REQUESTS
 _UNAUTHORIZED: Final = Status.UNAUTHORIZED
-_PLAINTEXT_HINT: Final = " (this client dials without TLS: does the bookie require it?)"
-_REFUSED_CODES: Final = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 _RECOVERY_FLAG: Final = pb.RECOVERY_ADD
-_FENCE_FLAG: Final = pb.FENCE
-
-_CHANNEL_OPTIONS: Final = (
-    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
-    # (not grpc.min_reconnect_backoff_ms: despite its name it is the connect timeout)
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),
-)
 
 
 def _status(code: int) -> Status:
     return _STATUS_BY_CODE.get(code, Status.INTERNAL)
 
 
-_ADD_STREAM_METHOD: Final = "/scriba.v1.Bookie/AddStream"
-
-
-class _Connection:
-    """One bookie: its channel, add stream, tasks and batcher (module docstring)."""
-
-    __slots__ = (
-        "add_stream",
-        "address",
-        "adds",
-        "bookie_id",
-        "call",
-        "channel",
-        "closing",
-        "fail_count",
-        "generation",
-        "reader",
-        "retry_at",
-        "sender",
-        "stub",
-        "wake",
-        "writable_event",
-    )
-
-    def __init__(self, bookie_id: BookieId, adds: BookieAdds) -> None:
-        self.bookie_id = bookie_id
-        self.adds = adds  # queued and unanswered adds (no I/O)
-        self.address = ""
-        self.channel: grpc.aio.Channel | None = None
-        self.stub: pb_grpc.BookieStub | None = None
-        self.add_stream: Any = None  # AddStream taking pre-serialized AddBatch bytes
-        self.call: Any = None
-        self.sender: asyncio.Task[None] | None = None
-        self.reader: asyncio.Task[None] | None = None
-        self.wake = asyncio.Event()
-        self.writable_event: asyncio.Event | None = None
-        self.retry_at = 0.0
-        self.fail_count = 0
-        self.generation = 0
-        self.closing = False
-
-
-class GrpcBookieTransport:
+class GrpcBookieTransport(GrpcReads):
     """``BookieTransport`` over grpc.aio (see the module docstring)."""
-
-    def __init__(self, resolve: Callable[[BookieId], str], config: TransportConfig | None = None) -> None:
-        self._config = config = (config or TransportConfig()).validate()
-        self._tls = config.tls.load() if config.tls is not None else None  # bad files: ConfigError now
-        self._resolve = resolve
-        self.add_timeout_s = config.add_timeout_s
-        self.read_timeout_s = config.read_timeout_s
-        self.packed_reads = config.packed_reads  # ask range reads as runs (False: as an old client)
-        self.inflight_bytes_max = config.inflight_bytes_max
-        self._batcher = AddBatcher(config, time.monotonic)
-        self._push = self._batcher.push  # bound once: called once per entry
-        self._corked = 0  # cork() depth: adds held for one message (uncork sends them)
-        self._corked_conns: list[_Connection] = []
-        self._flush_conns: list[_Connection] = []  # idle bookies to send to at the end of this loop turn
-        self._conns: dict[BookieId, _Connection] = {}
-        self._sweeper: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
-        self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # counters (cheap ints; read by tests and the bench)
-        self.batches_sent = 0
-        self.entries_sent = 0
-
-    @property
-    def config(self) -> TransportConfig:
-        return self._config
 
     # --- adds -------------------------------------------------------------------
     def add_entry(
@@ -310,12 +203,6 @@ class GrpcBookieTransport:
                 _callback_failed(exc, bookie_id, ledger_id, entry_id)
 
     # --- connection lifecycle ----------------------------------------------------
-    def _connection(self, bookie_id: BookieId) -> _Connection:
-        conn = self._conns.get(bookie_id)
-        if conn is None:
-            conn = self._conns[bookie_id] = _Connection(bookie_id, self._batcher.bookie(bookie_id))
-        return conn
-
     def _open(self, bookie_id: BookieId) -> _Connection | None:
         """Start the add stream of ``bookie_id`` (None while closed or unresolvable)."""
         if self._closed:
@@ -411,37 +298,6 @@ class GrpcBookieTransport:
         """How a message's parts are written to ``call`` when it frames them itself
         (None: joined here into one ``AddBatch``, then ``call.write``)."""
         return None
-
-    def _ensure_channel(self, conn: _Connection) -> None:
-        try:
-            address = self._resolve(conn.bookie_id)
-        except ScribaError:
-            raise
-        except Exception as exc:  # a registry lookup that failed in an unexpected way
-            raise UnavailableError(f"bookie {conn.bookie_id}: cannot resolve: {exc!r}") from exc
-        if conn.channel is not None and address == conn.address:
-            return
-        if conn.channel is not None:
-            self._close_channel_later(conn.channel)
-        conn.address = address
-        conn.channel = open_channel(address, self._tls, _CHANNEL_OPTIONS)
-        conn.stub = pb_grpc.BookieStub(conn.channel)
-        conn.add_stream = conn.channel.stream_stream(
-            _ADD_STREAM_METHOD,
-            request_serializer=None,  # the sender writes AddBatch bytes it joined itself
-            response_deserializer=pb.AddResponseBatch.FromString,
-        )
-
-    def _close_channel_later(self, channel: grpc.aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close(grace=None))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _note_failure(self, conn: _Connection, reason: str) -> None:
-        conn.fail_count += 1
-        backoff = min(RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_MIN_S * (2 ** (conn.fail_count - 1)))
-        conn.retry_at = time.monotonic() + backoff
-        log.info("bookie_stream_failed", bookie_id=conn.bookie_id, reason=reason, backoff_s=backoff)
 
     def _break(
         self,
@@ -574,209 +430,6 @@ class GrpcBookieTransport:
         )
         self._break(conn, _UNAVAILABLE, "add timeout", drop_channel=True, timed_out=expired)
 
-    # --- reads -------------------------------------------------------------------------
-    def _stub(self, bookie_id: BookieId) -> tuple[_Connection, pb_grpc.BookieStub]:
-        if self._closed:
-            raise UnavailableError("transport is closed")
-        conn = self._connection(bookie_id)
-        self._ensure_channel(conn)
-        stub = conn.stub
-        if stub is None:
-            raise UnavailableError(f"bookie {conn.bookie_id}: no channel")
-        return conn, stub
-
-    def _rpc_error(self, conn: _Connection, exc: grpc.aio.AioRpcError, what: str) -> ScribaError:
-        code = exc.code()
-        text = f"bookie {conn.bookie_id} ({conn.address}) {what}: {code.name} {exc.details() or ''}".strip()
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            # The channel may be stuck behind a silent drop: dial afresh next time.
-            if conn.channel is not None and conn.call is None:
-                self._close_channel_later(conn.channel)
-                conn.channel = conn.stub = conn.add_stream = None
-            return DeadlineExceededError(text)
-        if code in _REFUSED_CODES:
-            return UnauthorizedError(text)
-        if self._tls is None and code is grpc.StatusCode.UNAVAILABLE:
-            text += _PLAINTEXT_HINT
-        return UnavailableError(text)
-
-    def _describe(self, exc: BaseException) -> str:
-        """``exc`` for a log line; a plaintext transport's UNAVAILABLE says it dialed without TLS."""
-        text = _describe(exc)
-        if self._tls is None and isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
-            text += _PLAINTEXT_HINT
-        return text
-
-    def _timeout(self, timeout_s: float | None) -> float:
-        return self.read_timeout_s if timeout_s is None else timeout_s
-
-    async def read_entry(
-        self,
-        bookie_id: BookieId,
-        ledger_id: LedgerId,
-        entry_id: EntryId,
-        *,
-        fence: bool = False,
-        master_key: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> bytes:
-        conn, stub = self._stub(bookie_id)
-        request = pb.ReadEntryRequest(
-            ledger_id=ledger_id, entry_id=entry_id, flags=_FENCE_FLAG if fence else 0, master_key=master_key
-        )
-        try:
-            response = await stub.ReadEntry(request, timeout=self._timeout(timeout_s))
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(conn, exc, "read_entry") from None
-        if response.status != 0:
-            raise error_for_status(response.status, _message(response.message, bookie_id, ledger_id, entry_id))
-        return bytes(response.entry)
-
-    async def read_range(
-        self,
-        bookie_id: BookieId,
-        ledger_id: LedgerId,
-        first_entry_id: EntryId,
-        last_entry_id: EntryId,
-        *,
-        max_entries: int = 1024,
-        max_bytes: int = 4 * 1024 * 1024,
-        master_key: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> list[bytes]:
-        entries: list[bytes] = []
-        runs = self.read_runs(
-            bookie_id, ledger_id, first_entry_id, last_entry_id,
-            max_entries=max_entries, max_bytes=max_bytes, master_key=master_key, timeout_s=timeout_s,
-        )
-        async with contextlib.aclosing(runs):
-            async for run in runs:
-                entries += run.entries()
-        return entries
-
-    async def read_runs(
-        self,
-        bookie_id: BookieId,
-        ledger_id: LedgerId,
-        first_entry_id: EntryId,
-        last_entry_id: EntryId,
-        *,
-        max_entries: int = 1024,
-        max_bytes: int = 4 * 1024 * 1024,
-        master_key: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> AsyncGenerator[EntryRun, None]:
-        """One ReadRange stream, each chunk yielded as a run as it arrives (packed chunks
-        as they came; a chunk of an old bookie's ``entries`` joined into one)."""
-        conn, stub = self._stub(bookie_id)
-        request = pb.ReadRangeRequest(
-            ledger_id=ledger_id,
-            first_entry_id=first_entry_id,
-            last_entry_id=last_entry_id,
-            max_entries=max_entries,
-            max_bytes=max_bytes,
-            packed=self.packed_reads,
-            master_key=master_key,
-        )
-        call = stub.ReadRange(request, timeout=self._timeout(timeout_s))
-        runs = follow_runs(
-            call, lambda chunk, next_id, count_max: (
-                chunk.status, chunk.message, _chunk_run(chunk, bookie_id, ledger_id, next_id, count_max)),
-            bookie_id, ledger_id, first_entry_id, last_entry_id, max_entries,
-        )
-        try:
-            async with contextlib.aclosing(runs):
-                async for run in runs:
-                    yield run
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(conn, exc, "read_range") from None
-        finally:
-            call.cancel()
-
-    async def read_lac(
-        self,
-        bookie_id: BookieId,
-        ledger_id: LedgerId,
-        *,
-        fence: bool = False,
-        master_key: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> LacResult:
-        request = pb.ReadLacRequest(
-            ledger_id=ledger_id, flags=_FENCE_FLAG if fence else 0, master_key=master_key
-        )
-        return await self._read_lac(bookie_id, ledger_id, request, self._timeout(timeout_s))
-
-    async def long_poll_lac(
-        self,
-        bookie_id: BookieId,
-        ledger_id: LedgerId,
-        previous_lac: EntryId,
-        *,
-        wait_s: float,
-        piggyback_entries_max: int = 1,
-        master_key: bytes = b"",
-    ) -> LacResult:
-        request = pb.ReadLacRequest(
-            ledger_id=ledger_id,
-            long_poll=True,
-            previous_lac=previous_lac,
-            timeout_ms=max(0, int(wait_s * 1000)),
-            piggyback_entry=piggyback_entries_max > 0,  # a bookie that predates the max sends one
-            piggyback_entries_max=max(0, piggyback_entries_max),
-            master_key=master_key,
-        )
-        return await self._read_lac(bookie_id, ledger_id, request, wait_s + LONG_POLL_MARGIN_S)
-
-    async def _read_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, request: pb.ReadLacRequest, timeout_s: float
-    ) -> LacResult:
-        conn, stub = self._stub(bookie_id)
-        try:
-            r = await stub.ReadLac(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(conn, exc, "read_lac") from None
-        if r.status != 0:
-            raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
-        return LacResult(
-            lac=EntryId(r.lac),
-            last_entry_id=EntryId(r.last_entry_id),
-            last_entry=bytes(r.last_entry),
-            piggybacked_entries=(
-                tuple(r.piggybacked_entries) if r.piggybacked_entries
-                else (r.piggybacked_entry,) if r.piggybacked_entry else ()
-            ),
-            fenced=r.fenced,
-        )
-
-    async def write_lac(
-        self, bookie_id: BookieId, ledger_id: LedgerId, lac: EntryId, master_key: bytes,
-        *, hint_only: bool = False,
-    ) -> None:
-        conn, stub = self._stub(bookie_id)
-        request = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key, hint_only=hint_only)
-        try:
-            r = await stub.WriteLac(request, timeout=self.read_timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(conn, exc, "write_lac") from None
-        if r.status != 0:
-            raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
-
-    async def bookie_info(self, bookie_id: BookieId, *, timeout_s: float | None = None) -> BookieInfo:
-        conn, stub = self._stub(bookie_id)
-        try:
-            r = await stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=self._timeout(timeout_s))
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(conn, exc, "bookie_info") from None
-        if r.status != 0:
-            raise error_for_status(r.status, _message(r.message, bookie_id, None, None))
-        return BookieInfo(
-            bookie_id=BookieId(r.bookie_id or bookie_id),
-            read_only=r.state == pb.BOOKIE_READ_ONLY,
-            free_bytes=r.free_bytes,
-            total_bytes=r.total_bytes,
-        )
-
     # --- shutdown -----------------------------------------------------------------------
     async def close(self) -> None:
         """Answer every pending add UNAVAILABLE, stop the tasks, close every channel."""
@@ -801,59 +454,6 @@ class GrpcBookieTransport:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
 
 
-async def follow_runs(
-    chunks: AsyncIterator[Any],
-    to_run: Callable[[Any, int, int], tuple[int, str, EntryRun | None]],
-    bookie_id: BookieId,
-    ledger_id: LedgerId,
-    first_entry_id: EntryId,
-    last_entry_id: EntryId,
-    max_entries: int,
-) -> AsyncGenerator[EntryRun, None]:
-    """A range read's answer chunks (either wire) as runs: ``to_run(chunk, next_id,
-    count_max)`` gives a chunk's status, message and run (at most ``count_max``
-    entries from ``next_id``). Stops after ``max_entries``, or at a non-OK chunk (its
-    error raised when no entry came before it); ``NoSuchEntryError`` when none came."""
-    got = 0
-    async for chunk in chunks:
-        status, message, run = to_run(chunk, first_entry_id + got, max_entries - got)
-        if run is not None:
-            got += len(run)
-            yield run
-        if status != 0:
-            if got:  # a short answer: the caller goes on from the next entry
-                break
-            raise error_for_status(status, _message(message, bookie_id, ledger_id, first_entry_id))
-        if got >= max_entries:
-            break
-    if not got and first_entry_id <= last_entry_id:
-        raise NoSuchEntryError(f"bookie {bookie_id}: ledger {ledger_id} entry {first_entry_id}: no entries")
-
-
-def _chunk_run(
-    chunk: pb.ReadRangeResponse, bookie_id: BookieId, ledger_id: int, next_id: int, count_max: int
-) -> EntryRun | None:
-    """A ReadRange chunk's entries as a run of at most ``count_max`` (None: it has none);
-    ``InternalError`` when a packed chunk does not add up or starts elsewhere."""
-    sizes = chunk.sizes
-    if sizes or chunk.packed_entries:
-        blob = chunk.packed_entries
-        ends = run_ends(sizes, len(blob))
-        problem = "" if ends is not None else f"{len(sizes)} sizes do not add up to {len(blob)} bytes"
-    elif chunk.entries:
-        entries = list(chunk.entries)
-        blob = b"".join(entries)
-        ends = list(accumulate(map(len, entries)))
-        problem = ""
-    else:
-        return None
-    if not problem and chunk.first_entry_id != next_id:
-        problem = f"chunk starts at entry {chunk.first_entry_id}, expected {next_id}"
-    if ends is None or problem:
-        raise InternalError(_message(f"malformed range answer: {problem}", bookie_id, ledger_id, next_id))
-    return EntryRun(EntryId(next_id), ends[:count_max] if len(ends) > count_max else ends, blob)
-
-
 def _failure_status(exc: BaseException) -> Status:
     """What a failed add stream answers its pending adds: UNAUTHORIZED when the bookie
     refused this client's certificate (a request error: no other bookie would take it
@@ -863,21 +463,6 @@ def _failure_status(exc: BaseException) -> Status:
     if isinstance(exc, UnauthorizedError):  # the binary path's refusal, at its handshake
         return _UNAUTHORIZED
     return _UNAVAILABLE
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name} {exc.details() or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _message(message: str, bookie_id: BookieId, ledger_id: int | None, entry_id: int | None) -> str:
-    where = f"bookie {bookie_id}"
-    if ledger_id is not None:
-        where += f" ledger {ledger_id}"
-    if entry_id is not None:
-        where += f" entry {entry_id}"
-    return f"{where}: {message}" if message else where
 
 
 def _callback_failed(exc: Exception, bookie_id: BookieId, ledger_id: int, entry_id: int) -> None:

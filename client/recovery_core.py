@@ -63,7 +63,8 @@ from scriba.client.effects import (
     WriteMetadata,
 )
 from scriba.client.transport import LacResult
-from scriba.client.write_core import ChooseReplacement, RegionOf, region_shortfall
+from scriba.client.write_core import ChooseReplacement, RegionOf
+from scriba.client.write_metadata import region_shortfall
 from scriba.config import require
 from scriba.entry import Digest, unpack_entry
 from scriba.errors import (

@@ -16,10 +16,13 @@ ensemble change), ``CompleteAppends`` (a range, in order), ``FailAppends``,
 ``(entry_id, packed entry, write set's bookies)`` instead of an effect object (the hot
 path allocates nothing else per entry), or None when the in-flight bounds are full.
 
-When placement finds no spare bookie, the writer waits ``replacement_retry_s``,
-asks placement again, and failing that re-sends to the same bookie (a transient
-failure in a cluster of exactly E bookies heals); every round counts against
-``ensemble_changes_max``.
+Parts: this module holds the add path (append, acks, the in-order advance of the LAC)
+and the close; replacing a failed bookie is ``ensemble_changes.py`` (a mixin of
+``WriteCore``: when placement finds no spare bookie, the writer waits
+``replacement_retry_s``, asks placement again, and failing that re-sends to the same
+bookie; every round counts against ``ensemble_changes_max``); the metadata changes it
+asks for and the region rule are the pure functions of ``write_metadata.py``; its
+states are ``writer_state.WriterState``.
 
 Invariants (the quorum arithmetic is ``scriba.quorum.Quorum``'s, tabled per segment):
 - entry ids are consecutive from the ledger's next id; entry ``e`` goes to the bookies
@@ -59,10 +62,8 @@ are bounded: ``append`` returns None instead of going past them (the driver queu
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import struct
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,23 +75,20 @@ from scriba.client.effects import (
     Effect,
     Effects,
     FailAppends,
-    MetadataUpdate,
-    SendAdd,
-    StartTimer,
     WriteMetadata,
 )
+from scriba.client.ensemble_changes import EnsembleChanges
+from scriba.client.write_metadata import close_transform, region_shortfall
+from scriba.client.writer_state import WriterState
 from scriba.config import require
 from scriba.entry import HEADER, Crc32cDigest, Digest, pack_entry
 from scriba.errors import (
-    ADD_ANSWERS,
-    AddAnswer,
     LedgerClosedError,
     LedgerFencedError,
     NotEnoughBookiesError,
     ScribaError,
     Status,
     UnauthorizedError,
-    error_for_status,
 )
 from scriba.ids import BookieId, EntryId
 from scriba.invariant import invariant
@@ -127,111 +125,10 @@ class WriteConfig:
         return self
 
 
-def region_shortfall(
-    md: LedgerMetadata, ensemble: Ensemble, regions: Mapping[str, str] | None = None
-) -> str:
-    """Why ``ensemble`` cannot keep the record's ``min_regions_for_durability`` ("" when
-    it can): some write set's slots do not span that many known regions (``regions``:
-    the replacements' regions, beside the record's ``bookie_regions``)."""
-    regions_min = md.min_regions_for_durability
-    if regions_min == 1:
-        return ""
-    known = {**md.bookie_regions, **(regions or {})}
-    slot_regions = SlotRegions.of([known.get(b) for b in ensemble])
-    for slots in md.quorum.write_sets():
-        spanned = slot_regions.count_slots(slots)
-        if spanned < regions_min:
-            where = ", ".join(f"{ensemble[i]}@{known.get(ensemble[i], '?')}" for i in slots)
-            return (
-                f"ledger {md.ledger_id}: constraint min_regions_for_durability={regions_min} "
-                f"cannot be met: write set {where} spans {spanned} region(s)"
-            )
-    return ""
-
-
-class WriterState(enum.Enum):
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-    FAILED = "failed"
-
-
-# --- pure metadata transforms (run inside update_metadata's CAS loop) -----------
-
-
-def _not_open_error(md: LedgerMetadata) -> ScribaError:
-    if md.state is LedgerState.IN_RECOVERY:
-        return LedgerFencedError(f"ledger {md.ledger_id} is being recovered by another client")
-    return LedgerClosedError(f"ledger {md.ledger_id} is closed (last entry {md.last_entry_id})")
-
-
-def ensemble_change_transform(
-    first_entry_id: int, ensemble: Ensemble, regions: Mapping[str, str] | None = None
-) -> MetadataUpdate:
-    """needs_update/transform that make ``ensemble`` the segment from ``first_entry_id``.
-
-    If the last segment already starts at ``first_entry_id`` (no entry confirmed since
-    the previous change) it is replaced rather than followed by an empty one.
-    ``regions`` (the replacements' regions) are added to the record's ``bookie_regions``.
-    """
-
-    def needs_update(md: LedgerMetadata) -> bool:
-        return md.state is not LedgerState.OPEN or md.ensembles[-1] != (first_entry_id, ensemble)
-
-    def transform(md: LedgerMetadata) -> LedgerMetadata:
-        if md.state is not LedgerState.OPEN:
-            raise _not_open_error(md)
-        segments = md.ensembles
-        if segments[-1][0] == first_entry_id:
-            segments = segments[:-1]
-        invariant(
-            not segments or segments[-1][0] < first_entry_id,
-            f"ledger {md.ledger_id}: new segment at {first_entry_id} is not after the last one",
-        )
-        known = {**md.bookie_regions, **regions} if regions else md.bookie_regions
-        return dataclasses.replace(
-            md, ensembles=(*segments, (EntryId(first_entry_id), ensemble)), bookie_regions=known
-        )
-
-    return needs_update, transform
-
-
-def close_transform(
-    last_entry_id: int, length: int, *, fenced_error: bool = True
-) -> MetadataUpdate:
-    """needs_update/transform for the writer's close at ``last_entry_id``.
-
-    Already CLOSED at the same point (a recovery got there first) counts as done;
-    closed elsewhere or being recovered raises.
-    """
-
-    def needs_update(md: LedgerMetadata) -> bool:
-        if md.state is LedgerState.CLOSED:
-            if md.last_entry_id == last_entry_id and md.length == length:
-                return False
-            raise LedgerFencedError(
-                f"ledger {md.ledger_id} was closed at entry {md.last_entry_id} by another "
-                f"client; this writer confirmed up to {last_entry_id}"
-            )
-        return True
-
-    def transform(md: LedgerMetadata) -> LedgerMetadata:
-        if md.state is not LedgerState.OPEN:
-            raise _not_open_error(md)
-        return dataclasses.replace(
-            md,
-            state=LedgerState.CLOSED,
-            last_entry_id=EntryId(last_entry_id),
-            length=length,
-        )
-
-    return needs_update, transform
-
-
 # --- the core -------------------------------------------------------------------
 
 
-class WriteCore:
+class WriteCore(EnsembleChanges):
     """Per-ledger write state machine (see the module docstring)."""
 
     def __init__(
@@ -542,153 +439,6 @@ class WriteCore:
         if self._state is WriterState.CLOSING and not masks:
             return (done, *self._maybe_send_close())
         return (done,)
-
-    def _on_add_error(self, bookie_id: BookieId, entry_id: int, status: Status) -> Effects:
-        if self._state is WriterState.CLOSED or self._error is not None:
-            # A late answer after the close, or after a failure (also while a failed writer
-            # closes): every append past the lac is failed already, nothing is left to protect.
-            return NO_EFFECTS
-        if ADD_ANSWERS[status] is AddAnswer.REQUEST_ERROR:  # any bookie would refuse it
-            if status is Status.FENCED:
-                error: ScribaError = LedgerFencedError(
-                    f"ledger {self._ledger_id}: bookie {bookie_id} is fenced (another client "
-                    f"recovered the ledger); entry {entry_id} is indeterminate"
-                )
-            elif status is Status.UNAUTHORIZED:
-                error = UnauthorizedError(f"bookie {bookie_id} rejected the master key")
-            else:
-                error = error_for_status(
-                    status, f"ledger {self._ledger_id}: bookie {bookie_id} refused entry {entry_id}"
-                )
-            return self._fail(error)
-        if self._state is WriterState.CLOSING and self._closing_sent:
-            return NO_EFFECTS  # every entry is settled and the close is being written
-        if bookie_id not in self._index or bookie_id in self._failing:
-            return NO_EFFECTS  # replaced already, or being replaced
-        if self._change is not None or self._retry_pending is not None:
-            self._failing_next.add(bookie_id)
-            return NO_EFFECTS
-        return self._start_change({bookie_id})
-
-    def _start_change(self, failed: set[BookieId]) -> Effects:
-        if self._changes >= self._config.ensemble_changes_max:
-            return self._fail(
-                NotEnoughBookiesError(
-                    f"ledger {self._ledger_id}: {self._changes} ensemble changes, the "
-                    f"limit (ensemble_changes_max); bookies {sorted(failed)} failed"
-                    + (f"; last refusal: {self._shortage}" if self._shortage else "")
-                )
-            )
-        self._stop_using(failed)
-        try:
-            new_ensemble = self._replacements(failed)
-        except NotEnoughBookiesError as exc:
-            self._shortage = str(exc)
-            # No spare bookie now: wait, then try placement again, else retry the same ones.
-            self._changes += 1
-            self._retry_seq += 1
-            self._retry_pending = frozenset(failed)
-            return (StartTimer(("replace", self._retry_seq), self._config.replacement_retry_s),)
-        except ScribaError as exc:
-            return self._fail(exc)
-        return self._write_change(failed, new_ensemble)
-
-    def _stop_using(self, failed: Collection[BookieId]) -> None:
-        """Acks of ``failed`` no longer count for unconfirmed entries, and nothing more
-        is sent to them until they are replaced (or retried when no spare exists)."""
-        clear = 0
-        for bookie_id in failed:
-            clear |= 1 << self._index[bookie_id]
-        keep = ~clear
-        masks = self._masks
-        for entry_id in masks:
-            masks[entry_id] &= keep
-        self._failing |= set(failed)
-        self._rebuild_send_sets()
-
-    def _replacements(self, failed: Collection[BookieId]) -> Ensemble:
-        """The ensemble with ``failed`` replaced; NotEnoughBookiesError when placement
-        finds no spare or the result would break ``min_regions_for_durability``."""
-        ensemble = list(self._ensemble)
-        exclude = set(ensemble) | set(failed)
-        regions: dict[str, str] = {}
-        for bookie_id in sorted(failed):
-            index = self._index[bookie_id]
-            replacement = self._choose(tuple(ensemble), index, frozenset(exclude))
-            invariant(replacement not in exclude, f"placement chose excluded {replacement}")
-            ensemble[index] = replacement
-            exclude.add(replacement)
-            region = self._region_of(replacement) if self._region_of and self._regions_min > 1 else None
-            if region:
-                regions[replacement] = region
-        result = tuple(ensemble)
-        short = self._region_shortfall(result, regions)
-        if short:
-            raise NotEnoughBookiesError(short)
-        self._new_regions = regions
-        return result
-
-    def _write_change(self, failed: Collection[BookieId], new_ensemble: Ensemble) -> Effects:
-        # The new segment starts at the first entry a failing slot has not received: entries
-        # confirmed since the slot began failing (a wait for a spare) belong to it too.
-        first = min(self._unreplicated, default=self._lac + 1)
-        self._change = (first, new_ensemble, frozenset(failed))
-        needs_update, transform = ensemble_change_transform(
-            first, new_ensemble, self._new_regions if self._regions_min > 1 else None
-        )
-        return (WriteMetadata("ensemble_change", needs_update, transform),)
-
-    def on_timer(self, key: object) -> Effects:
-        """A replacement retry is due (``StartTimer(("replace", n), ...)``)."""
-        if (
-            not isinstance(key, tuple)
-            or key != ("replace", self._retry_seq)
-            or self._retry_pending is None
-            or self._state not in (WriterState.OPEN, WriterState.CLOSING)
-        ):
-            return NO_EFFECTS
-        failed = set(self._retry_pending) | (self._failing_next & set(self._ensemble))
-        self._retry_pending = None
-        self._failing_next = set()
-        self._stop_using(failed)
-        try:
-            new_ensemble = self._replacements(failed)
-        except NotEnoughBookiesError as exc:
-            self._shortage = str(exc)
-            # Still no spare: try the same bookies again (a bookie that is really gone
-            # fails again, and each round counts against ensemble_changes_max).
-            self._failing -= failed
-            self._rebuild_send_sets()
-            effects: list[Effect] = list(self._resend({self._index[b] for b in failed}))
-            if self._state is WriterState.CLOSING:
-                effects.extend(self._maybe_send_close())
-            return effects
-        except ScribaError as exc:
-            return self._fail(exc)
-        return self._write_change(failed, new_ensemble)
-
-    def _resend(self, slots: set[int]) -> list[Effect]:
-        """SendAdd to the bookies in ``slots`` of every entry their write sets miss: the
-        confirmed ones held while a slot was failing, then every unconfirmed one."""
-        effects: list[Effect] = []
-        ensemble = self._ensemble
-        write_set = self._quorum.write_set
-        held = self._unreplicated
-        for entry_id in sorted(held):
-            targets = tuple(ensemble[slot] for slot in write_set(entry_id) if slot in slots)
-            if targets:
-                effects.append(SendAdd(EntryId(entry_id), held[entry_id], targets))
-        if not self._failing:  # every slot is served again: nothing left to hold
-            self._bytes_inflight -= sum(map(len, held.values()))
-            held.clear()
-        for entry_id in range(self._lac + 1, self._next):
-            packed = self._packed.get(entry_id)
-            if packed is None:
-                continue
-            targets = tuple(ensemble[slot] for slot in write_set(entry_id) if slot in slots)
-            if targets:
-                effects.append(SendAdd(EntryId(entry_id), packed, targets))
-        return effects
 
     def _maybe_send_close(self) -> Effects:
         if (

@@ -61,7 +61,8 @@ from scriba.client.effects import (
 )
 from scriba.client.fence_probe import Verdict, prove_unfenced
 from scriba.client.transport import BookieTransport
-from scriba.client.write_core import WriteCore, WriterState
+from scriba.client.write_core import WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT, HEADER_SIZE, make_digest
 from scriba.errors import (
     EntryTooLargeError,

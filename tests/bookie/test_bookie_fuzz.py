@@ -189,7 +189,7 @@ def test_the_client_reads_any_range_chunk_or_refuses_it(chunk: pb.ReadRangeRespo
     """The reader's side of the packed answer: a chunk becomes a run of at most
     ``count_max`` entries whose slices are exactly the entries sent, or InternalError;
     the read core then delivers only entries whose digest and header check out."""
-    from scriba.client.grpc_transport import _chunk_run
+    from scriba.client.grpc_reads import _chunk_run
     from scriba.client.read_core import ReadCore
     from scriba.errors import InternalError
     from scriba.ids import BookieId, EntryId, LedgerId

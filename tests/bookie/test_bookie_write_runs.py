@@ -14,8 +14,9 @@ from hypothesis import strategies as hs
 from scriba.bookie import journal as jr
 from scriba.bookie.ledger_index import run_records
 from scriba.bookie.ledger_state import LedgerState, _admit_each, admit_runs
-from scriba.bookie.storage import adds_record, open_storage
+from scriba.bookie.storage import open_storage
 from scriba.bookie.storage_api import AddColumns, StorageConfig
+from scriba.bookie.storage_writes import adds_record
 from scriba.bookie.write_cache import WriteCache
 from scriba.entry import Crc32cDigest, pack_entry
 from scriba.errors import Status

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from scriba.client.effects import Effects, FailAppends, WriteMetadata
-from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import WriteConfig, WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import make_digest
 from scriba.errors import (
     ADD_ANSWERS,

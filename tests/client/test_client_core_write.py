@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scriba.client.effects import CompleteAppends, FailAppends, SendAdd, StartTimer, WriteMetadata
-from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import Append, WriteConfig, WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import make_digest, unpack_entry
 from scriba.errors import (
     LedgerClosedError,

@@ -25,7 +25,8 @@ from scriba.client.effects import (
 )
 from scriba.client.recovery_core import RecoveryCore, RecoveryPhase
 from scriba.client.transport import LacResult
-from scriba.client.write_core import WriteConfig, WriteCore, ensemble_change_transform
+from scriba.client.write_core import WriteConfig, WriteCore
+from scriba.client.write_metadata import ensemble_change_transform
 from scriba.entry import make_digest, pack_entry
 from scriba.errors import NotEnoughBookiesError, Status
 from scriba.ids import BookieId, EntryId, LedgerId

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scriba.client.recovery_core import RecoveryCore
-from scriba.client.write_core import ChooseReplacement, WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import ChooseReplacement, WriteConfig, WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import Entry, make_digest, master_key
 from scriba.errors import NotEnoughBookiesError, ScribaError
 from scriba.ids import BookieId, EntryId, LedgerId

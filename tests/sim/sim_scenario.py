@@ -38,7 +38,8 @@ from typing import Any
 from scriba.client.fence_probe import UnfencedProbe, Verdict
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.transport import LacResult
-from scriba.client.write_core import Append, WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import Append, WriteConfig, WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import Entry, make_digest, master_key
 from scriba.errors import ScribaError, Status
 from scriba.ids import BookieId, EntryId, LedgerId

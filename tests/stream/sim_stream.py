@@ -45,7 +45,8 @@ from stream_checks import check_stream
 from scriba.client.read_core import ReadConfig, ReadCore
 from scriba.client.recovery_core import RecoveryCore
 from scriba.client.transport import LacResult
-from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+from scriba.client.write_core import WriteConfig, WriteCore
+from scriba.client.writer_state import WriterState
 from scriba.entry import Entry, make_digest, master_key
 from scriba.errors import ScribaError, Status, WriterFencedError
 from scriba.ids import BookieId, EntryId, LedgerId

@@ -42,7 +42,8 @@ checker must catch.
 
 Example (a whole run; ``tests/sim/test_sim_kit.py`` executes this very text)::
 
-    from scriba.client.write_core import WriteConfig, WriteCore, WriterState
+    from scriba.client.write_core import WriteConfig, WriteCore
+    from scriba.client.writer_state import WriterState
     from scriba.entry import make_digest, master_key
     from scriba.ids import BookieId, EntryId, LedgerId
     from scriba.meta.records import LedgerMetadata
