@@ -45,6 +45,7 @@ from scriba.stream import (
     open_namespace,
 )
 from scriba.stream import writer as writer_module
+from scriba.stream import writer_steps as writer_steps_module
 from scriba.stream.segments import SegmentState
 from scriba.testing.sim import InProcessSite
 
@@ -395,7 +396,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
 
     ns_a = await _ns(env)
     a = await ns_a.open_writer("crashy", create=True, segment_records_max=4)
-    real_create = writer_module.create_segment_ledger
+    real_create = writer_steps_module.create_segment_ledger
     real_update = Catalog.update_stream
     real_close_segment = writer_module.StreamWriter._close_segment
     real_close = writer_module.close_segment
@@ -422,7 +423,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
             raise Crash()
         return real_close(*args, **kwargs)
 
-    monkeypatch.setattr(writer_module, "create_segment_ledger", create)
+    monkeypatch.setattr(writer_steps_module, "create_segment_ledger", create)
     monkeypatch.setattr(Catalog, "update_stream", update)
     monkeypatch.setattr(writer_module.StreamWriter, "_close_segment", close_segment_method)
     monkeypatch.setattr(writer_module, "close_segment", close_seg)
