@@ -350,13 +350,19 @@ class _Transport(asyncio.Transport):
         pass
 
 
-def test_an_idle_bookie_answers_an_add_within_the_read_that_brought_it(tmp_path: Path) -> None:
+def test_an_idle_bookie_answers_an_add_within_the_read_that_brought_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Requests start eagerly (scriba.eager): on the journal's idle path (a real journal
     on disk) an add's acknowledgement is written before ``data_received`` returns, with no
     task left behind; a long poll that must wait goes on in a task and is answered when
-    the entry comes."""
+    the entry comes. (The idle path's slow-disk rule is pinned off: on a busy machine a
+    sync over 2 ms would send the add to the journal's thread; that rule has its own
+    tests in test_bookie_journal_idle.py.)"""
+    from scriba.bookie import journal
     from scriba.bookie.binary_server import BinaryConnection
 
+    monkeypatch.setattr(journal, "INLINE_SYNC_S_MAX", 3600.0)
     loop = asyncio.new_event_loop()
     config = BookieConfig(metadata_uri=f"memory://eager-{uuid.uuid4().hex[:8]}", data_dir=tmp_path / "data",
                           listen_port=0, bookie_id="eager")
@@ -368,26 +374,39 @@ def test_an_idle_bookie_answers_an_add_within_the_read_that_brought_it(tmp_path:
             conn = BinaryConnection(bookie._binary)  # type: ignore[arg-type]
             transport = _Transport()
             conn.connection_made(transport)
-            conn.data_received(b(wire.encode_hello()))
+            loop = asyncio.get_running_loop()
 
             def answers() -> list[tuple[int, Any]]:
                 frames = [f for data in transport.written for f in FrameReader().feed(data)]
                 transport.written.clear()
                 return [(h.type, body) for h, body in frames]
 
-            assert [t for t, _ in answers()] == [FrameType.HELLO_OK]
-            conn.data_received(add_frame(5, [0]))
-            [(kind, body)] = answers()
-            assert kind == FrameType.ADD_ACK and conn._tasks == set()
-            assert [(a.ledger_id, list(a.entry_ids), a.status) for a in wire.decode_add_ack(body)] == [(5, [0], 0)]
+            async def feed(data: bytes) -> tuple[list[tuple[int, Any]], int]:
+                """``data_received`` from a plain loop callback, as the transport calls it
+                (outside any task; scriba.eager starts ordinary tasks inside one): the
+                frames written before it returned, and the tasks it left running."""
+                fed: asyncio.Future[tuple[list[tuple[int, Any]], int]] = loop.create_future()
+
+                def call() -> None:
+                    conn.data_received(data)
+                    fed.set_result((answers(), len(conn._tasks)))
+
+                loop.call_soon(call)
+                return await fed
+
+            hello, _ = await feed(b(wire.encode_hello()))
+            assert [t for t, _ in hello] == [FrameType.HELLO_OK]
+            added, left = await feed(add_frame(5, [0]))
+            assert [t for t, _ in added] == [FrameType.ADD_ACK] and left == 0
+            assert [(a.ledger_id, list(a.entry_ids), a.status) for a in wire.decode_add_ack(added[0][1])] == [
+                (5, [0], 0)]
 
             poll = wire.encode_read_lac(11, 5, wire.LAC_LONG_POLL, 0, 5000, KEY, 4)
-            conn.data_received(b(poll))
-            assert answers() == [] and len(conn._tasks) == 1  # waits for LAC > 0, in a task
-            conn.data_received(add_frame(5, [1]))
-            conn.data_received(b(wire.encode_write_lac(12, 5, 1, 0, KEY)))
+            polled, left = await feed(b(poll))
+            assert polled == [] and left == 1  # waits for LAC > 0, in a task
+            later = (await feed(add_frame(5, [1])))[0] + (await feed(b(wire.encode_write_lac(12, 5, 1, 0, KEY))))[0]
             await asyncio.wait_for(asyncio.gather(*conn._tasks), 10)
-            assert FrameType.LAC in [t for t, _ in answers()]
+            assert FrameType.LAC in [t for t, _ in later + answers()]
         finally:
             await bookie.stop()
 
