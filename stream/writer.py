@@ -34,6 +34,9 @@ Failure: a failed set fails its records and every later one; the writer is then
 unusable (``StreamWriterClosedError`` naming the cause) and releases its lock. A
 fenced ledger or a lost lock is ``WriterFencedError``: after it, nothing more is
 ever confirmed by this writer.
+
+The opening, adoption and roll steps are performed, and the writer lock taken, by
+``stream.writer_steps`` (off the append path).
 """
 
 from __future__ import annotations
@@ -41,12 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import socket
-import uuid
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from scriba.client import Client, LedgerWriter
 from scriba.errors import (
@@ -54,13 +54,11 @@ from scriba.errors import (
     ScribaError,
     StreamWriterClosedError,
     TooManyRequestsError,
-    WriterLockedError,
 )
 from scriba.invariant import invariant
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
 from scriba.stream.catalog import Catalog
-from scriba.stream.ledgers import create_segment_ledger, delete_ledgers, recover_segment
 from scriba.stream.position import Position, trusted
 from scriba.stream.retention import apply_retention
 from scriba.stream.segments import (
@@ -75,16 +73,10 @@ from scriba.stream.writer_core import (
     AbandonSegment,
     CloseSegment,
     ConfirmRecords,
-    CreateLedger,
-    DeleteLedgers,
-    DiscardLedger,
     Effect,
     FailRecords,
-    RecoverSegment,
     SendSet,
     StartRoll,
-    Step,
-    UpdateStream,
     WriterCore,
     WriterFailed,
     add_segment_steps,
@@ -92,9 +84,9 @@ from scriba.stream.writer_core import (
     as_stream_error,
     open_steps,
 )
+from scriba.stream.writer_steps import StepRunner, candidate_name, take_lock
 
 log = get_logger(__name__)
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +148,7 @@ class StreamWriter:
         self.name = name
         self.settings = settings
         self._catalog = catalog
-        self._steps = _StepRunner(client, catalog, name, settings, password)
+        self._steps = StepRunner(client, catalog, name, settings, password)
         self._election = election
         self._leadership = leadership
         self._loop = asyncio.get_running_loop()
@@ -486,98 +478,7 @@ class StreamWriter:
         return task
 
 
-class _StepRunner:
-    """Performs the opening and roll steps (``writer_core.Step``) over the client and the store."""
-
-    def __init__(self, client: Client, catalog: Catalog, name: str, settings: StreamSettings, password: bytes) -> None:
-        self._client = client
-        self._catalog = catalog
-        self._name = name
-        self._settings = settings
-        self._password = password
-        self.created: dict[int, LedgerWriter] = {}  # ledgers created, not yet taken or discarded
-
-    async def run(self, steps: Generator[Step, Any, R]) -> R:
-        """Drive ``steps`` to their return value; a step's error is thrown into them."""
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(result) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            try:
-                result, error = await self._perform(step), None
-            except BaseException as exc:  # thrown into the steps, which re-raise it
-                result, error = None, exc
-
-    def take(self, record: Any, seq: int) -> LedgerWriter:
-        """The created ledger of segment ``seq`` (now in the stream record)."""
-        segment = record.segment(seq)
-        invariant(segment is not None and segment.ledger_id in self.created, f"segment {seq}: no ledger created")
-        return self.created.pop(segment.ledger_id)
-
-    async def _perform(self, step: Step) -> Any:
-        name = self._name
-        catalog = self._catalog
-        if isinstance(step, UpdateStream):
-            return await catalog.update_stream(name, step.needs_update, step.transform)
-        if isinstance(step, RecoverSegment):
-            summary = await recover_segment(self._client, step.segment, self._password)
-            log.info("stream_segment_recovered", stream=f"{catalog.namespace}/{name}", segment=step.segment.seq,
-                     records=summary.record_count)
-            return summary
-        if isinstance(step, DeleteLedgers):
-            return await delete_ledgers(self._client, step.ledger_ids)
-        if isinstance(step, CreateLedger):
-            ledger = await create_segment_ledger(
-                self._client, self._settings, self._password, namespace=catalog.namespace, stream=name
-            )
-            self.created[int(ledger.ledger_id)] = ledger
-            return int(ledger.ledger_id)
-        if isinstance(step, DiscardLedger):
-            discarded = self.created.pop(step.ledger_id, None)
-            if discarded is not None:
-                await discarded.abort()
-            if step.delete:
-                with contextlib.suppress(ScribaError):
-                    await delete_ledgers(self._client, (step.ledger_id,))
-            return None
-        invariant(False, f"unknown stream writer step {step!r}")
-        return None
-
-
 # --- opening ----------------------------------------------------------------------------
-def _candidate() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-async def _take_lock(election: Election, candidate: str, timeout_s: float) -> Leadership:
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await election.campaign(candidate)
-    except TimeoutError:
-        await _drop_claim(election, candidate)
-        holder = await election.leader()
-        raise WriterLockedError(
-            f"writer lock {election.name} held by {holder[0] if holder else 'someone'}; "
-            f"not free within {timeout_s} s"
-        ) from None
-    except asyncio.CancelledError:
-        await _drop_claim(election, candidate)
-        raise
-
-
-async def _drop_claim(election: Election, candidate: str) -> None:
-    """A campaign given up on: a claim whose create landed just before would hold the
-    lock for nobody until the session ends, so delete it if it is ours."""
-    with contextlib.suppress(ScribaError, NoSuchKeyError):
-        leader = await election.leader()
-        if leader is not None and leader[0] == candidate:
-            record = await election.store.get(election.key)
-            await election.store.delete(election.key, expected_version=record.version)
-
-
 async def open_stream_writer(
     client: Client,
     catalog: Catalog,
@@ -588,9 +489,9 @@ async def open_stream_writer(
 ) -> StreamWriter:
     """Lock, fence, recover every OPEN segment, start a new one (``writer_core.open_steps``)."""
     election = Election(catalog.store, lock_name(catalog.namespace, name))
-    leadership = await _take_lock(election, _candidate(), options.lock_timeout_s)
+    leadership = await take_lock(election, candidate_name(), options.lock_timeout_s)
     token = leadership.token
-    steps = _StepRunner(client, catalog, name, settings, password)
+    steps = StepRunner(client, catalog, name, settings, password)
     try:
         record, seq = await steps.run(open_steps(token, catalog.now_ms))
         ledger = steps.take(record, seq)
@@ -611,9 +512,9 @@ async def adopt_ledgers(
     segments in one CAS (``writer_core.adopt_steps``), let the lock go. Repeating it
     with the same ledgers changes nothing."""
     election = Election(catalog.store, lock_name(catalog.namespace, name))
-    leadership = await _take_lock(election, _candidate(), options.lock_timeout_s)
+    leadership = await take_lock(election, candidate_name(), options.lock_timeout_s)
     try:
-        steps = _StepRunner(client, catalog, name, settings, password)
+        steps = StepRunner(client, catalog, name, settings, password)
         record: StreamRecord = await steps.run(adopt_steps(leadership.token, ledger_ids, catalog.now_ms))
     finally:
         with contextlib.suppress(ScribaError):

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from scriba.bookie.binary_server import BinaryConnection
-from scriba.client.binary_transport import BinaryLink
+from scriba.client.binary_link import BinaryLink
 from scriba.frame_read import READ_BUFFER_BYTES, BufferedFrames, read_buffer
 from scriba.proto import binary as wire
 from scriba.testing.pki import TestPki

@@ -1,6 +1,6 @@
 """ZooKeeper-specific tests: the embedded ensemble and the zk:// driver under faults.
 
-The cross-backend contract suite (test_meta_contract.py) covers the operations;
+The cross-backend contract suite (test_meta_contract*.py) covers the operations;
 these cover what only ZooKeeper has: process lifecycle, session expiry through a
 second client with the same session id and password, watches across a dropped
 connection, losing one member of three, containers standing in for parents.
