@@ -11,6 +11,7 @@ server and socket helpers: ``fault_proxy_site.py``; fixtures: ``conftest.py``). 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
 import socket
@@ -175,12 +176,14 @@ def test_faults_blackholed_link_buffers_a_bounded_amount(tp: Any, echo: EchoServ
         assert still_open_without_data(sock, 0.2)
 
 
-def test_faults_throughput_without_toxics(tp: Any, echo: EchoServer) -> None:
+def test_faults_bulk_data_comes_back_intact_without_toxics(tp: Any, echo: EchoServer) -> None:
+    """16 MiB through a proxy without toxics, echoed: every byte back, in order (the
+    data path's speed is a benchmark's business, not a test's)."""
     proxy = tp.create(upstream=echo.address, name="echo")
     payload = os.urandom(1024 * 1024)
     total = 16 * len(payload)
+    back = hashlib.sha256()
     with connect(proxy.listen) as sock:
-        start = time.monotonic()
         received = 0
         sender = threading.Thread(target=lambda: [sock.sendall(payload) for _ in range(16)], daemon=True)
         sender.start()
@@ -189,8 +192,7 @@ def test_faults_throughput_without_toxics(tp: Any, echo: EchoServer) -> None:
             chunk = sock.recv(1024 * 1024)
             assert chunk, "EOF before all bytes came back"
             received += len(chunk)
-        elapsed = time.monotonic() - start
+            back.update(chunk)
         sender.join(WAIT_S)
-    mb_s = total / elapsed / 1e6
-    print(f"proxy echo throughput: {mb_s:.0f} MB/s each way")
-    assert mb_s > 5, mb_s
+    assert received == total
+    assert back.digest() == hashlib.sha256(payload * 16).digest()
