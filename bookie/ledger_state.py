@@ -17,7 +17,7 @@ from itertools import groupby, islice, repeat
 
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState
 from scriba.entry import HEADER_SIZE
-from scriba.errors import Status, TooManyRequestsError
+from scriba.errors import NoSuchLedgerError, Status, TooManyRequestsError
 
 LAC_WAITERS_MAX = 100_000
 _IDS = struct.Struct(">Qq")  # the ledger and entry ids at the head of a packed entry
@@ -82,6 +82,26 @@ def admit_columns(
     if not adm.runs:
         return adm.statuses, adm.rest
     return adm.statuses, adm.accepted()
+
+
+class LedgerStates:
+    """What a storage answers from its ledgers' in-memory states alone (``_states``), one
+    code for the disk and the in-memory storage."""
+
+    _states: dict[int, LedgerState]
+
+    def _state(self, ledger_id: int) -> LedgerState:
+        st = self._states.get(ledger_id)
+        if st is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return st
+
+    def lac_state(self, ledger_id: int) -> LacState:
+        return self._state(ledger_id).snapshot()
+
+    def ledger_master_key(self, ledger_id: int) -> bytes | None:
+        st = self._states.get(ledger_id)
+        return None if st is None else st.master_key
 
 
 class RunAdd:
@@ -343,8 +363,7 @@ class LacWaiters:
         futs = self._waiters.pop(ledger_id, None)
         if futs:
             for fut in futs:
-                if not fut.done():
-                    fut.set_result(None)
+                _resolve(fut)
 
     def notify_all(self) -> None:
         for lid in list(self._waiters):

@@ -14,13 +14,18 @@ import struct
 from collections.abc import Callable, Collection, Sequence
 from itertools import islice
 
-from scriba.bookie.ledger_state import LacWaiters, LedgerState, admit_columns, read_consecutive
+from scriba.bookie.ledger_state import (
+    LacWaiters,
+    LedgerState,
+    LedgerStates,
+    admit_columns,
+    read_consecutive,
+)
 from scriba.bookie.storage_api import AddColumns, AddOp, LacState, ReadOnlySwitch
 from scriba.entry import ENTRY_SIZE_MAX_DEFAULT
 from scriba.errors import (
     BookieReadOnlyError,
     NoSuchEntryError,
-    NoSuchLedgerError,
     Status,
     StorageError,
     UnauthorizedError,
@@ -31,7 +36,7 @@ __all__ = ["InMemoryLedgerStorage"]
 _LAC_AT_16 = struct.Struct(">16xq").unpack_from  # an entry's piggybacked LAC
 
 
-class InMemoryLedgerStorage:
+class InMemoryLedgerStorage(LedgerStates):
     def __init__(
         self,
         *,
@@ -139,12 +144,6 @@ class InMemoryLedgerStorage:
 
     # --- reads ------------------------------------------------------------------
 
-    def _state(self, ledger_id: int) -> LedgerState:
-        st = self._states.get(ledger_id)
-        if st is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
-        return st
-
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         st = self._state(ledger_id)
         if entry_id == -1:
@@ -161,17 +160,6 @@ class InMemoryLedgerStorage:
         return read_consecutive(
             self.read_entry(ledger_id, first), entries.get, first, last, max_entries, max_bytes
         )
-
-    def lac_state(self, ledger_id: int) -> LacState:
-        return self._state(ledger_id).snapshot()
-
-    def ledger_master_key(self, ledger_id: int) -> bytes | None:
-        st = self._states.get(ledger_id)
-        return None if st is None else st.master_key
-
-    def check_master_key(self, ledger_id: int, master_key: bytes) -> None:
-        if self._state(ledger_id).master_key != master_key:
-            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
         # entries are stored when admitted here: ``entry`` needs no wait of its own

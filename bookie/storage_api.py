@@ -168,8 +168,6 @@ class LedgerStorage(Protocol):
         """The master key the ledger is bound to here (None: the ledger is not here)."""
         ...
 
-    def check_master_key(self, ledger_id: int, master_key: bytes) -> None: ...
-
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
         """Return once the LAC exceeds ``previous_lac`` (with ``entry``: and entry
         ``previous_lac + 1`` is stored here, so the answer can carry it: a bookie learns an

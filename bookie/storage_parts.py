@@ -29,11 +29,11 @@ from scriba.bookie.entry_log_meta import LogMetaTable
 from scriba.bookie.fileio import FileIO
 from scriba.bookie.journal import DiskFullError, Journal, JournalPosition
 from scriba.bookie.ledger_index import LedgerIndex
-from scriba.bookie.ledger_state import LacWaiters, LedgerState
+from scriba.bookie.ledger_state import LacWaiters, LedgerState, LedgerStates
 from scriba.bookie.log_compactor import Reclaimer
 from scriba.bookie.storage_api import ReadOnlySwitch, StorageConfig
 from scriba.bookie.write_cache import WriteCache
-from scriba.errors import BookieReadOnlyError, CorruptEntryError, NoSuchLedgerError, StorageError
+from scriba.errors import BookieReadOnlyError, CorruptEntryError, StorageError
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
 
@@ -48,7 +48,7 @@ def _is_enospc(exc: BaseException) -> bool:
     return isinstance(exc, lmdb.Error) and "No space left" in str(exc)
 
 
-class StorageParts:
+class StorageParts(LedgerStates):
     """The fields and shared helpers of ``DiskLedgerStorage`` (see the module docstring)."""
 
     def __init__(self, config: StorageConfig, fio: FileIO, loop: asyncio.AbstractEventLoop) -> None:
@@ -114,12 +114,6 @@ class StorageParts:
             await journal.submit(record, token)
         except DiskFullError as exc:
             raise BookieReadOnlyError(f"read-only: {exc}") from exc
-
-    def _state(self, ledger_id: int) -> LedgerState:
-        st = self._states.get(ledger_id)
-        if st is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
-        return st
 
     def _disk_error(self, exc: BaseException, what: str) -> None:
         """A failed entry-log write or index commit (flush or compaction): the current

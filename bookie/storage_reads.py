@@ -19,7 +19,7 @@ import lmdb
 
 from scriba.bookie.storage_api import LacState
 from scriba.bookie.storage_parts import StorageParts
-from scriba.errors import CorruptEntryError, NoSuchEntryError, StorageError, UnauthorizedError
+from scriba.errors import CorruptEntryError, NoSuchEntryError, StorageError
 
 __all__ = ["StorageReads"]
 
@@ -107,17 +107,6 @@ class StorageReads(StorageParts):
         except OSError as exc:
             raise StorageError(f"entry log read failed: {exc}") from exc
         return ([] if data is None else [data]), None
-
-    def lac_state(self, ledger_id: int) -> LacState:
-        return self._state(ledger_id).snapshot()
-
-    def ledger_master_key(self, ledger_id: int) -> bytes | None:
-        st = self._states.get(ledger_id)
-        return None if st is None else st.master_key
-
-    def check_master_key(self, ledger_id: int, master_key: bytes) -> None:
-        if self._state(ledger_id).master_key != master_key:
-            raise UnauthorizedError(f"ledger {ledger_id}: master key mismatch")
 
     async def wait_lac(self, ledger_id: int, previous_lac: int, timeout_s: float, *, entry: bool = False) -> LacState:
         return await self._waiters.wait_for_lac(

@@ -84,13 +84,10 @@ async def test_read_range_stops_at_gap_and_bounds(storage: LedgerStorage) -> Non
 async def test_master_key_fixed_by_first_add(storage: LedgerStorage) -> None:
     assert await storage.add_batch([op(3, 0)]) == [Status.OK]
     assert await storage.add_batch([op(3, 1, key=OTHER)]) == [Status.UNAUTHORIZED]
-    storage.check_master_key(3, KEY)
-    with pytest.raises(UnauthorizedError):
-        storage.check_master_key(3, OTHER)
+    assert storage.ledger_master_key(3) == KEY  # the second add's key did not replace it
     with pytest.raises(UnauthorizedError):
         await storage.fence(3, OTHER)
-    with pytest.raises(NoSuchLedgerError):
-        storage.check_master_key(99, KEY)
+    assert storage.ledger_master_key(99) is None  # not here
 
 
 async def test_fence_blocks_normal_adds_but_not_recovery(storage: LedgerStorage) -> None:

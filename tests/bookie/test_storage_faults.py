@@ -406,7 +406,7 @@ async def test_ledger_key_survives_a_failed_first_record(tmp_path: Path) -> None
     await s.abandon()  # replay from the journal alone
     s = await open_storage(config(tmp_path))
     try:
-        s.check_master_key(30, KEY)
+        assert s.ledger_master_key(30) == KEY
         assert s.read_entry(30, 1) == op(30, 1).entry
         assert await s.add_batch([op(30, 2)]) == [Status.OK]
     finally:
