@@ -119,7 +119,7 @@ class Nemesis:
                 except RuntimeError:
                     if time.monotonic() > deadline:
                         raise
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(0.5)  # retry pacing, not synchronisation
 
 
 async def follower_read_history(kv: KvCluster, *, serializable: bool, writes_max: int = 600) -> Any:

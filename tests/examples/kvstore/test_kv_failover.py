@@ -13,6 +13,7 @@ import pytest
 from kv_harness import Ctl
 
 from scriba.embedded.kvstore import KvCluster
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,7 +46,7 @@ def put_until_done(ctl: Ctl, key: str, value: str, endpoints: str) -> int:
         if ctl.run("put", key, value, endpoints=endpoints).returncode == 0:
             return attempts
         assert time.monotonic() < deadline, f"put {key} never acknowledged"
-        time.sleep(0.1)
+        time.sleep(0.1)  # retry pacing (the attempts are counted), not synchronisation
 
 
 async def aetcd_put(kv: KvCluster, index: int, key: bytes, value: bytes) -> None:
@@ -57,7 +58,7 @@ async def aetcd_put(kv: KvCluster, index: int, key: bytes, value: bytes) -> None
                     await c.put(key, value)
                     return
             except aetcd.ClientError:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # retry pacing, not synchronisation
 
 
 def test_leader_killed_during_writes(kv_cluster: KvCluster, ctl: Ctl) -> None:
@@ -82,7 +83,5 @@ def test_leader_killed_during_writes(kv_cluster: KvCluster, ctl: Ctl) -> None:
     # the killed replica comes back and catches up (serializable: its own applied state)
     kv_cluster.start(leader)
     back = kv_cluster.replicas[leader].endpoint
-    deadline = time.monotonic() + RETRY_DEADLINE_S
-    while ctl.ok("get", "--prefix", "f/0", "--consistency", "s", endpoints=back).split() != expected:
-        assert time.monotonic() < deadline, "the restarted replica did not catch up"
-        time.sleep(0.2)
+    wait_until(lambda: ctl.ok("get", "--prefix", "f/0", "--consistency", "s", endpoints=back).split() == expected,
+               RETRY_DEADLINE_S, what="the restarted replica caught up", interval_s=0.2)
