@@ -5,6 +5,7 @@ SIGTERM sent while it still retries ends it cleanly (exit 0), not after the boun
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,23 +41,27 @@ def _log(proc: ServerProcess) -> str:
         return ""
 
 
-def _started_while_paused(proc: ServerProcess) -> None:
-    """Start ``proc`` with the server stopped; return once it has logged a retry."""
-    proc.start()
-    wait_until(lambda: "autorecovery_start_retry" in _log(proc) or not proc.running, WAIT_S,
-               what="the autorecovery process retrying its connect while the server is stopped")
-    assert proc.running, _log(proc)[-3000:]
-    assert "autorecovery_started" not in _log(proc)
+@contextlib.contextmanager
+def started_while_paused(etcd: Any, proc: ServerProcess) -> Iterator[None]:
+    """Start ``proc`` with the server stopped (SIGSTOP); yield once it has logged a retry;
+    resume the server on the way out."""
+    member = etcd.members[0]
+    member.pause()
+    try:
+        proc.start()
+        wait_until(lambda: "autorecovery_start_retry" in _log(proc) or not proc.running, WAIT_S,
+                   what="the autorecovery process retrying its connect while the server is stopped")
+        assert proc.running, _log(proc)[-3000:]
+        assert "autorecovery_started" not in _log(proc)
+        yield
+    finally:
+        member.resume()
 
 
 def test_a_process_started_while_the_server_is_stopped_comes_up_when_it_resumes(etcd: Any, tmp_path: Path) -> None:
     proc = autorecovery(etcd, tmp_path, "paused")
-    member = etcd.members[0]
-    member.pause()
-    try:
-        _started_while_paused(proc)
-    finally:
-        member.resume()
+    with started_while_paused(etcd, proc):
+        pass
     try:
         wait_until(lambda: '"autorecovery": "paused"' in _log(proc) or not proc.running, WAIT_S,
                    what="the autorecovery process serving after the server resumed")
@@ -69,13 +74,8 @@ def test_a_process_started_while_the_server_is_stopped_comes_up_when_it_resumes(
 
 def test_sigterm_ends_a_start_that_is_still_retrying(etcd: Any, tmp_path: Path) -> None:
     proc = autorecovery(etcd, tmp_path, "abandoned")
-    member = etcd.members[0]
-    member.pause()
-    try:
-        _started_while_paused(proc)
+    with started_while_paused(etcd, proc):
         proc.stop(timeout_s=30.0)  # SIGTERM; SIGKILL only if it does not exit by then
-    finally:
-        member.resume()
     assert proc.returncode == 0, _log(proc)[-3000:]  # exited on SIGTERM, not killed
     assert "autorecovery_start_abandoned" in _log(proc)
     assert "autorecovery_started" not in _log(proc)

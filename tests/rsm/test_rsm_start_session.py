@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from rsm_machines import Counter
@@ -73,21 +74,29 @@ def _replica(client: Client, **config: float) -> ReplicatedStateMachine:
                                   state_machine=Counter(), replica_id="r1", config=RsmConfig(**config))
 
 
+def failing_registrations(store: Any, monkeypatch: pytest.MonkeyPatch, *, applied: bool, times: int) -> list[str]:
+    """Make the store's first ``times`` ephemeral creates fail with a retriable error, after
+    the store applied them (``applied``: the answer was lost) or not; returns their keys."""
+    real_create = store.create
+    failed: list[str] = []
+
+    async def create(key: str, value: bytes, *, ephemeral: bool = False) -> int:
+        if not ephemeral or len(failed) >= times:
+            return await real_create(key, value, ephemeral=ephemeral)
+        failed.append(key)
+        if applied:
+            await real_create(key, value, ephemeral=ephemeral)
+        raise MetadataUnavailableError(f"create {key}: no answer")
+
+    monkeypatch.setattr(store, "create", create)
+    return failed
+
+
 async def test_a_registration_whose_answer_was_lost_is_kept_and_the_start_goes_on(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = client.store
-    real_create = store.create
-    lost = []
-
-    async def create(key: str, value: bytes, *, ephemeral: bool = False) -> int:
-        version = await real_create(key, value, ephemeral=ephemeral)
-        if ephemeral and not lost:  # applied by the store, but its answer never arrives
-            lost.append(key)
-            raise MetadataUnavailableError(f"create {key}: connection lost before the answer")
-        return version
-
-    monkeypatch.setattr(store, "create", create)
+    lost = failing_registrations(store, monkeypatch, applied=True, times=1)
     rsm = _replica(client)
     await asyncio.wait_for(rsm.start(), START_S)
     try:
@@ -105,16 +114,7 @@ async def test_a_registration_that_keeps_failing_ends_the_start_at_its_bound_nam
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = client.store
-    real_create = store.create
-    calls = []
-
-    async def create(key: str, value: bytes, *, ephemeral: bool = False) -> int:
-        if ephemeral:
-            calls.append(key)
-            raise MetadataUnavailableError(f"create {key}: not answering")
-        return await real_create(key, value, ephemeral=ephemeral)
-
-    monkeypatch.setattr(store, "create", create)
+    calls = failing_registrations(store, monkeypatch, applied=False, times=1_000_000)
     rsm = _replica(client, start_timeout_s=1.0)
     with pytest.raises(MetadataUnavailableError, match=r"replica r1 of .*: register still failing at the end of its 1s"):
         await asyncio.wait_for(rsm.start(), START_S)
