@@ -23,8 +23,9 @@ RETRY_DEADLINE_S = 60.0
 
 
 def leader_index(ctl: Ctl, kv: KvCluster, exclude: int | None = None) -> int:
-    deadline = time.monotonic() + RETRY_DEADLINE_S
-    while time.monotonic() < deadline:
+    found: list[int] = []
+
+    def one_leads() -> bool:
         for i, r in enumerate(kv.replicas):
             if i == exclude or not r.running:
                 continue
@@ -32,9 +33,12 @@ def leader_index(ctl: Ctl, kv: KvCluster, exclude: int | None = None) -> int:
             if p.returncode == 0 and '"leader":' in p.stdout:
                 status = json.loads(p.stdout)[0]["Status"]
                 if status["leader"] == status["header"]["member_id"]:
-                    return i
-        time.sleep(0.2)
-    raise AssertionError("no leader among the running replicas")
+                    found.append(i)
+                    return True
+        return False
+
+    wait_until(one_leads, RETRY_DEADLINE_S, what="a leader among the running replicas", interval_s=0.2)
+    return found[0]
 
 
 def put_until_done(ctl: Ctl, key: str, value: str, endpoints: str) -> int:
