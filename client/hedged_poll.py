@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from scriba.client.transport import LacAnswer, LacResult, Withdraw
 from scriba.errors import ScribaError
@@ -72,7 +73,7 @@ class HedgedPoll(asyncio.Future[LacResult | None]):
             if bookie_id not in self._waiting:
                 break  # the poll is over already
             try:
-                withdraw = start(bookie_id, lambda answer, b=bookie_id: self._answer(b, answer))
+                withdraw = start(bookie_id, partial(self._answer, bookie_id))
             except ScribaError as exc:  # could not even be sent: that bookie failed
                 self._answer(bookie_id, exc)
                 continue
