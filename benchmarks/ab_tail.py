@@ -12,7 +12,8 @@ base on alternate rounds, each with its own etcd and bookies
 (``bench_stream.py --parts tail``: a stream tail and a bare ledger's tail, 1k records/s).
 
 Reported per run: the stream tail's and the bare ledger tail's p50/p99, and the stream
-p99 over the ledger p99 of the same run; then, per round, head over base for each p99;
+p99 over the ledger p99 of the same run; CPU µs per record of all processes and of the
+reader alone; then, per round, head over base for each p99;
 and the medians over the rounds. Not a timed test: figures on 2 shared cores vary, and
 only the ratios of one session compare.
 
@@ -66,7 +67,8 @@ def run(bench: Path, pythonpath: str | None, seconds: float) -> dict[str, Any]:
     return {"stream_p50_ms": s["p50_ms"], "stream_p99_ms": s["p99_ms"], "ledger_p50_ms": led["p50_ms"],
             "ledger_p99_ms": led["p99_ms"], "stream_over_ledger_p99": round(s["p99_ms"] / led["p99_ms"], 3),
             # CPU µs per record of the writer, the reader and the bookies while records flowed
-            "stream_cpu_us": s["cpu_us_per_record"], "ledger_cpu_us": led["cpu_us_per_record"]}
+            "stream_cpu_us": s["cpu_us_per_record"], "ledger_cpu_us": led["cpu_us_per_record"],
+            "stream_reader_cpu_us": s["reader_cpu_us_per_record"], "ledger_reader_cpu_us": led["reader_cpu_us_per_record"]}
 
 
 def main(argv: list[str]) -> None:
@@ -87,7 +89,8 @@ def main(argv: list[str]) -> None:
             for name in order:
                 one[name] = run(*variants[name], args.seconds)
                 print(f"round {i + 1} {name}: {json.dumps(one[name])}", flush=True)
-            for key in ("stream_p99_ms", "ledger_p99_ms", "stream_cpu_us", "ledger_cpu_us"):
+            for key in ("stream_p99_ms", "ledger_p99_ms", "stream_cpu_us", "ledger_cpu_us", "stream_reader_cpu_us",
+                        "ledger_reader_cpu_us"):
                 one.setdefault("head/base", {})[key] = round(one["head"][key] / one["base"][key], 3)
             print(f"round {i + 1} head/base: {json.dumps(one['head/base'])}", flush=True)
             rounds.append(one)

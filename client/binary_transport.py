@@ -19,7 +19,9 @@ after a bounded backoff). Only four hooks differ: the add "call" is the link (it
 ``write_parts`` frames an ADD around the message's parts, which the socket write joins:
 the entries are copied once; answers arrive in ``data_received`` and are dispatched
 directly, with no reader task in between), runs are encoded as binary runs, reads are
-request/answer frames matched by request id, and adds are framed and written without
+request/answer frames matched by request id (a tailing reader's long polls without a
+coroutine: ``long_poll_lac_soon`` sends over an open link and hands the decoded answer
+to a callback from the link's dispatch, its deadline a ``call_later`` timer), and adds are framed and written without
 the sender task when waiting gains nothing (``_send_now``): a bookie with nothing
 unanswered gets its adds at the end of the loop turn that queued them (a ``call_soon``,
 with whatever else that turn adds); the appends made by callbacks while one ADD_ACK

@@ -169,6 +169,11 @@ class LedgerReader:
         costs a second answer (and poll) per entry at the bookies and here: a tail whose
         delivery latency matters less than CPU (an RSM follower, off the commit path)
         passes ``poll_replicas=1``.
+
+        Each poll is a ``HedgedPoll`` (``hedged_poll.py``): one future, each replica's poll
+        sent at once through the transport's ``long_poll_lac_soon`` and answered by
+        callback, one timer for its deadline; no task, ``asyncio.wait`` or
+        ``asyncio.timeout`` per entry.
         """
         require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
         next_id = start
