@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import statistics
 import struct
 import subprocess
 import sys
@@ -36,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ab_tail import export
+from ab_tail import alternate, env_with, export, report
 
 RATE_PER_S = 1000
 STAMP = struct.Struct("<q")  # an entry's payload: its confirmation time (ns, CLOCK_MONOTONIC)
@@ -125,12 +123,9 @@ async def tail_entries(ports: list[int], ledger_id: int, entries: int) -> dict[s
 
 # --- the parent -----------------------------------------------------------------------------
 def run_reader(pythonpath: str | None, ports: list[int], ledger_id: int, entries: int) -> dict[str, Any]:
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, __file__, "--child", "reader", "--ports", json.dumps(ports),
                            "--ledger", str(ledger_id), "--entries", str(entries)],
-                          env=env, capture_output=True, text=True, timeout=entries / RATE_PER_S * 10 + 120)
+                          env=env_with(pythonpath), capture_output=True, text=True, timeout=entries / RATE_PER_S * 10 + 120)
     if done.returncode != 0:
         raise RuntimeError(f"reader failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -160,29 +155,14 @@ def main(argv: list[str]) -> None:
         ports = json.loads(bookies.stdout.readline())
         with tempfile.TemporaryDirectory(prefix="bench-tail-poll-") as tmp:
             variants = {"base": str(export(args.base, Path(tmp)) / "pkg"), "head": None}
-            rounds: list[dict[str, dict[str, Any]]] = []
-            ledger = 0
-            for i in range(args.rounds):
-                one: dict[str, dict[str, Any]] = {}
-                for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
-                    ledger += 1
-                    one[name] = run_reader(variants[name], ports, ledger, args.entries)
-                    print(f"round {i + 1} {name}: {json.dumps(one[name])}", flush=True)
-                one["head/base"] = {k: round(one["head"][k] / one["base"][k], 3)
-                                    for k in ("cpu_us_per_entry", "p50_ms", "p99_ms")}
-                print(f"round {i + 1} head/base: {json.dumps(one['head/base'])}", flush=True)
-                rounds.append(one)
+            ledgers = iter(range(1, args.rounds * 2 + 1))
+            rounds = alternate(args.rounds, lambda name: run_reader(variants[name], ports, next(ledgers), args.entries),
+                               ("cpu_us_per_entry", "p50_ms", "p99_ms"))
     finally:
         bookies.stdin.close()
         bookies.wait(30)
         bookies.stdout.close()
-    medians = {name: {k: round(statistics.median(r[name][k] for r in rounds), 3) for k in rounds[0][name]}
-               for name in ("base", "head", "head/base")}
-    print(f"medians over {args.rounds} rounds (base {args.base}; 2 shared cores, figures vary):")
-    for name, m in medians.items():
-        print(f"  {name:9} {json.dumps(m)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"base": args.base, "rounds": rounds, "medians": medians}, indent=1))
+    report(rounds, args.base, args.json)
 
 
 if __name__ == "__main__":
