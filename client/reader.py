@@ -261,10 +261,10 @@ class LedgerReader:
         """The bookies to long-poll for ``entry_id``: ``_poll_target``'s, and (with
         ``replicas`` 2) a second replica of the entry's write set, likewise kept while
         it holds the entries and has not failed (after a failure, the next one)."""
-        primary = self._poll_target(entry_id)
+        write_set = self._md.write_set(entry_id)
+        primary = self._poll_target(write_set)
         if replicas < 2:
             return [primary]
-        write_set = self._md.write_set(entry_id)
         second = self._poll_second
         if second is None or second == primary or second not in write_set:
             others = [b for b in self._read_order(write_set) if b != primary]
@@ -273,12 +273,11 @@ class LedgerReader:
             second = self._poll_second = others[self._second_index % len(others)]
         return [primary, second]
 
-    def _poll_target(self, entry_id: int) -> BookieId:
-        """The bookie to long-poll for ``entry_id``: the one polled last while it holds
-        that entry (a tail's polls, those waiting ahead included, see one bookie's LAC,
-        which only rises), else the best in read order of the entry's write set (after
-        a failure or a lagging copy, the next one)."""
-        write_set = self._md.write_set(entry_id)
+    def _poll_target(self, write_set: tuple[BookieId, ...]) -> BookieId:
+        """The bookie to long-poll for an entry of ``write_set``: the one polled last
+        while it holds that entry (a tail's polls, those waiting ahead included, see one
+        bookie's LAC, which only rises), else the best in read order of the entry's
+        write set (after a failure or a lagging copy, the next one)."""
         if self._poll_bookie in write_set:
             return self._poll_bookie  # type: ignore[return-value]
         order = self._read_order(write_set)
