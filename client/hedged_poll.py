@@ -7,9 +7,15 @@ replica, an ``asyncio.wait`` and an ``asyncio.timeout`` per replica, and four lo
 between a bookie's answer and the tail: per entry delivered. Here the poll is one future
 and nothing else that waits:
 
-- ``start(bookie_id, on_answer)`` issues the poll to each bookie in the given order (the
+- ``bookies()`` names the replicas, asked when the polls are sent (a failure noticed
+  meanwhile already moves them); ``start(bookie_id, on_answer)`` issues the poll to each,
+  in that order (the
   reader passes ``long_poll_lac_soon``: over an open binary link the request goes out at
-  once and its answer is handled in the link's dispatch) and returns how to withdraw it;
+  once and its answer is handled in the link's dispatch) and returns how to withdraw it.
+  The polls are started in the next loop turn after the poll is made, as the task-built
+  poll's replica tasks chose their bookies: a tail arms its next poll before it delivers
+  the entry just answered, and a consumer in the tail's task then gets that entry before
+  the sends (each wakes a bookie's process, which may take the CPU from it);
 - each answer comes to ``_answer``: one with an LAC past ``previous_lac`` that carries
   entries wins (the poll resolves with it, every other replica's poll is withdrawn);
   another is kept if its LAC is the highest so far; an error of the transport
@@ -48,13 +54,13 @@ PollFailed = Callable[[BookieId, BaseException], None]
 
 
 class HedgedPoll(asyncio.Future[LacResult | None]):
-    """A long poll for the entry after ``previous_lac`` at ``bookies`` (module docstring)."""
+    """A long poll for the entry after ``previous_lac`` at ``bookies()`` (module docstring)."""
 
     __slots__ = ("_best", "_on_failed", "_previous", "_timer", "_waiting")
 
     def __init__(
         self,
-        bookies: Sequence[BookieId],
+        bookies: Callable[[], Sequence[BookieId]],
         previous_lac: EntryId,
         start: PollStart,
         on_failed: PollFailed,
@@ -68,10 +74,19 @@ class HedgedPoll(asyncio.Future[LacResult | None]):
         self._on_failed = on_failed
         self._best: LacResult | None = None
         self._timer: asyncio.TimerHandle | None = loop.call_later(deadline_s, self._deadline)
-        self._waiting: dict[BookieId, Withdraw] = dict.fromkeys(bookies, _not_yet)  # all, before any answers
-        for bookie_id in bookies:
-            if bookie_id not in self._waiting:
-                break  # the poll is over already
+        self._waiting: dict[BookieId, Withdraw] = {}
+        loop.call_soon(self._start, bookies, start)  # a turn on (module docstring)
+
+    def _start(self, bookies: Callable[[], Sequence[BookieId]], start: PollStart) -> None:
+        if self.done():
+            return  # cancelled before it was sent
+        self._waiting = dict.fromkeys(bookies(), _not_yet)  # all of them, before any answers
+        if not self._waiting:
+            self._finish(None)  # no replica to ask: as if every one failed
+            return
+        for bookie_id in list(self._waiting):
+            if self.done():
+                return  # over already
             try:
                 withdraw = start(bookie_id, partial(self._answer, bookie_id))
             except ScribaError as exc:  # could not even be sent: that bookie failed

@@ -171,8 +171,8 @@ class LedgerReader:
         passes ``poll_replicas=1``.
 
         Each poll is a ``HedgedPoll`` (``hedged_poll.py``): one future, each replica's poll
-        sent at once through the transport's ``long_poll_lac_soon`` and answered by
-        callback, one timer for its deadline; no task, ``asyncio.wait`` or
+        sent in the next loop turn through the transport's ``long_poll_lac_soon`` and
+        answered by callback, one timer for its deadline; no task, ``asyncio.wait`` or
         ``asyncio.timeout`` per entry.
         """
         require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
@@ -231,8 +231,8 @@ class LedgerReader:
         in read order; after a failure the next ones), resolving with the first answer
         that carries that entry; else with the answer with the highest LAC (the entry not
         yet stored there, or the poll's time up); None if every one of them failed
-        (``hedged_poll.py``). Sent now, each over its own long poll; cancelling it
-        withdraws them."""
+        (``hedged_poll.py``). Sent in the next loop turn, each over its own long poll;
+        cancelling it withdraws them."""
         ledger_id, wait_s, key = self._md.ledger_id, self._config.long_poll_s, self._master_key
         transport = self._transport
 
@@ -243,7 +243,7 @@ class LedgerReader:
             )
 
         return HedgedPoll(
-            self._poll_targets(previous_lac + 1, replicas), previous_lac, start, self._poll_failed,
+            lambda: self._poll_targets(previous_lac + 1, replicas), previous_lac, start, self._poll_failed,
             self._config.long_poll_s + self._config.read_timeout_s,
         )
 

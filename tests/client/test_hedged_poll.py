@@ -1,6 +1,7 @@
 """A tail's long poll built from callbacks (``client/hedged_poll.py``, ``long_poll_lac_soon``).
 
-- ``HedgedPoll`` alone (a scripted ``start``, no transport): the first answer carrying the
+- ``HedgedPoll`` alone (a scripted ``start``, no transport; polls sent in the loop turn
+  after it is made, none if it is cancelled before): the first answer carrying the
   entry wins and the other replica's poll is withdrawn; an answer without it is kept
   while the other goes on; an error falls through to the other replica (and is reported
   through ``on_failed``); the deadline resolves with the best answer kept (the old LAC)
@@ -59,8 +60,12 @@ class Script:
     def on_failed(self, bookie_id: BookieId, exc: BaseException) -> None:
         self.failed.append((bookie_id, type(exc)))
 
-    def poll(self, bookies: list[BookieId], previous_lac: int = 4, deadline_s: float = LONG_S) -> HedgedPoll:
-        return HedgedPoll(bookies, EntryId(previous_lac), self.start, self.on_failed, deadline_s)
+    async def poll(self, bookies: list[BookieId], previous_lac: int = 4, deadline_s: float = LONG_S) -> HedgedPoll:
+        """A poll, once its replicas' polls are sent (not in the caller's turn: the next one)."""
+        poll = HedgedPoll(lambda: bookies, EntryId(previous_lac), self.start, self.on_failed, deadline_s)
+        assert self.started == [], "sent in the turn that made the poll"
+        await eventually(lambda: len(self.started) == len(bookies), what="the replicas' polls sent")
+        return poll
 
 
 def carrying(lac: int) -> LacResult:
@@ -73,7 +78,7 @@ def bare(lac: int) -> LacResult:
 
 async def test_the_first_carrying_answer_wins_and_the_other_poll_is_withdrawn() -> None:
     s = Script()
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     assert s.started == [A, B] and poll.waiting == [A, B]  # sent at once, in order
     s.answers[B](carrying(5))
     assert poll.done() and poll.result() == carrying(5)
@@ -84,13 +89,13 @@ async def test_the_first_carrying_answer_wins_and_the_other_poll_is_withdrawn() 
 
 async def test_an_answer_without_the_entry_is_kept_while_the_other_replica_goes_on() -> None:
     s = Script()
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     s.answers[A](bare(4))  # A's time was up: its LAC has not moved
     assert not poll.done() and poll.waiting == [B]
     s.answers[B](carrying(5))
     assert await poll == carrying(5)
     s2 = Script()
-    poll2 = s2.poll([A, B])
+    poll2 = await s2.poll([A, B])
     s2.answers[A](bare(5))  # LAC past previous, the entry not stored there yet
     s2.answers[B](bare(4))
     assert await poll2 == bare(5), "the answer with the highest LAC"
@@ -98,7 +103,7 @@ async def test_an_answer_without_the_entry_is_kept_while_the_other_replica_goes_
 
 async def test_an_error_falls_through_to_the_other_replica() -> None:
     s = Script()
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     s.answers[A](UnavailableError("a went away"))
     assert not poll.done() and s.failed == [(A, UnavailableError)]
     s.answers[B](carrying(5))
@@ -107,7 +112,7 @@ async def test_an_error_falls_through_to_the_other_replica() -> None:
 
 async def test_every_replica_failing_resolves_none() -> None:
     s = Script(refuse={A})
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     assert s.started == [A, B], "a bookie that refuses the poll does not stop the next one's"
     assert not poll.done()
     s.answers[B](DeadlineExceededError("b is silent"))
@@ -117,19 +122,19 @@ async def test_every_replica_failing_resolves_none() -> None:
 
 async def test_the_deadline_resolves_with_the_old_lac_or_none_and_reports_the_silent_bookies() -> None:
     s = Script()
-    poll = s.poll([A, B], deadline_s=0.05)
+    poll = await s.poll([A, B], deadline_s=0.05)
     s.answers[A](bare(4))
     assert await asyncio.wait_for(poll, 10) == bare(4)  # the old LAC, as a poll whose time is up
     assert s.withdrawn == [B] and s.failed == [(B, TimeoutError)]
     s2 = Script()
-    poll2 = s2.poll([A, B], deadline_s=0.05)
+    poll2 = await s2.poll([A, B], deadline_s=0.05)
     assert await asyncio.wait_for(poll2, 10) is None
     assert s2.withdrawn == [A, B] and s2.failed == [(A, TimeoutError), (B, TimeoutError)]
 
 
 async def test_a_bug_fails_the_poll_with_it_and_withdraws_the_others() -> None:
     s = Script()
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     s.answers[A](RuntimeError("a bug in the transport"))
     with pytest.raises(RuntimeError, match="a bug"):
         await poll
@@ -138,7 +143,7 @@ async def test_a_bug_fails_the_poll_with_it_and_withdraws_the_others() -> None:
 
 async def test_cancelling_the_poll_or_its_caller_withdraws_every_replica_poll() -> None:
     s = Script()
-    poll = s.poll([A, B])
+    poll = await s.poll([A, B])
     assert poll.cancel()
     assert sorted(s.withdrawn) == [A, B] and poll.cancelled()
     assert not poll.cancel(), "once"
@@ -146,7 +151,7 @@ async def test_cancelling_the_poll_or_its_caller_withdraws_every_replica_poll() 
     assert s.failed == []
     # the task awaiting the poll is cancelled: asyncio cancels the future it waits on
     s2 = Script()
-    poll2 = s2.poll([A, B])
+    poll2 = await s2.poll([A, B])
     waiter = asyncio.get_running_loop().create_task(_await(poll2))
     await eventually(lambda: _waited_on(waiter), what="the caller waits on the poll")
     waiter.cancel()
@@ -163,9 +168,18 @@ def _waited_on(task: asyncio.Task[Any]) -> bool:
     return getattr(task, "_fut_waiter", None) is not None
 
 
+async def test_a_poll_cancelled_before_its_turn_sends_nothing() -> None:
+    s = Script()
+    poll = HedgedPoll(lambda: [A, B], EntryId(4), s.start, s.on_failed, LONG_S)
+    assert poll.cancel()
+    other = await s.poll([A])  # made after it, so sent after the cancelled one's turn
+    assert s.started == [A], "the cancelled poll sent nothing"
+    other.cancel()
+
+
 async def test_one_replica_resolves_with_its_answer_whatever_it_carries() -> None:
     s = Script()
-    poll = s.poll([A])
+    poll = await s.poll([A])
     s.answers[A](bare(4))
     assert await poll == bare(4)
 
