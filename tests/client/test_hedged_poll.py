@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 
@@ -152,20 +151,18 @@ async def test_cancelling_the_poll_or_its_caller_withdraws_every_replica_poll() 
     # the task awaiting the poll is cancelled: asyncio cancels the future it waits on
     s2 = Script()
     poll2 = await s2.poll([A, B])
-    waiter = asyncio.get_running_loop().create_task(_await(poll2))
-    await eventually(lambda: _waited_on(waiter), what="the caller waits on the poll")
+    awaiting = asyncio.Event()
+    waiter = asyncio.get_running_loop().create_task(_await(poll2, awaiting))
+    await asyncio.wait_for(awaiting.wait(), 10)  # set in the step that then awaits the poll
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert sorted(s2.withdrawn) == [A, B] and poll2.cancelled()
 
 
-async def _await(poll: HedgedPoll) -> LacResult | None:
+async def _await(poll: HedgedPoll, awaiting: asyncio.Event) -> LacResult | None:
+    awaiting.set()
     return await poll
-
-
-def _waited_on(task: asyncio.Task[Any]) -> bool:
-    return getattr(task, "_fut_waiter", None) is not None
 
 
 async def test_a_poll_cancelled_before_its_turn_sends_nothing() -> None:
