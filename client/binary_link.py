@@ -9,7 +9,9 @@ UNAUTHORIZED answer is mutual TLS refusing our certificate).
 Answers are dispatched in ``data_received`` as their frames complete, with no reader
 task in between: ADD_ACK frames go to ``on_answers`` (set by the transport; it runs the
 write core's callbacks corked), ENTRY / LAC / LAC_WRITTEN answers resolve the future of
-their request id (``request``), RANGE_CHUNK frames go to their request's queue
+their request id (``request``) or are handed to its callback (``request_soon``: no
+coroutine and no loop turn between the frame and its handling; a tailing reader's long
+polls), RANGE_CHUNK frames go to their request's queue
 (``chunks``, until one without ``FLAG_MORE``). The link is also the add stream's call:
 ``send_parts`` frames an ADD around a message's parts (the socket write joins them: the
 entries are copied once), ``write_parts`` then waits while the socket is full
@@ -17,7 +19,7 @@ entries are copied once), ``write_parts`` then waits while the socket is full
 
 States: OPEN after the handshake -> CLOSED (socket lost, ERROR frame, protocol error, or
 ``cancel()``): ``wait_closed()`` returns why; every request and range waiting on it fails
-``UnavailableError``; the socket is aborted, not closed (every add on it is answered by
+``UnavailableError`` (a callback is called with it); the socket is aborted, not closed (every add on it is answered by
 the transport, and a TLS close would wait for the peer's close_notify). A closed link is
 never reused: the transport (``binary_transport.py``) dials a new one.
 """
@@ -61,6 +63,7 @@ class BinaryLink(BufferedFrames):
         self._closed: asyncio.Future[str] = loop.create_future()
         self._lost: asyncio.Future[None] = loop.create_future()  # the socket is closed
         self._pending: dict[int, asyncio.Future[memoryview]] = {}
+        self._callbacks: dict[int, Callable[[memoryview | BaseException], None]] = {}  # request_soon's
         self._chunks: dict[int, asyncio.Queue[tuple[int, memoryview] | BaseException]] = {}
         self._next_id = 1
         self._writable: asyncio.Event | None = None
@@ -106,8 +109,13 @@ class BinaryLink(BufferedFrames):
                 self.on_answers(answers)
         elif ftype in (FrameType.ENTRY, FrameType.LAC, FrameType.LAC_WRITTEN):
             future = self._pending.pop(rid, None)
-            if future is not None and not future.done():
-                future.set_result(body)
+            if future is not None:
+                if not future.done():
+                    future.set_result(body)
+            else:
+                callback = self._callbacks.pop(rid, None)
+                if callback is not None:
+                    callback(body)
         elif ftype == FrameType.RANGE_CHUNK:
             queue = self._chunks.get(rid)
             if queue is not None:
@@ -173,6 +181,9 @@ class BinaryLink(BufferedFrames):
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
+            callback(error)
         for queue in self._chunks.values():
             queue.put_nowait(error)
         if self._writable is not None:
@@ -225,6 +236,21 @@ class BinaryLink(BufferedFrames):
             return await future
         finally:
             self._pending.pop(rid, None)
+
+    def request_soon(self, make: Callable[[int], list[wire.Buffer]],
+                     on_answer: Callable[[memoryview | BaseException], None]) -> int:
+        """Send the frame ``make(request_id)``; ``on_answer`` is called once, from the
+        frame's dispatch, with the body of its answer (or with ``UnavailableError`` when
+        the link closes first), unless ``forget(request_id)`` withdrew it. Returns the
+        request id; raises ``UnavailableError`` at once on a closed link."""
+        rid = self._request_id()
+        self._send(make(rid))
+        self._callbacks[rid] = on_answer
+        return rid
+
+    def forget(self, request_id: int) -> None:
+        """Withdraw ``request_soon``'s callback (its answer, if one comes, is dropped)."""
+        self._callbacks.pop(request_id, None)
 
     async def chunks(self, make: Callable[[int], list[wire.Buffer]]) -> AsyncGenerator[wire.RangeChunk, None]:
         """Send ``make(request_id)``; yield the RANGE_CHUNK answers until the last."""

@@ -19,7 +19,9 @@ after a bounded backoff). Only four hooks differ: the add "call" is the link (it
 ``write_parts`` frames an ADD around the message's parts, which the socket write joins:
 the entries are copied once; answers arrive in ``data_received`` and are dispatched
 directly, with no reader task in between), runs are encoded as binary runs, reads are
-request/answer frames matched by request id, and adds are framed and written without
+request/answer frames matched by request id (a tailing reader's long polls without a
+coroutine: ``long_poll_lac_soon`` sends over an open link and hands the decoded answer
+to a callback from the link's dispatch, its deadline a ``call_later`` timer), and adds are framed and written without
 the sender task when waiting gains nothing (``_send_now``): a bookie with nothing
 unanswered gets its adds at the end of the loop turn that queued them (a ``call_soon``,
 with whatever else that turn adds); the appends made by callbacks while one ADD_ACK
@@ -50,7 +52,15 @@ from scriba.client.binary_link import BinaryLink, VersionRefused
 from scriba.client.grpc_channels import _Connection, _message
 from scriba.client.grpc_reads import LONG_POLL_MARGIN_S, follow_runs
 from scriba.client.grpc_transport import GrpcBookieTransport
-from scriba.client.transport import BookieTransport, EntryRun, LacResult, TransportConfig
+from scriba.client.transport import (
+    BookieTransport,
+    EntryRun,
+    LacAnswer,
+    LacResult,
+    TransportConfig,
+    Withdraw,
+    poll_in_task,
+)
 from scriba.errors import (
     DeadlineExceededError,
     InternalError,
@@ -350,9 +360,68 @@ class BinaryTransport(GrpcBookieTransport):
                                              entries_max),
         )
 
+    def long_poll_lac_soon(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        previous_lac: EntryId,
+        on_answer: LacAnswer,
+        *,
+        wait_s: float,
+        piggyback_entries_max: int = 1,
+        master_key: bytes = b"",
+    ) -> Withdraw:
+        """``long_poll_lac`` as a callback (``PollSoonTransport``): over an open link, the
+        request goes out now and its answer is decoded and handed on from the link's
+        dispatch, its deadline a ``call_later`` timer (as ``_ask``'s: the link closed
+        if it carries no adds); any other case (a link still to dial, a gRPC bookie, a
+        ``long_poll_lac`` replaced by a subclass or a tracer) runs ``long_poll_lac`` in
+        a task."""
+        link = self._links.get(bookie_id)
+        if link is None or link.closed or self._closed or type(self).long_poll_lac is not _LONG_POLL_LAC:
+            return poll_in_task(self.long_poll_lac(
+                bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+                master_key=master_key), on_answer)
+        timeout_s = wait_s + LONG_POLL_MARGIN_S
+        timeout_ms = max(0, int(wait_s * 1000))
+        entries_max = max(0, min(piggyback_entries_max, 0xFFFF))
+
+        def answered(body: memoryview | BaseException) -> None:
+            timer.cancel()
+            if isinstance(body, BaseException):
+                on_answer(body)
+                return
+            try:
+                result: LacResult | BaseException = self._lac_result(body, bookie_id, ledger_id)
+            except Exception as exc:  # a malformed answer: the caller's error, as from long_poll_lac
+                result = exc
+            on_answer(result)
+
+        def deadline() -> None:
+            link.forget(rid)
+            self._deadline_passed(bookie_id, link)
+            on_answer(DeadlineExceededError(f"bookie {bookie_id} read_lac: no answer within {timeout_s} s"))
+
+        def withdraw() -> None:
+            timer.cancel()
+            link.forget(rid)
+
+        rid = link.request_soon(
+            lambda rid: wire.encode_read_lac(rid, ledger_id, wire.LAC_LONG_POLL, previous_lac, timeout_ms, master_key,
+                                             entries_max),
+            answered,
+        )
+        timer = asyncio.get_running_loop().call_later(timeout_s, deadline)
+        return withdraw
+
     async def _binary_lac(self, bookie_id: BookieId, link: BinaryLink, ledger_id: LedgerId, timeout_s: float,
                           make: Callable[[int], list[wire.Buffer]]) -> LacResult:
         body = await self._ask(bookie_id, link, timeout_s, make, "read_lac")
+        return self._lac_result(body, bookie_id, ledger_id)
+
+    @staticmethod
+    def _lac_result(body: memoryview, bookie_id: BookieId, ledger_id: LedgerId) -> LacResult:
+        """A LAC answer's ``LacResult`` (its non-OK status raised as the typed error)."""
         r = wire.decode_lac_answer(body)
         if r.status != 0:
             raise error_for_status(r.status, _message(r.message, bookie_id, ledger_id, None))
@@ -387,6 +456,9 @@ class BinaryTransport(GrpcBookieTransport):
         for link in links:
             link.cancel()
         await asyncio.gather(*(link.wait_lost(LINK_CLOSE_TIMEOUT_S) for link in links))
+
+
+_LONG_POLL_LAC: Final = BinaryTransport.long_poll_lac  # as defined here (long_poll_lac_soon: replaced?)
 
 
 def _chunk_run(chunk: wire.RangeChunk, bookie_id: BookieId, ledger_id: int, next_id: int,

@@ -7,21 +7,26 @@ confirmed entries), each run as an ``Operation`` of a read core.
 from __future__ import annotations
 
 import asyncio
-import builtins
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
 from scriba.client.driver import DriverConfig, read_ledger_metadata
+from scriba.client.hedged_poll import HedgedPoll
 from scriba.client.operation import Operation
 from scriba.client.read_core import LacReadCore, ReadConfig, ReadCore, ReadOrder
-from scriba.client.transport import BookieTransport, LacResult
+from scriba.client.transport import (
+    BookieTransport,
+    LacAnswer,
+    LacResult,
+    Withdraw,
+    long_poll_lac_soon,
+)
 from scriba.config import require
 from scriba.entry import Digest, Entry, unpack_entry
 from scriba.errors import (
     DigestMismatchError,
     InternalError,
     NoSuchEntryError,
-    ScribaError,
 )
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
@@ -164,11 +169,16 @@ class LedgerReader:
         costs a second answer (and poll) per entry at the bookies and here: a tail whose
         delivery latency matters less than CPU (an RSM follower, off the commit path)
         passes ``poll_replicas=1``.
+
+        Each poll is a ``HedgedPoll`` (``hedged_poll.py``): one future, each replica's poll
+        sent in the next loop turn through the transport's ``long_poll_lac_soon`` and
+        answered by callback, one timer for its deadline; no task, ``asyncio.wait`` or
+        ``asyncio.timeout`` per entry.
         """
         require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
         next_id = start
         failures = 0
-        polls: dict[int, asyncio.Task[LacResult | None]] = {}  # previous_lac -> its poll
+        polls: dict[int, HedgedPoll] = {}  # previous_lac -> its poll
         try:
             while True:
                 if self._md.is_closed:
@@ -207,72 +217,54 @@ class LedgerReader:
         finally:
             _cancel(polls)
 
-    def _arm(self, polls: dict[int, asyncio.Task[LacResult | None]], previous_lac: int, replicas: int) -> None:
+    def _arm(self, polls: dict[int, HedgedPoll], previous_lac: int, replicas: int) -> None:
         """Polls for ``previous_lac`` and the ``POLLS_AHEAD - 1`` entries after it; stale
         ones (for entries already delivered) are cancelled."""
         for stale in [p for p in polls if p < previous_lac]:
             polls.pop(stale).cancel()
-        loop = asyncio.get_running_loop()
         for previous in range(previous_lac, previous_lac + POLLS_AHEAD):
             if previous not in polls:
-                polls[previous] = loop.create_task(self._long_poll(EntryId(previous), replicas))
+                polls[previous] = self._long_poll(EntryId(previous), replicas)
 
-    async def _long_poll(self, previous_lac: EntryId, replicas: int) -> LacResult | None:
-        """The first answer, of ``replicas`` bookies that hold entry ``previous_lac + 1``
-        (the best in read order; after a failure the next ones), that carries that entry;
-        else the answer with the highest LAC (the entry not yet stored there, or the poll's
-        time up); None if every one of them failed."""
-        bookies = self._poll_targets(previous_lac + 1, replicas)
-        if len(bookies) == 1:
-            return await self._poll_one(bookies[0], previous_lac)
-        return await self._first_carrying(bookies, previous_lac)
+    def _long_poll(self, previous_lac: EntryId, replicas: int) -> HedgedPoll:
+        """A poll, at ``replicas`` bookies that hold entry ``previous_lac + 1`` (the best
+        in read order; after a failure the next ones), resolving with the first answer
+        that carries that entry; else with the answer with the highest LAC (the entry not
+        yet stored there, or the poll's time up); None if every one of them failed
+        (``hedged_poll.py``). Sent in the next loop turn, each over its own long poll;
+        cancelling it withdraws them."""
+        ledger_id, wait_s, key = self._md.ledger_id, self._config.long_poll_s, self._master_key
+        transport = self._transport
 
-    async def _first_carrying(self, bookies: list[BookieId], previous_lac: EntryId) -> LacResult | None:
-        loop = asyncio.get_running_loop()
-        pending = {loop.create_task(self._poll_one(b, previous_lac)) for b in bookies}
-        best: LacResult | None = None
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    result = task.result()
-                    if result is None:
-                        continue  # that bookie failed (see _poll_one)
-                    if result.lac > previous_lac and result.piggybacked_entries:
-                        return result
-                    if best is None or result.lac > best.lac:
-                        best = result
-            return best
-        finally:
-            for task in pending:
-                task.cancel()
+        def start(bookie_id: BookieId, on_answer: LacAnswer) -> Withdraw:
+            return long_poll_lac_soon(
+                transport, bookie_id, ledger_id, previous_lac, on_answer, wait_s=wait_s,
+                piggyback_entries_max=PIGGYBACK_ENTRIES_MAX, master_key=key,
+            )
 
-    async def _poll_one(self, bookie_id: BookieId, previous_lac: EntryId) -> LacResult | None:
-        """One bookie's answer to a long poll; None if it failed (then, if it is the bookie
-        the tail's polls go to first, they go to the next replica from now on)."""
-        try:
-            async with asyncio.timeout(self._config.long_poll_s + self._config.read_timeout_s):
-                return await self._transport.long_poll_lac(
-                    bookie_id, self._md.ledger_id, previous_lac, wait_s=self._config.long_poll_s,
-                    piggyback_entries_max=PIGGYBACK_ENTRIES_MAX, master_key=self._master_key,
-                )
-        except (ScribaError, builtins.TimeoutError) as exc:
-            log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))
-            if bookie_id == self._poll_bookie:
-                self._next_replica()
-            elif bookie_id == self._poll_second:
-                self._second_index += 1
-                self._poll_second = None
-            return None
+        return HedgedPoll(
+            lambda: self._poll_targets(previous_lac + 1, replicas), previous_lac, start, self._poll_failed,
+            self._config.long_poll_s + self._config.read_timeout_s,
+        )
+
+    def _poll_failed(self, bookie_id: BookieId, exc: BaseException) -> None:
+        """A bookie's long poll failed (or its time was up): if it is the bookie the
+        tail's polls go to first, they go to the next replica from now on."""
+        log.debug("long_poll_failed", ledger_id=self._md.ledger_id, bookie_id=bookie_id, error=str(exc))
+        if bookie_id == self._poll_bookie:
+            self._next_replica()
+        elif bookie_id == self._poll_second:
+            self._second_index += 1
+            self._poll_second = None
 
     def _poll_targets(self, entry_id: int, replicas: int) -> list[BookieId]:
         """The bookies to long-poll for ``entry_id``: ``_poll_target``'s, and (with
         ``replicas`` 2) a second replica of the entry's write set, likewise kept while
         it holds the entries and has not failed (after a failure, the next one)."""
-        primary = self._poll_target(entry_id)
+        write_set = self._md.write_set(entry_id)
+        primary = self._poll_target(write_set)
         if replicas < 2:
             return [primary]
-        write_set = self._md.write_set(entry_id)
         second = self._poll_second
         if second is None or second == primary or second not in write_set:
             others = [b for b in self._read_order(write_set) if b != primary]
@@ -281,12 +273,11 @@ class LedgerReader:
             second = self._poll_second = others[self._second_index % len(others)]
         return [primary, second]
 
-    def _poll_target(self, entry_id: int) -> BookieId:
-        """The bookie to long-poll for ``entry_id``: the one polled last while it holds
-        that entry (a tail's polls, those waiting ahead included, see one bookie's LAC,
-        which only rises), else the best in read order of the entry's write set (after
-        a failure or a lagging copy, the next one)."""
-        write_set = self._md.write_set(entry_id)
+    def _poll_target(self, write_set: tuple[BookieId, ...]) -> BookieId:
+        """The bookie to long-poll for an entry of ``write_set``: the one polled last
+        while it holds that entry (a tail's polls, those waiting ahead included, see one
+        bookie's LAC, which only rises), else the best in read order of the entry's
+        write set (after a failure or a lagging copy, the next one)."""
         if self._poll_bookie in write_set:
             return self._poll_bookie  # type: ignore[return-value]
         order = self._read_order(write_set)
@@ -301,9 +292,9 @@ class LedgerReader:
         """Nothing to release (reads hold no resources between calls)."""
 
 
-def _cancel(polls: dict[int, asyncio.Task[LacResult | None]]) -> None:
-    for task in polls.values():
-        task.cancel()
+def _cancel(polls: dict[int, HedgedPoll]) -> None:
+    for poll in polls.values():
+        poll.cancel()
     polls.clear()
 
 

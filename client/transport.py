@@ -18,6 +18,12 @@ and answers come as ``on_responses(bookie_id, ledger_id, entry_ids, status)``, o
 call for many adds of one bookie that got the same status (each add named exactly
 once). Drivers use it when present (``getattr``) and fall back to ``add``.
 
+Long polls may also be issued without a coroutine (``PollSoonTransport``):
+``long_poll_lac_soon`` sends the poll and calls ``on_answer`` once with its
+``LacResult`` or its typed error, and returns a function that withdraws it. A tailing
+reader builds its hedged polls from these (``hedged_poll.py``); ``long_poll_lac_soon``
+(the module function) runs ``long_poll_lac`` in a task for a transport without one.
+
 Likewise for range reads: ``RunReadTransport.read_runs`` yields a range's entries as
 ``EntryRun``s (consecutive entries in one bytes object, split by offsets: no object per
 entry until the reader verifies them); drivers fall back to ``read_range``.
@@ -28,9 +34,10 @@ them all; ``add_batcher.py`` explains the batching ones).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from scriba.config import require
 from scriba.errors import Status
@@ -240,6 +247,68 @@ class BatchedAddTransport(BookieTransport, Protocol):
         """Queue ``entry`` to every bookie of ``bookies``; each add is answered once
         through ``on_responses`` (batched per bookie and status)."""
         ...
+
+
+LacAnswer = Callable[[LacResult | BaseException], None]
+"""A long poll's answer: its ``LacResult``, or the error ``long_poll_lac`` would raise."""
+Withdraw = Callable[[], object]
+"""Withdraws a poll issued by ``long_poll_lac_soon`` (its ``on_answer`` is then not called)."""
+
+
+class PollSoonTransport(BookieTransport, Protocol):
+    def long_poll_lac_soon(
+        self,
+        bookie_id: BookieId,
+        ledger_id: LedgerId,
+        previous_lac: EntryId,
+        on_answer: LacAnswer,
+        *,
+        wait_s: float,
+        piggyback_entries_max: int = 1,
+        master_key: bytes = b"",
+    ) -> Withdraw:
+        """``long_poll_lac`` without a coroutine: ``on_answer`` is called once (never
+        before this returns) with the answer or the typed error, its deadline's
+        included, unless the returned function withdrew the poll first."""
+        ...
+
+
+def long_poll_lac_soon(
+    transport: BookieTransport,
+    bookie_id: BookieId,
+    ledger_id: LedgerId,
+    previous_lac: EntryId,
+    on_answer: LacAnswer,
+    *,
+    wait_s: float,
+    piggyback_entries_max: int = 1,
+    master_key: bytes = b"",
+) -> Withdraw:
+    """``transport.long_poll_lac_soon`` if it has one, else its ``long_poll_lac`` in a
+    task whose outcome goes to ``on_answer`` (withdrawing cancels the task)."""
+    soon = getattr(transport, "long_poll_lac_soon", None)
+    if soon is not None:
+        withdraw: Withdraw = soon(bookie_id, ledger_id, previous_lac, on_answer, wait_s=wait_s,
+                                  piggyback_entries_max=piggyback_entries_max, master_key=master_key)
+        return withdraw
+    return poll_in_task(transport.long_poll_lac(
+        bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
+        master_key=master_key), on_answer)
+
+
+def poll_in_task(poll: Coroutine[Any, Any, LacResult], on_answer: LacAnswer) -> Withdraw:
+    """Run ``poll`` in a task; its result or error goes to ``on_answer`` unless the
+    returned function (the task's ``cancel``) withdrew it first."""
+    task = asyncio.get_running_loop().create_task(poll)
+
+    def done(task: asyncio.Task[LacResult]) -> None:
+        if task.cancelled():
+            return  # withdrawn
+        error = task.exception()
+        on_answer(error if error is not None else task.result())
+
+    task.add_done_callback(done)
+    return task.cancel
 
 
 class RunReadTransport(BookieTransport, Protocol):

@@ -230,7 +230,11 @@ class StreamReader:
         """One entry's records to the queue, then advance (a cancelled put re-reads the entry)."""
         records = records_of(segment.seq, entry, self._position.slot)
         if records:
-            await self._queue.put(records)
+            queue = self._queue
+            if queue.full():
+                await queue.put(records)
+            else:
+                queue.put_nowait(records)  # (no coroutine per entry while the consumer keeps up)
         self._position = Position(segment.seq, int(entry.entry_id) + 1, 0)
 
     async def _read_closed(self, segment: Segment) -> None:
