@@ -17,12 +17,12 @@ import os
 import signal
 import sys
 
-from scriba.client import Client, ClientConfig
+from scriba.client import ClientConfig
 from scriba.examples.namenode import ha
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
-from scriba.meta.startup import retry_start_step
 from scriba.rsm import RsmConfig
+from scriba.rsm.process_start import connect_replica_client
 from scriba.tls import as_client
 from scriba.tls_cli import add_tls_arguments, tls_from_args
 
@@ -66,9 +66,8 @@ async def run(args: argparse.Namespace) -> int:
 async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                               rsm_address: str, config: RsmConfig) -> int:
     client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s, tls=as_client(config.tls))
-    client = await retry_start_step(  # a store not answering yet is "not now" (meta/startup.py)
-        "connect", lambda: Client.connect(args.metadata, config=client_config), owner=f"namenode {args.id}",
-        timeout_s=config.start_timeout_s, log_event="rsm_start_retry", log_fields={"replica": args.id})
+    client = await connect_replica_client(args.metadata, client_config, config,
+                                          owner=f"namenode {args.id}", replica_id=args.id)
     async with client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
