@@ -218,6 +218,11 @@ class PeerClient:
         self._link: PeerLink | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def waiting(self) -> int:
+        """Requests sent on the current connection and not yet answered."""
+        return len(self._link.pending) if self._link is not None else 0
+
     async def _connect(self) -> PeerLink:
         link = self._link
         if link is not None and link.usable:
