@@ -18,14 +18,18 @@ import json
 import signal
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scriba.autorecovery.config import LOST_BOOKIE_RECOVERY_DELAY_S, AutorecoveryConfig
 from scriba.errors import ConfigError
 from scriba.ids import BookieId
 from scriba.log import get_logger
+from scriba.meta.startup import StartAbandoned, retry_start_step, start_unless_stopped
 from scriba.metrics_http import serve_metrics
 from scriba.tls_cli import add_tls_arguments, client_tls_from_args, tls_from_args
+
+if TYPE_CHECKING:
+    from scriba.client import Client
 
 log = get_logger(__name__)
 ENV_PASSWORDS = "SCRIBA_AUTORECOVERY_PASSWORDS"  # comma-separated, for processes a script starts
@@ -64,6 +68,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--check-interval-s", type=float, default=600.0)
     run.add_argument("--open-ledger-grace-s", type=float, default=30.0)
     run.add_argument("--claim-ttl-s", type=float, default=10.0)
+    run.add_argument("--start-timeout-s", type=float, default=30.0,
+                     help="how long start-up retries an unreachable metadata store or a lost session")
     run.add_argument("--tick-s", type=float, default=1.0)
     run.add_argument("--http", default=None, help="HOST:PORT for /metrics (HTTPS with --tls-*)")
     # one certificate: the workers read and copy entries with it, /metrics is served with it
@@ -80,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from(
         args, lost_bookie_recovery_delay_s=args.delay_s, check_interval_s=args.check_interval_s,
         open_ledger_grace_s=args.open_ledger_grace_s, claim_ttl_s=args.claim_ttl_s,
-        audit_tick_s=args.tick_s,
+        audit_tick_s=args.tick_s, start_timeout_s=args.start_timeout_s,
     )
     asyncio.run(_run(uri, config, args))
     return 0
@@ -100,32 +106,43 @@ async def _serve(uri: str, config: AutorecoveryConfig, args: argparse.Namespace,
                  metrics: Any, metrics_url: str | None) -> None:
     from scriba.autorecovery.auditor import Auditor
     from scriba.autorecovery.worker import ReplicationWorker
-    from scriba.client import Client, ClientConfig
-    from scriba.meta import connect
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    store = await connect(uri, session_timeout_s=config.claim_ttl_s)
     try:
-        async with Client.connect(uri, store=store, config=ClientConfig(tls=client_tls_from_args(args))) as client:
-            tasks = []
-            if not args.no_auditor:
-                auditor = Auditor(client, config, candidate=name, metrics=metrics)
-                tasks.append(asyncio.create_task(auditor.run(stop), name="auditor"))
-            if not args.no_worker:
-                worker = ReplicationWorker(client, config, worker_id=name, metrics=metrics)
-                tasks.append(asyncio.create_task(worker.run(stop), name="worker"))
-            log.info("autorecovery_started", candidate=name, auditor=not args.no_auditor,
-                     worker=not args.no_worker, delay_s=config.lost_bookie_recovery_delay_s)
-            print(json.dumps({"autorecovery": name, "metadata": uri, "metrics": metrics_url}), flush=True)
-            await stop.wait()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait_for(task, 15)
-    finally:
-        await store.close()
+        client = await start_unless_stopped(_connect(uri, config, args, name), stop)
+    except StartAbandoned:
+        log.info("autorecovery_start_abandoned", candidate=name)
+        return
+    async with client:
+        tasks = []
+        if not args.no_auditor:
+            auditor = Auditor(client, config, candidate=name, metrics=metrics)
+            tasks.append(asyncio.create_task(auditor.run(stop), name="auditor"))
+        if not args.no_worker:
+            worker = ReplicationWorker(client, config, worker_id=name, metrics=metrics)
+            tasks.append(asyncio.create_task(worker.run(stop), name="worker"))
+        log.info("autorecovery_started", candidate=name, auditor=not args.no_auditor,
+                 worker=not args.no_worker, delay_s=config.lost_bookie_recovery_delay_s)
+        print(json.dumps({"autorecovery": name, "metadata": uri, "metrics": metrics_url}), flush=True)
+        await stop.wait()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 15)
+
+
+async def _connect(uri: str, config: AutorecoveryConfig, args: argparse.Namespace, name: str) -> Client:
+    """The client (and its metadata session, of ``claim_ttl_s``), retried within
+    ``start_timeout_s``: a store not answering yet, a session lost while a loaded
+    machine starved the start (``meta/startup.py``)."""
+    from scriba.client import Client, ClientConfig
+
+    client_config = ClientConfig(tls=client_tls_from_args(args), metadata_session_timeout_s=config.claim_ttl_s)
+    return await retry_start_step("connect", lambda: Client.connect(uri, config=client_config),
+                                  owner=f"autorecovery {name}", timeout_s=config.start_timeout_s,
+                                  log_event="autorecovery_start_retry", log_fields={"candidate": name})
 
 
 def print_progress(bookie: BookieId) -> Any:

@@ -32,6 +32,7 @@ class AutorecoveryConfig:
     worker_poll_s: float = 1.0  # a worker looks for records at least this often
     worker_retry_s: float = 2.0  # a record with work left waits this long before the next pass
     claim_ttl_s: float = 10.0  # metadata session of a worker: its claims go this long after a crash
+    start_timeout_s: float = 30.0  # the process's start-up metadata steps retry this long (meta/startup.py)
     entries_per_s: float = 0.0  # per worker; 0: unlimited
     bytes_per_s: float = 0.0  # per worker; 0: unlimited
     batch_entries: int = 256  # entries read per range read and kept in flight at most
@@ -48,6 +49,7 @@ class AutorecoveryConfig:
         require(self.worker_poll_s > 0, "worker_poll_s", "must be > 0")
         require(self.worker_retry_s >= 0, "worker_retry_s", "must be >= 0")
         require(self.claim_ttl_s > 0, "claim_ttl_s", "must be > 0")
+        require(self.start_timeout_s > 0, "start_timeout_s", "must be > 0")
         require(self.entries_per_s >= 0, "entries_per_s", "must be >= 0 (0: unlimited)")
         require(self.bytes_per_s >= 0, "bytes_per_s", "must be >= 0 (0: unlimited)")
         require(self.batch_entries >= 1, "batch_entries", "must be >= 1")

@@ -60,7 +60,7 @@ class BookieConfig:
     metadata_connect_timeout_s: float = 5.0
     # How long each metadata step of start-up (connect, cookie check, registration) keeps
     # retrying a lost connection, an expired session or a deadline before the bookie gives
-    # up (bookie/startup.py). Of the order of the metadata session timeout, with room for a
+    # up (meta/startup.py). Of the order of the metadata session timeout, with room for a
     # session to be lost and renewed on a loaded machine.
     metadata_start_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0

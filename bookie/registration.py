@@ -14,7 +14,7 @@ location (placement), the mode, and ``entry_size_max`` (clients refuse a larger
 payload up front instead of sending it to be refused).
 
 Creating the record (:meth:`Registration.register`, one attempt; start-up retries it
-within a bound, ``bookie/startup.py``). A create that finds the key present reads the
+within a bound, ``meta/startup.py``). A create that finds the key present reads the
 record's owner (the session an ephemeral belongs to) and decides
 (:func:`existing_registration`):
 

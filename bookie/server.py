@@ -5,7 +5,7 @@ connect to the metadata store -> check (or create) cookies -> open storage (repl
 journal) -> start gRPC -> start the binary data path (``binary_server``; its address is
 advertised in the registration beside the gRPC one) -> start HTTP -> register
 (ephemeral) -> GC. The metadata steps (connect, cookies, register) retry a lost
-connection or session within ``metadata_start_timeout_s`` each (``bookie/startup.py``);
+connection or session within ``metadata_start_timeout_s`` each (``meta/startup.py``);
 any other failure ends the start at once with its typed error. A SIGTERM during a start
 that is still retrying ends it (everything opened so far is closed; exit code 0).
 Stop order (SIGTERM): refuse new adds -> deregister -> let accepted adds finish (bounded)
@@ -37,13 +37,13 @@ from scriba.bookie.metrics import BookieMetrics
 from scriba.bookie.registration import Registration
 from scriba.bookie.service import BookieService, new_grpc_server
 from scriba.bookie.serving import ServingState
-from scriba.bookie.startup import retry_start_step
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.errors import ConfigError
 from scriba.grpc_auth import bind
 from scriba.log import get_logger
 from scriba.meta.connect import connect
 from scriba.meta.records import BookieMode, BookieRegistration
+from scriba.meta.startup import StartAbandoned, retry_start_step, start_unless_stopped
 from scriba.meta.store import MetadataStore
 from scriba.tls import LoadedTls
 
@@ -129,7 +129,8 @@ class Bookie:
     async def _start_step(self, step: str, call: Callable[[], Awaitable[T]], *, needs_session: bool = True) -> T:
         """A metadata step of start-up, retried within ``metadata_start_timeout_s``."""
         return await retry_start_step(
-            step, call, bookie_id=self.bookie_id, timeout_s=self.config.metadata_start_timeout_s,
+            step, call, owner=f"bookie {self.bookie_id}", timeout_s=self.config.metadata_start_timeout_s,
+            log_event="bookie_start_retry", log_fields={"bookie_id": self.bookie_id},
             session=(lambda: self.store.session) if needs_session else None,
         )
 
@@ -357,7 +358,9 @@ class Bookie:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if not await self._start_unless(stop):
+        try:
+            await start_unless_stopped(self.start(), stop)
+        except StartAbandoned:
             log.info("bookie_start_abandoned", bookie_id=self.bookie_id)
             return 0
         print(f"bookie {self.bookie_id} serving on {self.address}", flush=True)
@@ -365,25 +368,6 @@ class Bookie:
         log.info("signal_received", bookie_id=self.bookie_id)
         await self.stop()
         return 0
-
-
-    async def _start_unless(self, stop: asyncio.Event) -> bool:
-        """Start (True), or give the start up when ``stop`` is set first (False): a start
-        still retrying its metadata steps must not outlive a SIGTERM."""
-        starting = asyncio.ensure_future(self.start())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not starting.done():
-            starting.cancel()  # start() closes what it opened on the way out
-            try:
-                await starting
-            except asyncio.CancelledError:
-                return False
-        starting.result()  # a failed start raises here
-        return True
 
 
 def check_dirs(config: BookieConfig) -> None:

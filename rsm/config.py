@@ -43,6 +43,7 @@ class RsmConfig:
     read_timeout_s: float = 30.0
     writer_lock_timeout_s: float = 30.0
     transfer_timeout_s: float = 10.0
+    start_timeout_s: float = 30.0  # start()'s metadata steps retry a lost connection or session this long
     campaign_backoff_s: float = 0.2
     suspended_grace_s: float = 1.0  # a SUSPENDED metadata session deposes the leader after this
     # serving
@@ -72,7 +73,7 @@ class RsmConfig:
         require(self.snapshots_kept >= 1, "snapshots_kept", "must be >= 1")
         require(1024 <= self.snapshot_chunk_bytes <= 4 * MiB, "snapshot_chunk_bytes", "must be in [1 KiB, 4 MiB]")
         for name in ("propose_timeout_s", "read_timeout_s", "writer_lock_timeout_s", "transfer_timeout_s",
-                     "campaign_backoff_s", "suspended_grace_s", "fence_probe_timeout_s"):
+                     "start_timeout_s", "campaign_backoff_s", "suspended_grace_s", "fence_probe_timeout_s"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(0 <= self.lac_push_delay_s <= 1.0, "lac_push_delay_s", "must be in [0, 1] s")
         require(self.tail_poll_replicas in (1, 2), "tail_poll_replicas", "must be 1 or 2")

@@ -19,6 +19,7 @@ store opens a new session at once, so the write is tried again under it
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass
 from typing import Final
@@ -108,10 +109,19 @@ class LeaderClaim:
 
 
 async def register(store: MetadataStore, group: str, member: Member) -> int:
-    """Create the ephemeral registration; ``ReplicaIdInUseError`` if that id is live."""
+    """Create the ephemeral registration; ``ReplicaIdInUseError`` if that id is live.
+
+    A record the live session already owns is this replica's own, from an attempt whose
+    answer was lost (a start-up step tried again, ``meta/startup.py``): it is kept (its
+    value brought up to date), not refused, and nothing is registered twice."""
+    key = member_key(group, member.replica_id)
     try:
-        return await create_ephemeral(store, member_key(group, member.replica_id), member.to_bytes())
+        return await create_ephemeral(store, key, member.to_bytes())
     except KeyExistsError:
+        with contextlib.suppress(NoSuchKeyError):
+            found = await store.get(key)
+            if found.owner and found.owner == store.session.session_id:
+                return await store.set(key, member.to_bytes(), expected_version=found.version)
         raise ReplicaIdInUseError(
             f"replica id {member.replica_id!r} of {group} is already running (its registration exists); "
             "pick another id or stop that replica"

@@ -48,7 +48,8 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from scriba.client import Client
 from scriba.eager import wait_until, within
@@ -70,6 +71,7 @@ from scriba.errors import (
 from scriba.invariant import InvariantViolation
 from scriba.log import get_logger
 from scriba.meta.election import Election, Leadership
+from scriba.meta.startup import retry_start_step
 from scriba.meta.store import SessionState
 from scriba.rsm import membership as mb
 from scriba.rsm import wire
@@ -91,6 +93,7 @@ from scriba.rsm.term import LeaderTerm
 from scriba.stream import Namespace, Position, ReaderOptions, StreamReader, open_namespace
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 RETRY_PAUSE_S = 0.05
 MEMBER_CHECK_S = 0.2  # how often a replica checks that its session (and so its member record) is the same
@@ -157,15 +160,14 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         if self._started:
             raise ConfigError(f"replica {self.replica_id} already started")
         self._started = True
-        self._ns = await open_namespace(self.client, self.namespace, create=True, password=self._password)
-        with contextlib.suppress(StreamExistsError):
-            await self._ns.create_stream(self.name)
-        settings = await self._ns.stream_settings(self.name)
+        ns = self._ns = await self._start_step(
+            "open namespace", lambda: open_namespace(self.client, self.namespace, create=True, password=self._password))
+        await self._start_step("create stream", lambda: self._create_stream(ns))
+        settings = await self._start_step("stream settings", lambda: ns.stream_settings(self.name))
         if self.config.command_bytes_max > settings.record_bytes_max:
             raise ConfigError(f"command_bytes_max {self.config.command_bytes_max} exceeds the stream's "
                               f"record_bytes_max {settings.record_bytes_max}")
-        self._member_session = self.client.store.session.session_id  # the session the record lives in
-        await mb.register(self.client.store, self.group, self._member())
+        await self._start_step("register", self._register)
         try:
             await self._restore_newer()
             if self.address:
@@ -181,6 +183,21 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
             self._spawn(coro)
         self._log.info("rsm_replica_started", applied=str(self.state.applied), address=self.address)
         return self
+
+    def _start_step(self, step: str, call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """A metadata step of start(), retried within ``start_timeout_s`` (``meta/startup.py``)."""
+        return retry_start_step(step, call, owner=f"replica {self.replica_id} of {self.group}",
+                                timeout_s=self.config.start_timeout_s, session=lambda: self.client.store.session,
+                                log_event="rsm_start_retry", log_fields={"rsm": self.group, "replica": self.replica_id})
+
+    async def _create_stream(self, ns: Namespace) -> None:
+        with contextlib.suppress(StreamExistsError):  # made by another replica, or by an earlier attempt
+            await ns.create_stream(self.name)
+
+    async def _register(self) -> None:
+        session_id = self.client.store.session.session_id
+        await mb.register(self.client.store, self.group, self._member())
+        self._member_session = session_id  # the session the record lives in
 
     async def stop(self) -> None:
         """Step down (closing the writer cleanly), stop serving, deregister."""

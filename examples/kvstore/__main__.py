@@ -26,6 +26,7 @@ from scriba.examples.kvstore.follower import add_follow_arguments, follow
 from scriba.examples.kvstore.machine import KvMachine
 from scriba.examples.kvstore.server import KvServer
 from scriba.log import configure
+from scriba.meta.startup import retry_start_step
 from scriba.rsm import ReplicatedStateMachine, RsmConfig
 from scriba.tls import as_client
 from scriba.tls_cli import add_tls_arguments, tls_from_args
@@ -65,10 +66,12 @@ async def serve(args: argparse.Namespace) -> int:
     peer = args.peer or f"{host}:{int(port) + 10}"
     tls = tls_from_args(args)
     loaded = tls.load() if tls is not None else None  # a bad file: a clear error before anything starts
-    config = RsmConfig(**{"zone": args.zone, "tls": tls, **json.loads(args.rsm_config)})
-    client = await Client.connect(args.metadata, config=ClientConfig(
-        add_timeout_s=5.0, bookie_wait_s=20.0, metadata_session_timeout_s=args.session_timeout_s,
-        tls=as_client(tls)))
+    config = RsmConfig(**{"zone": args.zone, "tls": tls, **json.loads(args.rsm_config)}).validate()
+    client_config = ClientConfig(add_timeout_s=5.0, bookie_wait_s=20.0,
+                                 metadata_session_timeout_s=args.session_timeout_s, tls=as_client(tls))
+    client = await retry_start_step(  # a store not answering yet is "not now" (meta/startup.py)
+        "connect", lambda: Client.connect(args.metadata, config=client_config), owner=f"kv replica {args.replica_id}",
+        timeout_s=config.start_timeout_s, log_event="rsm_start_retry", log_fields={"replica": args.replica_id})
     machine = KvMachine()
     rsm = ReplicatedStateMachine(client, namespace=args.namespace, name=args.name, state_machine=machine,
                                  replica_id=args.replica_id, address=peer, config=config)

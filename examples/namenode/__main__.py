@@ -21,6 +21,7 @@ from scriba.client import Client, ClientConfig
 from scriba.examples.namenode import ha
 from scriba.examples.namenode.server import NameNode, serve
 from scriba.log import configure
+from scriba.meta.startup import retry_start_step
 from scriba.rsm import RsmConfig
 from scriba.tls import as_client
 from scriba.tls_cli import add_tls_arguments, tls_from_args
@@ -65,7 +66,10 @@ async def run(args: argparse.Namespace) -> int:
 async def serve_until_stopped(args: argparse.Namespace, host: str, port: int,
                               rsm_address: str, config: RsmConfig) -> int:
     client_config = ClientConfig(metadata_session_timeout_s=args.session_timeout_s, tls=as_client(config.tls))
-    async with Client.connect(args.metadata, config=client_config) as client:
+    client = await retry_start_step(  # a store not answering yet is "not now" (meta/startup.py)
+        "connect", lambda: Client.connect(args.metadata, config=client_config), owner=f"namenode {args.id}",
+        timeout_s=config.start_timeout_s, log_event="rsm_start_retry", log_fields={"replica": args.id})
+    async with client:
         nn = NameNode(client, replica_id=args.id, rsm_address=rsm_address, namespace=args.namespace, config=config)
         await nn.start()
         # registered before it serves: whoever sees it answer can also find it (haadmin)

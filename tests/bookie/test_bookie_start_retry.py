@@ -1,6 +1,6 @@
 """A bookie whose metadata steps fail at start-up for a while still comes up, and registers once.
 
-The core (``bookie/startup.py``'s verdicts, ``bookie/registration.py``'s owner rule) is
+The core (``meta/startup.py``'s verdicts, ``bookie/registration.py``'s owner rule) is
 tested alone on a manual clock. The rest runs against real etcd and ZooKeeper servers
 started by this module: an in-process bookie whose store (a real one) is wrapped to fail
 its first registration attempts; the failure seen on a loaded machine reproduced through
@@ -27,7 +27,6 @@ from scriba.bookie.cookie import write_dir_cookie
 from scriba.bookie.memory_storage import InMemoryLedgerStorage
 from scriba.bookie.registration import Existing, existing_registration
 from scriba.bookie.server import Bookie
-from scriba.bookie.startup import StartVerdict, retry_start_step, start_verdict
 from scriba.bookie.storage_api import LedgerStorage, StorageConfig
 from scriba.clock import ManualClock
 from scriba.embedded.bookie import BookieProcess
@@ -47,6 +46,7 @@ from scriba.errors import (
 from scriba.meta import connect
 from scriba.meta.records import BookieRegistration, Cookie, bookie_key, cookie_key
 from scriba.meta.session import BasicSession
+from scriba.meta.startup import StartVerdict, retry_start_step, start_verdict
 from scriba.meta.store import MetadataStore, SessionState, Versioned
 from scriba.testing.faults import FaultProxyConfig, ToxiproxyServer, toxiproxy_client
 
@@ -106,7 +106,7 @@ class Script:
 
     async def run(self, timeout_s: float = 30.0, session: BasicSession | None = None) -> str:
         return await retry_start_step(
-            "registration", self.call, bookie_id="b1", timeout_s=timeout_s, clock=self.clock, sleep=self.sleep,
+            "registration", self.call, owner="bookie b1", timeout_s=timeout_s, clock=self.clock, sleep=self.sleep,
             session=(lambda: session) if session is not None else None,  # type: ignore[arg-type,return-value]
         )
 
@@ -158,7 +158,7 @@ async def test_a_session_that_stays_lost_ends_the_start_at_the_bound() -> None:
     session.set_state(SessionState.LOST)
     s = Script([])
     with pytest.raises(MetadataUnavailableError, match="session still lost"):
-        await retry_start_step("cookie check", s.call, bookie_id="b1", timeout_s=0.2, session=lambda: session)
+        await retry_start_step("cookie check", s.call, owner="bookie b1", timeout_s=0.2, session=lambda: session)
     assert s.calls == 0  # never tried without a session
 
 
