@@ -4,6 +4,11 @@ A test that needs "the server has received the adds" or "the bookie is read-only
 polls the condition with :func:`eventually` instead of sleeping for a guessed while: it
 returns as soon as the condition holds (fast on a quiet machine) and fails with a message
 naming what did not happen after ``timeout_s`` (robust on a loaded one).
+
+Synchronous code (a test driving child processes from a thread, no event loop) uses
+:func:`wait_until`, the same poll-until-deadline loop kept next to the process launcher
+that needs it too (``scriba.embedded.process``) and re-exported here, so that tests import
+both waits from one place.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from scriba.embedded.process import wait_until
 from scriba.errors import DeadlineExceededError
+
+__all__ = ["INTERVAL_S_DEFAULT", "eventually", "wait_until"]
 
 INTERVAL_S_DEFAULT: Final = 0.01
 

@@ -3,7 +3,6 @@ and ``scriba autorecovery run`` processes, each started and stopped by its own P
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,16 +80,3 @@ def ar_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArClu
                 print(f"--- tail of {w.log_path} ---\n{w.log_tail(40)}")
             print(ar.cluster.bookies.describe())
         ar.stop()
-
-
-async def until(cond: object, what: str, timeout_s: float) -> float:
-    """Await an async predicate until true; returns the seconds it took."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await cond():  # type: ignore[operator]
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
-    return loop.time() - start

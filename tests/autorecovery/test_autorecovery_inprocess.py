@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata, bookie_key
 from scriba.meta.store import MetadataStore
 from scriba.placement import Adherence, make_policy
 from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.waiting import eventually
 
 BOOKIES = [f"bk{i}" for i in range(7)]  # zones zone0/1/2 round-robin (register_bookies)
 PASSWORD = b"pw"
@@ -54,7 +55,7 @@ class World:
     async def lose(self, bookie: str) -> None:
         self.transport.down.add(BookieId(bookie))
         await self.store.delete(bookie_key(bookie))
-        await wait_for(lambda: bookie not in self.client.registry.registrations, "registry saw the loss")
+        await eventually(lambda: bookie not in self.client.registry.registrations, 20.0, what="registry saw the loss", interval_s=0.02)
 
     async def ledgers(self) -> list[LedgerMetadata]:
         return [LedgerMetadata.from_bytes(raw.value) async for _k, raw in self.store.scan(LEDGERS_PREFIX)]
@@ -63,19 +64,6 @@ class World:
         return [UnderReplicated.from_bytes(raw.value) for _k, raw in await self.store.list(UNDERREPLICATED_PREFIX)]
 
 
-async def wait_for(cond: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.02)
-
-
-async def wait_async(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await cond():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout_s} s: {what}") from None
 
 
 @pytest.fixture
@@ -146,7 +134,7 @@ async def test_a_lost_bookie_is_re_replicated_with_placement_kept(world: World) 
         async def repaired() -> bool:
             return not await world.records() and not any(
                 references(md, BookieId(victim)) for md in await world.ledgers())
-        await wait_async(repaired, "every ledger repaired")
+        await eventually(repaired, 20.0, what="every ledger repaired", interval_s=0.02)
     await assert_healthy(world, {victim})
     assert sum(o.entries for o in worker.outcomes) > 0
     assert auditor.passes and auditor.passes[-1].ledgers == 6
@@ -158,9 +146,9 @@ async def test_a_bookie_back_within_the_delay_is_not_re_replicated(world: World)
                              check_interval_s=3600, passwords=(PASSWORD,))
     auditor = Auditor(world.client, cfg, candidate="a1")
     async with running(auditor.run):
-        await wait_for(lambda: auditor.passes, "first pass")
+        await eventually(lambda: bool(auditor.passes), 20.0, what="first pass", interval_s=0.02)
         await world.lose("bk1")
-        await asyncio.sleep(0.3)  # several ticks: within the delay nothing may be marked
+        await asyncio.sleep(0.3)  # negative check: several ticks within the delay, nothing may be marked
         assert await world.records() == []
     assert all(p.marks == 0 for p in auditor.passes)
 
@@ -207,7 +195,7 @@ async def test_an_open_ledger_is_repaired_to_its_lac_while_the_writer_appends(wo
         while not stop_writing.is_set():
             await w.append(b"b%d" % n)
             n += 1
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the load's pacing, not synchronisation
         return n
 
     writer_task = asyncio.create_task(keep_appending())
@@ -225,12 +213,12 @@ async def test_an_open_ledger_is_repaired_to_its_lac_while_the_writer_appends(wo
     # bookie: WriteCore resends only unconfirmed entries). A full check finds those.
     auditor = Auditor(world.client, FAST, candidate="a1")
     async with running(auditor.run, ReplicationWorker(world.client, FAST).run):
-        await wait_for(lambda: auditor.leadership is not None, "elected")
+        await eventually(lambda: auditor.leadership is not None, 20.0, what="elected", interval_s=0.02)
         await auditor.audit_now(full=True)
 
         async def settled() -> bool:
             return not await world.records()
-        await wait_async(settled, "every record repaired")
+        await eventually(settled, 20.0, what="every record repaired", interval_s=0.02)
     await assert_healthy(world, {victim})
     reader = await world.client.open_ledger(w.ledger_id, PASSWORD)
     got = [e.payload async for e in reader.read(0, md.last_entry_id)]
@@ -241,7 +229,7 @@ async def test_a_deposed_auditor_cannot_mark(world: World) -> None:
     await write_ledgers(world.client, 1, 5)
     auditor = Auditor(world.client, FAST, candidate="a1")
     async with running(auditor.run):
-        await wait_for(lambda: auditor.leadership is not None, "elected")
+        await eventually(lambda: auditor.leadership is not None, 20.0, what="elected", interval_s=0.02)
         leadership = auditor.leadership
         assert leadership is not None
         # a successor takes over behind the first one's back (its session, say, expired)
@@ -270,7 +258,7 @@ async def test_an_open_ledger_whose_writer_is_gone_is_recovered_after_the_grace(
         async def closed_and_repaired() -> bool:
             md = await world.client.ledger_metadata(w.ledger_id)
             return md.is_closed and not references(md, BookieId(victim)) and not await world.records()
-        await wait_async(closed_and_repaired, "recovered, closed and repaired")
+        await eventually(closed_and_repaired, 20.0, what="recovered, closed and repaired", interval_s=0.02)
     md = await world.client.ledger_metadata(w.ledger_id)
     assert md.last_entry_id == 24  # recovery kept every confirmed entry
     assert any(o.state == "deferred" for o in worker.outcomes)  # it waited for the writer first

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 
-from conftest import PASSWORD, ArCluster, until
+from conftest import PASSWORD, ArCluster
 
 from scriba.autorecovery.commands import ledgers_using, request_audit, status
 from scriba.autorecovery.marks import references
@@ -34,6 +34,7 @@ from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.placement import Adherence, make_policy
 from scriba.testing.checkers import check_acked_set
+from scriba.testing.waiting import eventually
 
 REPAIR_BOUND_S = 60.0
 DIGEST = make_digest("crc32c", PASSWORD)
@@ -101,8 +102,8 @@ async def full_check_and_settle(client: Client, bound_s: float) -> None:
     async def checked() -> bool:
         auditor = (await status(client.store))["auditor"]
         return bool(auditor) and auditor["last_full_check_ms"] >= asked_ms
-    await until(checked, "the auditor ran the full check", bound_s)
-    await until(lambda: no_records(client), "the full check's marks repaired", bound_s)
+    await eventually(checked, bound_s, what="the auditor ran the full check", interval_s=0.1)
+    await eventually(lambda: no_records(client), bound_s, what="the full check's marks repaired", interval_s=0.1)
 
 
 async def test_r13_a_bookie_lost_for_good_under_load_is_re_replicated(ar_cluster: ArCluster) -> None:
@@ -115,20 +116,21 @@ async def test_r13_a_bookie_lost_for_good_under_load_is_re_replicated(ar_cluster
         acked: set[tuple[int, int, bytes]] = set()
         attempted: set[tuple[int, int, bytes]] = set()
         load = [asyncio.create_task(write_load(client, stop, acked, attempted)) for _ in range(3)]
-        await until(lambda: _at_least(client, 6), "six ledgers written", 60)
+        await eventually(lambda: _at_least(client, 6), 60, what="six ledgers written", interval_s=0.1)
         victim = most_used(await ledgers(client), bookies)
         ar_cluster.cluster.bookies.kill(bookies.index(victim))
         killed_at = time.monotonic()
         # negative control for the checker: before any repair (the delay and the bookie's
         # session are still running) the lost bookie is referenced
         assert await ledgers_using(client.store, BookieId(victim))
-        await asyncio.sleep(2.0)  # keep writing across the loss
+        written = len(acked)  # keep writing across the loss
+        await eventually(lambda: len(acked) >= written + 30, 60, what="30 more entries acknowledged after the kill")
         stop.set()
         await asyncio.gather(*load)
 
         async def repaired() -> bool:
             return await no_records(client) and not await ledgers_using(client.store, BookieId(victim))
-        await until(repaired, "every ledger off the lost bookie", REPAIR_BOUND_S)
+        await eventually(repaired, REPAIR_BOUND_S, what="every ledger off the lost bookie", interval_s=0.1)
         await full_check_and_settle(client, REPAIR_BOUND_S)
         took_s = time.monotonic() - killed_at
         problems = await healthy(client, {victim})
@@ -155,7 +157,7 @@ async def test_a_worker_killed_mid_copy_and_a_second_worker_repair_once(ar_clust
         before = await client.ledger_metadata(w.ledger_id)
         victim = before.current_ensemble[1]
         ar_cluster.cluster.bookies.kill(bookies.index(victim))
-        await until(lambda: _gone(client, victim), "the registry saw the kill", 30)
+        await eventually(lambda: _gone(client, victim), 30, what="the registry saw the kill", interval_s=0.1)
         # a slow worker (rate-limited) takes the ledger; no auditor: the mark is ours
         await client.store.create(underreplicated_key(w.ledger_id), UnderReplicated(
             LedgerId(w.ledger_id), (Mark(EntryId(0), BookieId(victim), Reason.LOST),)).to_bytes())
@@ -163,14 +165,14 @@ async def test_a_worker_killed_mid_copy_and_a_second_worker_repair_once(ar_clust
 
         async def claimed() -> bool:
             return bool((await status(client.store))["claims"])
-        await until(claimed, "the slow worker claimed the ledger", 30)
-        await asyncio.sleep(1.0)  # some batches copied, most not
+        await eventually(claimed, 30, what="the slow worker claimed the ledger", interval_s=0.1)
+        await asyncio.sleep(1.0)  # fault timing: the slow worker dies mid-copy (some batches copied, most not)
         slow.kill()
         after_kill = await client.ledger_metadata(w.ledger_id)
         assert after_kill.ensembles == before.ensembles  # nothing claimed before the copy was done
         ar_cluster.start_autorecovery("w2", auditor=False)
         ar_cluster.start_autorecovery("w3", auditor=False)  # two workers race for the claim
-        await until(lambda: no_records(client), "repaired by the other workers", REPAIR_BOUND_S)
+        await eventually(lambda: no_records(client), REPAIR_BOUND_S, what="repaired by the other workers", interval_s=0.1)
         md = await client.ledger_metadata(w.ledger_id)
         assert len(md.ensembles) == 1 and victim not in md.current_ensemble  # one change, once
         assert [b for b in md.current_ensemble if b not in before.current_ensemble].__len__() == 1
@@ -235,11 +237,11 @@ async def test_the_auditor_killed_is_re_elected_and_still_repairs(ar_cluster: Ar
         async def leader_is(name: str) -> bool:
             leader = (await status(client.store))["auditor_leader"]
             return leader is not None and leader["candidate"] == name
-        await until(lambda: leader_is("ar1"), "ar1 elected", 30)
+        await eventually(lambda: leader_is("ar1"), 30, what="ar1 elected", interval_s=0.1)
         token1 = (await status(client.store))["auditor_leader"]["token"]
         ar_cluster.start_autorecovery("ar2")
         first.kill()
-        await until(lambda: leader_is("ar2"), "ar2 elected after ar1 was killed", 30)
+        await eventually(lambda: leader_is("ar2"), 30, what="ar2 elected after ar1 was killed", interval_s=0.1)
         assert (await status(client.store))["auditor_leader"]["token"] > token1
         w = await client.create_ledger(3, 3, 2, password=PASSWORD)
         for i in range(50):
@@ -249,7 +251,7 @@ async def test_the_auditor_killed_is_re_elected_and_still_repairs(ar_cluster: Ar
         bookies = [b.bookie_id for b in ar_cluster.cluster.bookies.bookies]
         victim = w.metadata.current_ensemble[0]
         ar_cluster.cluster.bookies.kill(bookies.index(victim))
-        await until(lambda: _repaired(client, victim), "repaired under the new auditor", REPAIR_BOUND_S)
+        await eventually(lambda: _repaired(client, victim), REPAIR_BOUND_S, what="repaired under the new auditor", interval_s=0.1)
         assert await healthy(client, {victim}) == []
         with contextlib.suppress(Exception):
             first.stop()
@@ -281,7 +283,7 @@ async def test_an_open_ledger_is_repaired_while_its_writer_still_appends(ar_clus
         async def split() -> bool:
             md = await client.ledger_metadata(w.ledger_id)
             return not md.is_closed and len(md.ensembles) >= 2 and victim not in md.ensembles[0][1]
-        await until(split, "the open ledger repaired up to its LAC", REPAIR_BOUND_S)
+        await eventually(split, REPAIR_BOUND_S, what="the open ledger repaired up to its LAC", interval_s=0.1)
         md = await client.ledger_metadata(w.ledger_id)
         # repaired up to the LAC the worker read; the writer's tail stays on its ensemble, unless
         # the idle writer's explicit LAC to the dead bookie made it replace the bookie itself first
@@ -291,7 +293,7 @@ async def test_an_open_ledger_is_repaired_while_its_writer_still_appends(ar_clus
         for i in range(200):
             await append(b"b%d" % i)  # the writer goes on: its own ensemble change
         await w.close()
-        await until(lambda: _repaired(client, victim), "the tail repaired once closed", REPAIR_BOUND_S)
+        await eventually(lambda: _repaired(client, victim), REPAIR_BOUND_S, what="the tail repaired once closed", interval_s=0.1)
         await full_check_and_settle(client, REPAIR_BOUND_S)
         assert await healthy(client, {victim}) == []
         result = check_acked_set(acked, acked, await read_all(client))
@@ -318,7 +320,7 @@ async def test_r22_restarts_within_the_delay_re_replicate_nothing(ar_cluster: Ar
             ever_marked = ever_marked or not await no_records(client)
         stop.set()
         await asyncio.gather(*load)
-        await asyncio.sleep(1.5)  # several auditor ticks after the last restart
+        await asyncio.sleep(1.5)  # negative check: several auditor ticks after the last restart mark nothing
         ever_marked = ever_marked or not await no_records(client)
         assert not ever_marked
         result = check_acked_set(attempted, acked, await read_all(client))
@@ -364,7 +366,7 @@ async def test_a_placement_violation_after_a_topology_change_is_marked_and_repai
         async def moved_in_topology() -> bool:
             t = client.registry.topology()
             return all(b in t.nodes and t.location(b).zone == zone for b in md.current_ensemble)
-        await until(moved_in_topology, "the registry saw the new zones", 30)
+        await eventually(moved_in_topology, 30, what="the registry saw the new zones", interval_s=0.1)
         assert policy.adherence(client.registry.topology(), md.current_ensemble, 3, 2) is Adherence.FAIL
         # the auditor alone first: the mark is observed before any worker repairs it
         ar_cluster.start_autorecovery("auditor", "--no-worker")
@@ -376,7 +378,7 @@ async def test_a_placement_violation_after_a_topology_change_is_marked_and_repai
             except NoSuchKeyError:
                 return False
             return any(m.reason is Reason.PLACEMENT for m in UnderReplicated.from_bytes(raw.value).marks)
-        await until(marked, "the ledger marked for placement", REPAIR_BOUND_S)
+        await eventually(marked, REPAIR_BOUND_S, what="the ledger marked for placement", interval_s=0.1)
         assert (await client.ledger_metadata(w.ledger_id)).ensembles == md.ensembles  # nobody repaired yet
         ar_cluster.start_autorecovery("worker", auditor=False)
 
@@ -384,7 +386,7 @@ async def test_a_placement_violation_after_a_topology_change_is_marked_and_repai
             now = await client.ledger_metadata(w.ledger_id)
             return await no_records(client) and policy.adherence(
                 client.registry.topology(), now.current_ensemble, 3, 2) is not Adherence.FAIL
-        await until(repaired, "the ledger moved back within its policy", REPAIR_BOUND_S)
+        await eventually(repaired, REPAIR_BOUND_S, what="the ledger moved back within its policy", interval_s=0.1)
         after = await client.ledger_metadata(w.ledger_id)
         assert len({client.registry.topology().location(b).zone for b in after.current_ensemble}) >= 2
         assert await check_replicas(client.transport, after, digest=DIGEST, master_key=KEY) == []

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -36,6 +36,7 @@ from scriba.meta.store import MetadataStore
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.testing.cluster import BookieCluster
+from scriba.testing.waiting import eventually
 
 DIGEST = Crc32cDigest()
 KEY = master_key(b"secret")
@@ -44,15 +45,6 @@ KEY = master_key(b"secret")
 def entry(lid: int, eid: int, size: int = 1000) -> bytes:
     payload = (f"{lid}:{eid}:".encode() * (size // 4 + 1))[:size]
     return pack_entry(DIGEST, lid, eid, eid - 1, 0, payload)
-
-
-async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    """Seconds until ``cond`` held (fails at the deadline)."""
-    start = time.monotonic()
-    while not await cond():
-        assert time.monotonic() - start < timeout_s, f"{what} did not happen within {timeout_s}s"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 # --- in-process: the GC cycle over a disk storage -------------------------------------
@@ -188,7 +180,7 @@ async def test_gc_request_runs_a_cycle_now_and_metadata_errors_do_not_stop_recla
             async def done() -> bool:
                 return gc.cycles >= cycle
 
-            await wait_for(done, 20, "the requested GC cycle")
+            await eventually(done, 20, what="the requested GC cycle", interval_s=0.05)
             status = gc.status()
             assert "down" in str(status["last_error"])
             last = status["last"]
@@ -320,7 +312,7 @@ async def test_a_bookie_gives_deleted_ledgers_disk_back_within_two_gc_intervals(
             async def flushed() -> bool:
                 return entry_log_bytes(bk.data_dir) > len(ledgers) * per_ledger * 1000
 
-            await wait_for(flushed, 30, "entries flushed to entry logs")
+            await eventually(flushed, 30, what="entries flushed to entry logs", interval_s=0.05)
             full = entry_log_bytes(bk.data_dir)
             cycles_before = await gc_cycles(bk.http_address)
             for lid in ledgers:
@@ -331,7 +323,9 @@ async def test_a_bookie_gives_deleted_ledgers_disk_back_within_two_gc_intervals(
             async def reclaimed() -> bool:
                 return entry_log_bytes(bk.data_dir) <= empty + 1.3 * live_bytes
 
-            took = await wait_for(reclaimed, 30, "disk space given back")
+            start = time.monotonic()
+            await eventually(reclaimed, 30, what="disk space given back", interval_s=0.05)
+            took = time.monotonic() - start
             # a cycle under way when the ledgers went may have listed them; the next marks
             # them suspect; the one after deletes them and gives the space back
             assert await gc_cycles(bk.http_address) - cycles_before <= 3
@@ -355,7 +349,7 @@ async def test_a_bookie_gives_deleted_ledgers_disk_back_within_two_gc_intervals(
             async def all_gone() -> bool:
                 return await gc_cycles(bk.http_address) >= target and entry_log_bytes(bk.data_dir) <= empty
 
-            await wait_for(all_gone, 30, "every entry-log byte given back")
+            await eventually(all_gone, 30, what="every entry-log byte given back", interval_s=0.05)
         bk.restart()
         assert entry_log_bytes(bk.data_dir) <= empty
     finally:
@@ -380,7 +374,7 @@ async def test_surviving_entries_read_back_after_compaction_and_a_restart(
                 async def flushed(first: int = first) -> bool:
                     return entry_log_bytes(bk.data_dir) >= (first + 50) * 2 * 1000
 
-                await wait_for(flushed, 30, "batch flushed to the entry logs")
+                await eventually(flushed, 30, what="batch flushed to the entry logs", interval_s=0.05)
             await store.delete(ledger_key(1))
 
             async def compacted() -> bool:
@@ -388,7 +382,7 @@ async def test_surviving_entries_read_back_after_compaction_and_a_restart(
                                                 None, 5)).read().decode()
                 return metric(text, 'scriba_bookie_compaction_logs_total{how="compacted"}') >= 1
 
-            await wait_for(compacted, 30, "ledger 2's logs compacted")
+            await eventually(compacted, 30, what="ledger 2's logs compacted", interval_s=0.05)
             assert await read_checked(stub, 2, 300) == {e: entry(2, e) for e in range(300)}
         bk.restart()
         async with grpc.aio.insecure_channel(bk.address) as ch:

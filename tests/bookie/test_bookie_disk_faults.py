@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from scriba.meta.records import BookieMode, BookieRegistration, bookie_key
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.testing.cluster import BookieCluster
+from scriba.testing.waiting import eventually
 
 DIGEST = Crc32cDigest()
 KEY = master_key(b"disk")
@@ -81,23 +81,27 @@ async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
     async with channel(bk) as ch:
         stub = pb_grpc.BookieStub(ch)
         load = asyncio.ensure_future(stream_adds(stub, 1, 512, statuses, stop))
-        while sum(1 for _, s in statuses if s == Status.OK) < 2000:
+
+        def acked_2000() -> bool:
             assert not load.done(), "load ended early"
-            await asyncio.sleep(0.02)
+            return sum(1 for _, s in statuses if s == Status.OK) >= 2000
+
+        await eventually(acked_2000, 60, what="2000 adds acknowledged before the fault", interval_s=0.02)
         control.write_text(json.dumps({**fault, "path_contains": "journal"}))
-        deadline = time.monotonic() + 10
-        while not any(s != Status.OK for _, s in statuses):
-            assert time.monotonic() < deadline, "no add failed after fsync started to fail"
-            await asyncio.sleep(0.01)
-        failed_at = time.monotonic()
-        # read-only (or gone) within 1 s of the first failed add
-        while True:
+        await eventually(lambda: any(s != Status.OK for _, s in statuses), 10,
+                         what="an add failed after fsync started to fail")
+
+        async def read_only_or_gone() -> bool:
             info = await stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=5) if bk.running else None
-            if info is None or info.state == pb.BOOKIE_READ_ONLY:
-                break
-            assert time.monotonic() - failed_at < 1.0, f"still {pb.BookieState.Name(info.state)} 1 s after the fsync error"
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)
+            return info is None or info.state == pb.BOOKIE_READ_ONLY
+
+        # read-only (or gone) within 1 s of the first failed add
+        await eventually(read_only_or_gone, 1.0, what="the bookie read-only (or gone) 1 s after the fsync error",
+                         interval_s=0.02)
+        # more answers after the switch, so that a late acknowledgement would show below
+        answered = len(statuses)
+        await eventually(lambda: len(statuses) >= answered + 32 or load.done(), 30,
+                         what="more adds answered after the read-only switch (or the load ended)")
         stop.set()
         await asyncio.wait_for(load, 30)
         first_bad = next(i for i, (_, s) in enumerate(statuses) if s != Status.OK)
@@ -116,10 +120,11 @@ async def test_fsync_eio_stops_every_ack_and_turns_the_bookie_read_only(
             assert fence.status != Status.OK and fence.message
     bk.kill()
     # the mode change kept the record ephemeral: it goes with the dead process's session
-    deadline = time.monotonic() + 10
-    while await registration(bookie_cluster.metadata_uri, bk.bookie_id) is not None:
-        assert time.monotonic() < deadline, "registration outlived the killed bookie"
-        await asyncio.sleep(0.1)
+
+    async def deregistered() -> bool:
+        return await registration(bookie_cluster.metadata_uri, bk.bookie_id) is None
+
+    await eventually(deregistered, 10, what="the killed bookie's registration gone", interval_s=0.1)
     control.write_text("{}")
     bk.start()
     async with channel(bk) as ch:
@@ -160,11 +165,12 @@ async def test_disk_full_makes_the_bookie_read_only_reads_work_nothing_lost(
     async with channel(bk) as ch:
         stub = pb_grpc.BookieStub(ch)
         load = asyncio.ensure_future(stream_adds(stub, 2, 4096, statuses, stop, batch=8, window=2))
-        deadline = time.monotonic() + 60
-        while not any(s == Status.READ_ONLY for _, s in statuses):
-            assert time.monotonic() < deadline, f"never read-only; {len(statuses)} answers"
+
+        def refused_read_only() -> bool:
             assert not load.done(), "load ended early"
-            await asyncio.sleep(0.05)
+            return any(s == Status.READ_ONLY for _, s in statuses)
+
+        await eventually(refused_read_only, 60, what="an add refused READ_ONLY on the full disk", interval_s=0.05)
         stop.set()
         await asyncio.wait_for(load, 30)
         acked = [e for e, s in statuses if s == Status.OK]
@@ -173,13 +179,12 @@ async def test_disk_full_makes_the_bookie_read_only_reads_work_nothing_lost(
         assert bk.running
         info = await stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=5)
         assert info.state == pb.BOOKIE_READ_ONLY
-        deadline = time.monotonic() + 10
-        while True:
+
+        async def registered_read_only() -> bool:
             reg = await registration(bookie_cluster.metadata_uri, bk.bookie_id)
-            if reg is not None and reg.mode is BookieMode.READ_ONLY:
-                break
-            assert time.monotonic() < deadline, f"registration still {reg}"
-            await asyncio.sleep(0.1)
+            return reg is not None and reg.mode is BookieMode.READ_ONLY
+
+        await eventually(registered_read_only, 10, what="the registration in READ_ONLY mode", interval_s=0.1)
         for e in acked:
             got = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=2, entry_id=e), timeout=10)
             assert got.status == Status.OK and got.entry == entry(2, e, 4096), f"acked entry {e}: {got.status}"

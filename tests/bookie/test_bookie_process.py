@@ -20,6 +20,7 @@ from scriba.meta.records import BookieRegistration, bookie_key
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
 from scriba.testing.cluster import BookieCluster
+from scriba.testing.waiting import eventually
 
 DIGEST = Crc32cDigest()
 KEY = master_key(b"secret")
@@ -71,13 +72,6 @@ async def registration(uri: str, bookie_id: str) -> BookieRegistration | None:
         await store.close()
 
 
-async def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not await cond():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s}s"
-        await asyncio.sleep(0.05)
-
-
 async def test_adds_read_back_health_metrics_and_sigterm_deregisters(bookie_cluster: BookieCluster) -> None:
     (bk,) = bookie_cluster.start_bookies(1, zones=["z1"], racks=["r7"], extra_args=FAST)
     reg = await registration(bookie_cluster.metadata_uri, bk.bookie_id)
@@ -110,7 +104,7 @@ async def test_registration_disappears_when_the_process_is_killed(bookie_cluster
     async def gone() -> bool:
         return await registration(bookie_cluster.metadata_uri, bk.bookie_id) is None
 
-    await wait_for(gone, 10, "registration expiry after SIGKILL")
+    await eventually(gone, 10, what="registration expiry after SIGKILL", interval_s=0.05)
     bk.start()  # the same id comes back at once
     assert await registration(bookie_cluster.metadata_uri, bk.bookie_id) is not None
 
@@ -153,7 +147,7 @@ async def test_sigkill_under_load_then_restart_keeps_every_acked_entry(bookie_cl
         stub = pb_grpc.BookieStub(ch)
         loads = [asyncio.ensure_future(_load(stub, lid, acked, stop)) for lid in (101, 102, 103)]
         deadline = time.monotonic() + 20
-        while len(acked) < 20_000 and time.monotonic() < deadline:
+        while len(acked) < 20_000 and time.monotonic() < deadline:  # fault pacing: kill mid-load, whichever comes first
             await asyncio.sleep(0.05)
         if how == "sigkill":
             await asyncio.to_thread(bk.kill)  # in the middle of the load
@@ -265,21 +259,21 @@ async def test_registration_comes_back_after_the_session_was_lost(bookie_cluster
         return await registration(bookie_cluster.metadata_uri, bk.bookie_id) is None
 
     try:
-        await wait_for(gone, 15, "registration expiry while paused")
+        await eventually(gone, 15, what="registration expiry while paused", interval_s=0.05)
     finally:
         bk.resume()
 
     async def back() -> bool:
         return await registration(bookie_cluster.metadata_uri, bk.bookie_id) is not None
 
-    await wait_for(back, 15, "re-registration after the session came back")
+    await eventually(back, 15, what="re-registration after the session came back", interval_s=0.05)
     async with channel(bk) as ch:
         stub = pb_grpc.BookieStub(ch)
 
         async def accepting() -> bool:
             return [r.status for r in await send(stub, [[add(8, 0)]])] == [Status.OK]
 
-        await wait_for(accepting, 10, "adds accepted again")
+        await eventually(accepting, 10, what="adds accepted again", interval_s=0.05)
     assert "metadata_session_lost" in bk.log_tail(200)
 
 
@@ -322,7 +316,7 @@ async def test_gc_reclaims_deleted_ledgers_and_keeps_live_ones(bookie_cluster: B
                 resp = await stub.ReadEntry(pb.ReadEntryRequest(master_key=KEY, ledger_id=21, entry_id=0))
                 return resp.status == Status.NO_SUCH_LEDGER
 
-            await wait_for(collected, 15, "GC of the deleted ledger")
+            await eventually(collected, 15, what="GC of the deleted ledger", interval_s=0.05)
             assert (await read_all(stub, 22, 0, 49)) == {i: entry(22, i) for i in range(50)}
     finally:
         await store.close()
@@ -341,21 +335,21 @@ async def test_registration_comes_back_after_a_zookeeper_session_expired(tmp_pat
             return await registration(cluster.uri, bk.bookie_id) is None
 
         try:
-            await wait_for(gone, 20, "ephemeral znode removed while the bookie is paused")
+            await eventually(gone, 20, what="ephemeral znode removed while the bookie is paused", interval_s=0.05)
         finally:
             bk.resume()
 
         async def back() -> bool:
             return await registration(cluster.uri, bk.bookie_id) is not None
 
-        await wait_for(back, 20, "re-registration after the ZooKeeper session expired")
+        await eventually(back, 20, what="re-registration after the ZooKeeper session expired", interval_s=0.05)
         async with channel(bk) as ch:
             stub = pb_grpc.BookieStub(ch)
 
             async def accepting() -> bool:
                 return [r.status for r in await send(stub, [[add(8, 0)]])] == [Status.OK]
 
-            await wait_for(accepting, 10, "adds accepted again")
+            await eventually(accepting, 10, what="adds accepted again", interval_s=0.05)
     finally:
         await asyncio.to_thread(cluster.stop)
 
@@ -370,7 +364,7 @@ async def test_repeated_sigkill_cycles_lose_no_acked_entry(bookie_cluster: Booki
             stub = pb_grpc.BookieStub(ch)
             loads = [asyncio.ensure_future(_load(stub, 200 + 10 * cycle + k, acked, stop)) for k in range(2)]
             deadline = time.monotonic() + 20
-            while len(acked) - before < 5000 and time.monotonic() < deadline:
+            while len(acked) - before < 5000 and time.monotonic() < deadline:  # fault pacing: kill mid-load
                 await asyncio.sleep(0.02)
             await asyncio.to_thread(bk.kill)
             stop.set()

@@ -20,6 +20,7 @@ from scriba.errors import Status
 from scriba.meta.records import BookieMode, BookieRegistration, bookie_key
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto import scriba_pb2_grpc as pb_grpc
+from scriba.testing.waiting import eventually
 
 
 class InProcBookie:
@@ -242,10 +243,7 @@ async def test_pipelined_batches_are_handed_to_storage_before_earlier_ones_finis
     storage = SlowStorage()
     bk = await make_bookie(storage=storage)
     call = bk.stub.AddStream(iter([pb.AddBatch(adds=[add(12, i)]) for i in range(5)]))
-    deadline = asyncio.get_running_loop().time() + 5
-    while storage.batches < 5:
-        assert asyncio.get_running_loop().time() < deadline, f"only {storage.batches} batches reached storage"
-        await asyncio.sleep(0.01)
+    await eventually(lambda: storage.batches >= 5, 5, what="five batches reached storage while none finished")
     storage.gate.set()
     got = [r.status async for resp in call for r in resp.responses]
     assert got == [Status.OK] * 5
@@ -256,7 +254,7 @@ async def test_long_poll_returns_when_lac_advances_with_the_piggybacked_entry(ma
     await send(bk.stub, [[add(20, 0), add(20, 1)]])  # lac 0
     poll = asyncio.ensure_future(bk.stub.ReadLac(pb.ReadLacRequest(master_key=KEY,
         ledger_id=20, long_poll=True, previous_lac=0, timeout_ms=5000, piggyback_entry=True)))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # negative check: the long poll does not answer while the LAC stays
     assert not poll.done()
     await send(bk.stub, [[add(20, 2)]])  # carries lac 1
     resp = await asyncio.wait_for(poll, 5)
@@ -286,7 +284,7 @@ async def test_long_poll_carries_the_newly_confirmed_entries_and_none_beyond_the
     assert one.piggybacked_entry == entry(22, 4) and not one.piggybacked_entries
     # The writer's explicit LAC confirms 5: the waiting poll answers with it.
     waiting = asyncio.ensure_future(poll(4, 64))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # negative check: the poll does not answer before the explicit LAC
     assert not waiting.done()
     assert (await bk.stub.WriteLac(pb.WriteLacRequest(ledger_id=22, lac=5, master_key=KEY))).status == Status.OK
     resp = await asyncio.wait_for(waiting, 5)
@@ -325,23 +323,17 @@ async def test_registration_carries_location_and_follows_read_only_and_shutdown(
     rec = BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value)
     assert (rec.address, rec.region, rec.zone, rec.rack, rec.mode) == (bk.bookie.address, "r1", "z1", "k1", BookieMode.READ_WRITE)
     assert rec.http_address == bk.bookie.http_address and rec.total_bytes > 0
+
+    async def registered(mode: BookieMode) -> bool:
+        return BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value).mode is mode
+
     bk.storage.set_disk_usage(10, 1 << 40, full=True)
-    for _ in range(200):
-        rec = BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value)
-        if rec.mode is BookieMode.READ_ONLY:
-            break
-        await asyncio.sleep(0.01)
-    assert rec.mode is BookieMode.READ_ONLY
+    await eventually(lambda: registered(BookieMode.READ_ONLY), 10, what="the registration READ_ONLY on a full disk")
     info = await bk.stub.GetBookieInfo(pb.BookieInfoRequest())
     assert info.state == pb.BOOKIE_READ_ONLY and info.message
     assert [r.status for r in await send(bk.stub, [[add(30, 0)]])] == [Status.READ_ONLY]
     bk.storage.set_disk_usage(1 << 39, 1 << 40, full=False)
-    for _ in range(200):
-        rec = BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value)
-        if rec.mode is BookieMode.READ_WRITE:
-            break
-        await asyncio.sleep(0.01)
-    assert rec.mode is BookieMode.READ_WRITE
+    await eventually(lambda: registered(BookieMode.READ_WRITE), 10, what="the registration READ_WRITE with room again")
     assert [r.status for r in await send(bk.stub, [[add(30, 0)]])] == [Status.OK]
 
 
@@ -356,10 +348,7 @@ async def test_session_lost_stops_adds_until_registered_again(make_bookie) -> No
         await bk.bookie.store.expire_session_for_test()  # type: ignore[attr-defined]
         assert not bk.bookie.state.accepting_adds  # LOST: adds refused at once
         assert [r.status for r in await send(bk.stub, [[add(40, 0)]])] in ([Status.READ_ONLY], [Status.OK])
-        for _ in range(300):
-            if bk.bookie.registration.registered:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bk.bookie.registration.registered, 10, what="the bookie registered again")
         assert seen[:2] == [False, True]
         assert (await observer.get(bookie_key("b0"))).value
         assert [r.status for r in await send(bk.stub, [[add(40, 1)]])] == [Status.OK]
@@ -376,18 +365,18 @@ async def test_clean_stop_deregisters_and_answers_in_flight_adds(make_bookie) ->
     observer = await connect(store_uri)
     try:
         call = bk.stub.AddStream(iter([pb.AddBatch(adds=[add(50, 0)])]))
-        async with asyncio.timeout(5):
-            while storage.batches < 1:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: storage.batches >= 1, 5, what="the add reached storage")
         stopping = asyncio.ensure_future(bk.bookie.stop())
         # deregistration comes first, while the in-flight add still holds the stop
-        async with asyncio.timeout(5):
-            while True:
-                try:
-                    await observer.get(bookie_key("b0"))
-                except KeyError:  # NoSuchKeyError
-                    break
-                await asyncio.sleep(0.01)
+
+        async def deregistered() -> bool:
+            try:
+                await observer.get(bookie_key("b0"))
+            except KeyError:  # NoSuchKeyError
+                return True
+            return False
+
+        await eventually(deregistered, 5, what="the registration removed while the add is in flight")
         assert not stopping.done(), "stop finished before the in-flight add was answered"
         storage.gate.set()
         got = [r.status async for resp in call for r in resp.responses]
@@ -424,9 +413,10 @@ async def test_registration_refreshes_disk_figures(make_bookie) -> None:
     bk = await make_bookie(registration_refresh_s=0.05)
     store = bk.bookie.store
     bk.storage.set_disk_usage(123 << 30, 1 << 40)
-    for _ in range(200):
-        rec = BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value)
-        if rec.free_bytes == 123 << 30:
-            break
-        await asyncio.sleep(0.01)
+
+    async def refreshed() -> bool:
+        return BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value).free_bytes == 123 << 30
+
+    await eventually(refreshed, 10, what="the registration's free bytes refreshed")
+    rec = BookieRegistration.from_bytes((await store.get(bookie_key("b0"))).value)
     assert (rec.free_bytes, rec.total_bytes, rec.mode) == (123 << 30, 1 << 40, BookieMode.READ_WRITE)

@@ -20,6 +20,7 @@ from scriba.bookie.storage_writes import adds_record
 from scriba.bookie.write_cache import WriteCache
 from scriba.entry import Crc32cDigest, pack_entry
 from scriba.errors import Status
+from scriba.testing.waiting import eventually
 
 KEY = b"k" * 32
 OTHER = b"o" * 32
@@ -330,11 +331,8 @@ async def test_cancelled_checkpoint_loses_nothing(tmp_path: Path) -> None:
         release = threading.Event()
         blocker = s._executor.submit(release.wait, 10.0)  # the flush queues behind this
         task = asyncio.ensure_future(s.checkpoint())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0
-        while s._flushing is None:  # the cache is swapped out, its flush blocked
-            assert loop.time() < deadline
-            await asyncio.sleep(0.001)
+        await eventually(lambda: s._flushing is not None, 5.0, what="the cache swapped out, its flush blocked",
+                         interval_s=0.001)
         task.cancel()  # while its flush has not started
         try:
             await task

@@ -29,6 +29,7 @@ from scriba.bookie.storage_api import AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry
 from scriba.errors import Status, StorageError
 from scriba.testing.diskfaults import FaultyFileIO
+from scriba.testing.waiting import eventually
 
 WAIT_S = 10.0
 KEY = b"k" * 32
@@ -187,10 +188,7 @@ async def test_entries_acknowledged_after_a_torn_disk_full_survive_a_restart(tmp
         fio.set_spec(ONE_TORN_ENOSPC)
         assert await s.add_batch([op(1)]) == [Status.READ_ONLY]
         assert fio.faults, "the fault never fired"
-        deadline = asyncio.get_running_loop().time() + WAIT_S
-        while s.read_only:  # the disk check sees room again
-            assert asyncio.get_running_loop().time() < deadline, s.read_only_reason
-            await asyncio.sleep(0.01)
+        await eventually(lambda: not s.read_only, WAIT_S, what="the disk check sees room again: writable")
         assert await s.add_batch([op(1), op(2)]) == [Status.OK, Status.OK]
         assert await s.add_batch([op(3)]) == [Status.OK]
     finally:

@@ -22,6 +22,7 @@ from scriba.bookie.storage import DiskLedgerStorage, open_storage
 from scriba.bookie.storage_api import AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry, unpack_entry
 from scriba.errors import NoSuchLedgerError, Status
+from scriba.testing.waiting import eventually
 
 KEY = b"k" * 32
 DIGEST = Crc32cDigest()
@@ -384,12 +385,7 @@ async def test_a_pass_cancelled_midway_loses_nothing_and_the_next_one_finishes(
         await s.delete_ledgers([1])
         throttle = RecordingThrottle()
         task = asyncio.ensure_future(s.compact(0.9, throttle=throttle))
-
-        async def stepped() -> None:
-            while len(throttle.steps) < 2:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(stepped(), 30)
+        await eventually(lambda: len(throttle.steps) >= 2, 30, what="two throttled compaction steps")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

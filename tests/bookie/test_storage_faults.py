@@ -25,6 +25,7 @@ from scriba.bookie.storage_api import AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry
 from scriba.errors import NoSuchEntryError, NoSuchLedgerError, Status, StorageError
 from scriba.testing.diskfaults import FaultyFileIO
+from scriba.testing.waiting import eventually
 
 KEY = b"k" * 32
 DIGEST = Crc32cDigest()
@@ -37,15 +38,6 @@ def op(ledger_id: int, entry_id: int, size: int = 200) -> AddOp:
 
 def config(root: Path, **kw: object) -> StorageConfig:
     return StorageConfig(root / "journal", root / "ledgers", checkpoint_interval_s=3600, **kw)  # type: ignore[arg-type]
-
-
-async def wait_for(cond: object, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():  # type: ignore[operator]
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.01)
 
 
 class Load:
@@ -134,7 +126,7 @@ async def test_injected_enospc_read_only_then_writable_again(tmp_path: Path) -> 
         assert s.read_only and "disk full" in s.read_only_reason
         assert s.read_entry(2, 0) == op(2, 0).entry
         fio.set_spec({})
-        await wait_for(lambda: not s.read_only)  # the periodic usage check clears it
+        await eventually(lambda: not s.read_only, 5.0, what="the storage writable again")  # the periodic usage check clears it
         assert await s.add_batch([op(2, 1)]) == [Status.OK]
     finally:
         await s.close()
@@ -194,7 +186,7 @@ async def test_real_disk_full_on_tmpfs(small_tmpfs: Path) -> None:
         for e, data in acked.items():  # reads keep working
             assert s.read_entry(3, e) == data
         filler.unlink()
-        await wait_for(lambda: not s.read_only)
+        await eventually(lambda: not s.read_only, 5.0, what="the storage writable again")
         assert await s.add_batch([op(3, eid + 100)]) == [Status.OK]
         acked[eid + 100] = op(3, eid + 100).entry
     finally:
@@ -211,12 +203,14 @@ async def run_until_crash(s: DiskLedgerStorage, fio: FaultyFileIO, ack_target: i
     """Run a load, 'crash' once ``ack_target`` entries are acked: (acked, crash point)."""
     load = Load(s, writers=6, batches=400)
     task = asyncio.ensure_future(load.run())
-    await wait_for(lambda: len(load.acked) >= ack_target or task.done(), 30.0)
+    await eventually(lambda: len(load.acked) >= ack_target or task.done(), 30.0,
+                     what=f"{ack_target} entries acknowledged (or the load ended)")
     acked = dict(load.acked)  # first the acks, then the durable sizes: point covers acks
     point = fio.crash_point()
     # let the writers put bytes past the crash point: those are what the crash drops
-    await wait_for(lambda: any(os.path.getsize(p) > n for p, n in point.items()
-                               if os.path.exists(p)) or task.done(), 10.0)
+    await eventually(lambda: any(os.path.getsize(p) > n for p, n in point.items()
+                                 if os.path.exists(p)) or task.done(), 10.0,
+                     what="bytes written past the crash point (or the load ended)")
     await s.abandon()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -296,9 +290,11 @@ async def test_usage_threshold_hysteresis(tmp_path: Path, monkeypatch: pytest.Mo
 
     Usage = collections.namedtuple("Usage", "total used free")
     used = {"fraction": 0.5}
+    checked = {"times": 0}
     real = real_shutil.disk_usage
 
     def fake_usage(path: object) -> Usage:
+        checked["times"] += 1
         total = 1000 * 1000
         u = int(total * used["fraction"])
         return Usage(total, u, total - u) if str(path).startswith(str(tmp_path)) else real(path)  # type: ignore[arg-type]
@@ -310,16 +306,17 @@ async def test_usage_threshold_hysteresis(tmp_path: Path, monkeypatch: pytest.Mo
     try:
         assert await s.add_batch([op(5, 0)]) == [Status.OK]
         used["fraction"] = 0.97
-        await wait_for(lambda: s.read_only)
+        await eventually(lambda: s.read_only, 5.0, what="the storage read-only")
         assert "disk usage" in s.read_only_reason
         assert await s.add_batch([op(5, 1)]) == [Status.READ_ONLY]
         assert s.read_entry(5, 0) == op(5, 0).entry
         used["fraction"] = 0.92  # between the low-water mark and the threshold: stays
         checks = s.stats()["read_only"]
-        await asyncio.sleep(0.1)  # several check intervals pass (asserting nothing changes)
+        seen = checked["times"]  # several disk checks run (asserting nothing changes)
+        await eventually(lambda: checked["times"] >= seen + 5, 5.0, what="five more disk checks ran")
         assert s.read_only and checks == 1
         used["fraction"] = 0.5
-        await wait_for(lambda: not s.read_only)
+        await eventually(lambda: not s.read_only, 5.0, what="the storage writable again")
         assert await s.add_batch([op(5, 1)]) == [Status.OK]
         assert [ro for ro, _ in events] == [True, False]
         free, total = s.disk_usage()
@@ -401,7 +398,7 @@ async def test_ledger_key_survives_a_failed_first_record(tmp_path: Path) -> None
     fio.set_spec({"enospc": True})
     assert await s.add_batch([op(30, 0)]) == [Status.READ_ONLY]  # the ledger's first record
     fio.set_spec({})
-    await wait_for(lambda: not s.read_only)
+    await eventually(lambda: not s.read_only, 5.0, what="the storage writable again")
     assert await s.add_batch([op(30, 1)]) == [Status.OK]
     await s.abandon()  # replay from the journal alone
     s = await open_storage(config(tmp_path))

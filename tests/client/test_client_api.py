@@ -107,7 +107,7 @@ async def test_client_api_r1_recovery_fences_old_writer(client: Client, bookie_c
                     )
                     status = await answers.get()
                     if status in (Status.UNAVAILABLE, Status.TIMEOUT):
-                        await asyncio.sleep(0.2)
+                        await asyncio.sleep(0.2)  # retry pacing, not synchronisation
             assert status == Status.FENCED
 
 

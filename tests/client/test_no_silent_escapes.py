@@ -127,7 +127,7 @@ async def test_a_cancelled_stream_handler_is_no_escape_but_a_cancelled_callback_
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server_side.append(writer)
         started.set()
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # holds the connection until cancelled
 
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

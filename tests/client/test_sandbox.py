@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scriba.embedded.process import port_open
+from scriba.testing.waiting import wait_until
 
 SCRIBA = [sys.executable, "-m", "scriba.cli"]
 # the installed entry point, as a user runs it (its own dir, not the cwd, is on sys.path)
@@ -35,14 +35,6 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s}s")
-        time.sleep(0.05)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -90,8 +82,7 @@ def test_sandbox_starts_describes_refuses_second_and_stops(tmp_path: Path, sig: 
     data = tmp_path / "sb"
     proc = _start(data, "--bookies", "4", "--zones", "3")
     try:
-        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None,
-                  START_TIMEOUT_S, "sandbox.json")
+        wait_until(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None, START_TIMEOUT_S, what="sandbox.json", interval_s=0.05)
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         doc = _read_json(data / "sandbox.json")
         assert doc is not None
@@ -117,7 +108,7 @@ def test_sandbox_starts_describes_refuses_second_and_stops(tmp_path: Path, sig: 
             _kill(proc)
     assert proc.returncode == 0, out
     assert "metadata: etcd://" in out and "next:" in out and "sandbox stopped" in out
-    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "every sandbox process exiting")
+    wait_until(lambda: not any(_alive(p) for p in pids), 10, what="every sandbox process exiting", interval_s=0.05)
     assert not (data / "sandbox.json").exists()
     # the dir is free again
     assert not (data / "sandbox.lock").exists()
@@ -155,7 +146,7 @@ def test_sandbox_detach_and_stop_and_shell_default_metadata(tmp_path: Path) -> N
     finally:
         stopped = subprocess.run([*SCRIBA, "sandbox", "--stop"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "every sandbox process exiting")
+    wait_until(lambda: not any(_alive(p) for p in pids), 10, what="every sandbox process exiting", interval_s=0.05)
 
 
 @pytest.mark.slow
@@ -164,8 +155,7 @@ def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None
     first = _start(data, "--bookies", "2")
     orphans: list[int] = []
     try:
-        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or first.poll() is not None,
-                  START_TIMEOUT_S, "sandbox.json")
+        wait_until(lambda: _read_json(data / "sandbox.json") is not None or first.poll() is not None, START_TIMEOUT_S, what="sandbox.json", interval_s=0.05)
         doc = _read_json(data / "sandbox.json")
         assert doc is not None
         orphans = _pids(doc)
@@ -176,8 +166,7 @@ def test_sandbox_after_a_sigkilled_one_reaps_its_orphans(tmp_path: Path) -> None
             _kill(first)
     second = _start(data, "--bookies", "2")
     try:
-        _wait_for(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == second.pid or second.poll() is not None,
-                  START_TIMEOUT_S, "second sandbox.json")
+        wait_until(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == second.pid or second.poll() is not None, START_TIMEOUT_S, what="second sandbox.json", interval_s=0.05)
         assert second.poll() is None
         assert not any(_alive(p) for p in orphans)
         out = _stop(second, signal.SIGTERM)
@@ -252,7 +241,7 @@ def test_sandbox_keeps_data_across_a_restart_and_fresh_wipes_it(tmp_path: Path) 
         done = subprocess.run([*SCRIBA_INSTALLED, "sandbox", "--stop", "--data", str(data)],
                               capture_output=True, text=True, timeout=60, cwd=cwd)
         assert done.returncode == 0, done.stdout + done.stderr
-        _wait_for(lambda: not any(_alive(p) for p in pids), 20, "every sandbox process exiting")
+        wait_until(lambda: not any(_alive(p) for p in pids), 20, what="every sandbox process exiting", interval_s=0.05)
 
     first = sandbox("--detach")
     try:
@@ -297,7 +286,7 @@ def test_sandbox_kept_etcd_whose_port_is_taken_says_so_and_fresh_starts(tmp_path
     stopped = subprocess.run([*SCRIBA, "sandbox", "--stop", "--data", str(data)], capture_output=True, text=True,
                              timeout=60)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    _wait_for(lambda: not any(_alive(p) for p in [*_pids(doc), doc["pid"]]), 20, "the first sandbox exiting")
+    wait_until(lambda: not any(_alive(p) for p in [*_pids(doc), doc["pid"]]), 20, what="the first sandbox exiting", interval_s=0.05)
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", port))
@@ -361,8 +350,7 @@ def test_sandbox_autorecovery_re_replicates_a_killed_bookie_without_being_given_
     data = tmp_path / "sb"
     proc = _start(data, "--bookies", "4", "--no-console", "--autorecovery-delay-s", "0")
     try:
-        _wait_for(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None,
-                  START_TIMEOUT_S, "sandbox.json")
+        wait_until(lambda: _read_json(data / "sandbox.json") is not None or proc.poll() is not None, START_TIMEOUT_S, what="sandbox.json", interval_s=0.05)
         doc = _read_json(data / "sandbox.json")
         assert doc is not None and doc["autorecovery"] is not None, doc
         uri = doc["metadata_uri"]
@@ -375,7 +363,7 @@ def test_sandbox_autorecovery_re_replicates_a_killed_bookie_without_being_given_
         victim = asyncio.run(ensemble())[0]
         pid = next(b["pid"] for b in doc["bookies"] if b["bookie_id"] == victim)
         os.kill(pid, signal.SIGKILL)
-        _wait_for(lambda: victim not in asyncio.run(ensemble()), 90, f"the ledger moved off {victim}")
+        wait_until(lambda: victim not in asyncio.run(ensemble()), 90, what=f"the ledger moved off {victim}", interval_s=0.05)
         assert asyncio.run(_read_ledger(uri, ledger_id)) == payloads
         out = _stop(proc, signal.SIGTERM)
         assert proc.returncode == 0, out
@@ -383,11 +371,10 @@ def test_sandbox_autorecovery_re_replicates_a_killed_bookie_without_being_given_
     finally:
         if proc.poll() is None:
             _kill(proc)
-    _wait_for(lambda: not _alive(doc["autorecovery"]["pid"]), 10, "autorecovery exiting")
+    wait_until(lambda: not _alive(doc["autorecovery"]["pid"]), 10, what="autorecovery exiting", interval_s=0.05)
     bare = _start(data, "--bookies", "3", "--no-console", "--no-autorecovery")
     try:
-        _wait_for(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == bare.pid or bare.poll() is not None,
-                  START_TIMEOUT_S, "second sandbox.json")
+        wait_until(lambda: (_read_json(data / "sandbox.json") or {}).get("pid") == bare.pid or bare.poll() is not None, START_TIMEOUT_S, what="second sandbox.json", interval_s=0.05)
         assert (_read_json(data / "sandbox.json") or {}).get("autorecovery", "missing") is None
         assert _stop(bare, signal.SIGTERM) is not None and bare.returncode == 0
     finally:

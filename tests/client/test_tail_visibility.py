@@ -253,7 +253,7 @@ async def test_a_writer_with_its_own_delay_pushes_only_once_idle_that_long(
     assert w.explicit_lac_delay_s == 3600.0
     for i in range(10):
         await w.append(b"%d" % i)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the writer's pacing: idle gaps the hour-long delay must not fill
     assert transport.lac_pushes == []
     w.set_explicit_lac_delay(0.05)  # the pending hour-long check, re-timed
     await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {9}, what="the idle writer's LAC pushed")
@@ -271,7 +271,7 @@ async def test_a_writer_with_its_own_delay_pushes_only_once_idle_that_long(
     control = await client.create_ledger(3, 3, 2)
     for i in range(3):
         await control.append(b"%d" % i)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the writer's pacing: idle gaps between appends
     await eventually(lambda: {lac for _, lac in transport.lac_pushes} >= {0, 2}, what="pauses pushed, the last too")
     await control.close()
 

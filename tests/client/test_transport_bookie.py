@@ -131,7 +131,7 @@ async def test_killed_bookie_fails_adds_fast_and_restart_resumes(bookie_cluster:
             if resumed.by_key[(b, 3, e)] == [Status.OK]:
                 break
             e += 1
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
     got = unpack_entry(DIGEST, await t.read_entry(b, LedgerId(3), EntryId(50), master_key=KEY))
     assert got.payload == b"a"  # what was acknowledged before the kill survived it
     await t.close()

@@ -111,7 +111,7 @@ async def test_silent_bookie_times_out_each_add_once_then_recovers() -> None:
         await rec.wait(50, timeout_s=3)
         assert set(rec.statuses.values()) == {Status.TIMEOUT}
         assert max(rec.times.values()) - start < 0.3 + 0.2  # no add hangs past its deadline (+ sweep)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # negative check: a second answer for an add would show up here
         assert all(c == 1 for c in rec.answers.values())
         # healed: the next adds go through on a fresh stream (after a short backoff)
         server.servicer.silent = False
@@ -305,10 +305,8 @@ async def test_duplicate_adds_of_one_entry_are_each_answered_once() -> None:
         for _ in range(3):  # e.g. a recovery re-send while the first add is still in flight
             t.add(B, LedgerId(4), EntryId(0), KEY, b"same", cb)
         assert t.pending_adds(B) == 3
-        async with asyncio.timeout(5):
-            while len(calls) < 3:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        await eventually(lambda: len(calls) >= 3, 5, what="the three adds answered")
+        await asyncio.sleep(0.05)  # negative check: no further callback
         assert calls == [Status.OK] * 3
         assert t.pending_adds() == 0 and t.inflight_bytes(B) == 0
         await t.close()
@@ -321,10 +319,8 @@ async def test_duplicate_adds_time_out_once_each() -> None:
         calls: list[Status] = []
         for _ in range(2):
             t.add(B, LedgerId(4), EntryId(0), KEY, b"same", lambda b, lid, eid, s: calls.append(s))
-        async with asyncio.timeout(3):
-            while len(calls) < 2:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.3)
+        await eventually(lambda: len(calls) >= 2, 3, what="both adds timed out")
+        await asyncio.sleep(0.3)  # negative check: no late answer after the timeout
         assert calls == [Status.TIMEOUT] * 2
         await t.close()
 
@@ -332,7 +328,7 @@ async def test_duplicate_adds_time_out_once_each() -> None:
 async def test_long_poll_through_a_silent_bookie_ends_by_its_deadline() -> None:
     class Mute(FakeBookie):
         async def ReadLac(self, request: object, context: object) -> None:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the stand-in never answers
 
     async with FakeBookieServer(Mute()) as server:
         t = transport_for(server)

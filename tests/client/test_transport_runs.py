@@ -12,6 +12,7 @@ from scriba.client.grpc_transport import GrpcBookieTransport
 from scriba.client.transport import TransportConfig
 from scriba.errors import Status, UnavailableError
 from scriba.ids import BookieId, EntryId, LedgerId
+from scriba.testing.waiting import eventually
 
 KEY = b"k" * 32
 BOOKIES = (BookieId("b1"), BookieId("b2"), BookieId("b3"))
@@ -100,9 +101,7 @@ async def test_resent_adds_and_single_adds_mix_with_runs() -> None:
             t.add_entry(BOOKIES[:2], LedgerId(3), EntryId(e), KEY, b"a", rec)  # and again, same run
             t.add(BOOKIES[0], LedgerId(3), EntryId(e), KEY, b"a", one)
         await rec.wait(2 * 3 * 20)
-        async with asyncio.timeout(10):
-            while sum(single.values()) < 20:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: sum(single.values()) >= 20, 10, what="the 20 single adds answered")
         assert all(v == [Status.OK] * 3 for v in rec.answers.values()) and len(rec.answers) == 40
         assert single == collections.Counter(range(20))
         assert t.pending_adds() == 0 and t.inflight_bytes(BOOKIES[0]) == 0
@@ -237,9 +236,7 @@ async def test_a_raising_add_callback_is_reported_to_the_loop_and_others_still_a
         t.add_entry(BOOKIES[:1], LedgerId(3), EntryId(0), KEY, b"a", broken)
         t.add_entry(BOOKIES[:1], LedgerId(4), EntryId(0), KEY, b"b", rec)
         await rec.wait(1)
-        async with asyncio.timeout(10):
-            while t.pending_adds():
-                await asyncio.sleep(0.01)
+        await eventually(lambda: not t.pending_adds(), 10, what="no add pending")
         await t.close()
     (context,) = loop_exceptions.take()
     assert context["message"] == "add callback failed: bookie b1 ledger 3 entry 0"

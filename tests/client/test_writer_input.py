@@ -36,6 +36,7 @@ from scriba.errors import BadRequestError, EntryTooLargeError, NoSuchLedgerError
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import BookieRegistration, bookie_key
 from scriba.meta.store import MetadataStore
+from scriba.testing.waiting import eventually
 
 BOOKIES = ("bk0", "bk1", "bk2", "bk3")
 CONFIG = ClientConfig(
@@ -293,9 +294,8 @@ async def test_limit_is_the_smallest_a_registered_bookie_advertises() -> None:
             await client.registry.wait_for_bookies(3, 5.0)
             assert client.registry.entry_size_max == 1024
             await store.delete(bookie_key("bk1"))
-            async with asyncio.timeout(5):
-                while client.registry.entry_size_max != 4096:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: client.registry.entry_size_max == 4096, 5,
+                             what="the entry size bound follows the remaining bookies")
     finally:
         await store.close()
 

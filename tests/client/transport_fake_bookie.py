@@ -94,7 +94,7 @@ class FakeBookie(pb_grpc.BookieServicer):
 
     async def ReadEntry(self, request: Any, context: Any) -> Any:
         if self.silent:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the stand-in never answers
         if request.flags & pb.FENCE:
             self.fenced.add(request.ledger_id)
         if request.ledger_id not in self.keys:
@@ -139,7 +139,7 @@ class FakeBookie(pb_grpc.BookieServicer):
             while self.lac.get(request.ledger_id, -1) <= request.previous_lac:
                 if asyncio.get_running_loop().time() >= deadline:
                     break
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # the stand-in bookie's own long poll (program under test's peer)
         ids = [e for (lid, e) in self.entries if lid == request.ledger_id]
         last = max(ids, default=-1)
         return pb.ReadLacResponse(

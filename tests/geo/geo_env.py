@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from scriba.client import ClientConfig
 from scriba.client.driver import DriverConfig
@@ -79,15 +79,6 @@ def payloads(records: Sequence[Record]) -> list[bytes]:
 
 def positions(records: Sequence[Record]) -> list[Position]:
     return [r.position for r in records]
-
-
-async def wait_for(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
-    """Poll ``cond`` until true; fail naming ``what`` after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def check_replica(source: Sequence[bytes], target: Sequence[bytes]) -> list[str]:

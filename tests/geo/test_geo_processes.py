@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from geo_env import STREAM, check_replica, payloads, read_all, wait_for
+from geo_env import STREAM, check_replica, payloads, read_all
 
 from scriba.client import Client
 from scriba.embedded.process import ServerProcess, python_module_argv
@@ -41,6 +41,7 @@ from scriba.stream import Namespace, WriterOptions, open_namespace
 from scriba.testing.checkers import check_acked_set
 from scriba.testing.cluster import LocalCluster
 from scriba.testing.faults import ToxiproxyProcess, toxiproxy_client
+from scriba.testing.waiting import eventually
 
 NAMESPACE = "geo/test"
 SOAK = os.environ.get("SCRIBA_SOAK") == "1"
@@ -165,7 +166,7 @@ async def test_replicator_process_sigkilled_and_restarted_exactly_once(geo: Geo)
         await asyncio.to_thread(geo.start_replicator)
         seen = 0
         for kill in range(KILLS):
-            await wait_for(lambda s=seen: _more(target, s + 20), f"kill {kill}: 20 more records replicated", 60)
+            await eventually(lambda s=seen: _more(target, s + 20), 60, what=f"kill {kill}: 20 more records replicated", interval_s=0.02)
             seen = await count(target)
             assert geo.replicator is not None
             await asyncio.to_thread(geo.replicator.kill)  # SIGKILL mid-shipping
@@ -173,7 +174,7 @@ async def test_replicator_process_sigkilled_and_restarted_exactly_once(geo: Geo)
         writer.stopping = True
         await writing
         total = len(writer.acked)
-        await wait_for(lambda: _more(target, total), f"all {total} records replicated", 60)
+        await eventually(lambda: _more(target, total), 60, what=f"all {total} records replicated", interval_s=0.02)
         await check_exactly_once(source, target, writer)
         print(f"\n[geo] {KILLS} SIGKILLs of the replicator process, {total} records: 0 lost/reordered/duplicated")
 
@@ -188,18 +189,17 @@ async def test_r19_link_cut_and_healed_catches_up_exactly_once(geo: Geo, how: st
         writer = Writer(source)
         writing = asyncio.create_task(writer.run())
         await asyncio.to_thread(geo.start_replicator)
-        await wait_for(lambda: _more(target, 50), "50 records replicated before the cut", 60)
+        await eventually(lambda: _more(target, 50), 60, what="50 records replicated before the cut", interval_s=0.02)
         await asyncio.to_thread(geo.cut, how)
         cut_at = len(writer.acked)
-        await wait_for(lambda: _true(len(writer.acked) >= cut_at + 300), "300 records written during the cut", 30)
+        await eventually(lambda: len(writer.acked) >= cut_at + 300, 30, what="300 records written during the cut", interval_s=0.02)
         await asyncio.sleep(SESSION_TIMEOUT_S + 1)  # a cut longer than the session: the lock is lost too
         writer.stopping = True
         await writing
         total = len(writer.acked)
         await asyncio.to_thread(geo.heal)
         healed = time.monotonic()
-        await wait_for(lambda: _more(target, total), f"{how}: caught up within {CATCH_UP_S}s of healing",
-                       CATCH_UP_S)
+        await eventually(lambda: _more(target, total), CATCH_UP_S, what=f"{how}: caught up within {CATCH_UP_S}s of healing", interval_s=0.02)
         caught_up_s = time.monotonic() - healed
         await check_exactly_once(source, target, writer)
         assert geo.replicator is not None and geo.replicator.running, "the replicator survived the cut"
@@ -207,9 +207,6 @@ async def test_r19_link_cut_and_healed_catches_up_exactly_once(geo: Geo, how: st
         print(f"\n[geo] R19 {how}: {total} records, {total - cut_at} written during the cut; "
               f"caught up {caught_up_s:.2f}s after healing; 0 lost/reordered/duplicated")
 
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def _geo_cli(*args: str) -> dict[str, Any]:
@@ -232,13 +229,13 @@ async def test_failover_drill_and_translation_after_the_link_is_cut(geo: Geo) ->
         writer = Writer(source)
         writing = asyncio.create_task(writer.run())
         await asyncio.to_thread(geo.start_replicator)
-        await wait_for(lambda: _more(target, 100), "100 records replicated", 60)
+        await eventually(lambda: _more(target, 100), 60, what="100 records replicated", interval_s=0.02)
         # reset, not blackhole: our proxy holds a blackholed link's bytes and delivers them on
         # heal, so adds the replicator sent into the cut could still land and be recovered by
         # the promotion -- the target would then lack nothing and the drill have no loss to show
         geo.cut("reset")
         sent = len(writer.acked)
-        await wait_for(lambda: _true(len(writer.acked) >= sent + 50), "50 more source records", 60)
+        await eventually(lambda: len(writer.acked) >= sent + 50, 60, what="50 more source records", interval_s=0.02)
         writer.stopping = True
         await writing
         assert geo.replicator is not None

@@ -20,12 +20,12 @@ from geo_env import (
     make_site,
     payloads,
     read_all,
-    wait_for,
 )
 
 from scriba.errors import ConfigError, StreamNotFoundError
 from scriba.geo import Cluster, Mark, Replicator, ReplicatorOptions
 from scriba.stream import Namespace, Position
+from scriba.testing.waiting import eventually
 
 OPTIONS = ReplicatorOptions(writer=FAST_LOCK, retry_delay_s=0.05, retry_delay_max_s=0.2, inflight_max=64)
 
@@ -82,11 +82,11 @@ async def test_pair_exactly_once_across_kills_and_restarts(sites: dict[str, Site
     for threshold in (20, 60, 110, 170, 230):
         async def reached(t: int = threshold) -> bool:
             return (await read_count(target)) >= t
-        await wait_for(reached, f"{threshold} records replicated")
+        await eventually(reached, 20.0, what=f"{threshold} records replicated", interval_s=0.02)
         await running.kill()
         running = await start(eu, [us])
     sent = await producing
-    await wait_for(lambda: has(target, len(sent)), "all records replicated")
+    await eventually(lambda: has(target, len(sent)), 20.0, what="all records replicated", interval_s=0.02)
     records = await read_all(target)
     assert running.rep.sessions == 1
     await running.kill()
@@ -114,21 +114,18 @@ async def test_two_replicators_race_one_wins_and_the_other_takes_over(sites: dic
     producing = asyncio.create_task(produce(source, 150, "us"))
     target = await eu.namespace()
     a, b = await start(eu, [us]), await start(eu, [us])
-    await wait_for(lambda: has(target, 40), "40 records replicated")
+    await eventually(lambda: has(target, 40), 20.0, what="40 records replicated", interval_s=0.02)
     holders = [r for r in (a, b) if r.rep.sessions > 0]
     assert len(holders) == 1, "the target writer lock lets exactly one replicator hold the stream"
     winner, loser = holders[0], (b if holders[0] is a else a)
     await winner.kill()
-    await wait_for(lambda: _true(loser.rep.sessions > 0), "the other replicator takes over")
+    await eventually(lambda: loser.rep.sessions > 0, 20.0, what="the other replicator takes over", interval_s=0.02)
     sent = await producing
-    await wait_for(lambda: has(target, len(sent)), "all records replicated")
+    await eventually(lambda: has(target, len(sent)), 20.0, what="all records replicated", interval_s=0.02)
     records = await read_all(target)
     await loser.kill()
     assert check_replica(sent, payloads(records)) == []
 
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_ring_of_three_active_active_converges_exactly_once(sites: dict[str, Site]) -> None:
@@ -149,7 +146,7 @@ async def test_ring_of_three_active_active_converges_exactly_once(sites: dict[st
     everything = sorted(v for vs in written for v in vs)
     namespaces = {n: await sites[n].namespace() for n in order}
     for n in order:
-        await wait_for(lambda n=n: has(namespaces[n], len(everything)), f"{n} converged")
+        await eventually(lambda n=n: has(namespaces[n], len(everything)), 20.0, what=f"{n} converged", interval_s=0.02)
     for n, ns in namespaces.items():
         got = payloads(await read_all(ns))
         assert sorted(got) == everything and len(got) == len(set(got)), f"{n}: not every record exactly once"
@@ -164,8 +161,8 @@ async def test_lag_is_reported_and_drains(sites: dict[str, Site]) -> None:
     sent = await produce(await us.namespace(), 50, "us")
     running = await start(eu, [us])
     target = await eu.namespace()
-    await wait_for(lambda: has(target, len(sent)), "all records replicated")
-    await wait_for(lambda: _true(running.rep.lag()["us"].records_behind == 0), "lag drained")
+    await eventually(lambda: has(target, len(sent)), 20.0, what="all records replicated", interval_s=0.02)
+    await eventually(lambda: running.rep.lag()["us"].records_behind == 0, 20.0, what="lag drained", interval_s=0.02)
     lag = running.rep.lag()["us"]
     assert lag.seconds_behind == 0.0 and lag.confirmed is not None
     await running.kill()
@@ -198,13 +195,13 @@ async def test_negative_control_a_checkpoint_replicator_is_caught_duplicating(si
     sent = await produce(await us.namespace(), 60, "us")
     target = await eu.namespace()
     running = await start(eu, [us], cls=CheckpointReplicator)
-    await wait_for(lambda: has(target, 30), "30 records replicated")
+    await eventually(lambda: has(target, 30), 20.0, what="30 records replicated", interval_s=0.02)
     # the crash: appended and confirmed up to here, the checkpoint commit of the last 10 lost
     CheckpointReplicator.checkpoint = {"us": (await read_all(target))[19].headers and
                                        _mark_position((await read_all(target))[19].headers)}
     await running.kill()
     running = await start(eu, [us], cls=CheckpointReplicator)
-    await wait_for(lambda: has(target, len(sent) + 1), "re-shipped records")
+    await eventually(lambda: has(target, len(sent) + 1), 20.0, what="re-shipped records", interval_s=0.02)
     records = await read_all(target)
     await running.kill()
     problems = check_replica(sent, payloads(records))
@@ -229,7 +226,7 @@ async def test_link_status_counts_what_is_behind_and_metrics_follow(sites: dict[
     assert (before.confirmed, before.records_behind, before.counted_all) == (None, len(sent), True)
     assert before.seconds_behind > 0
     running = await start(eu, [us])
-    await wait_for(lambda: has(dst.namespace, len(sent)), "all records replicated")
+    await eventually(lambda: has(dst.namespace, len(sent)), 20.0, what="all records replicated", interval_s=0.02)
     after = await link_status(src, dst, STREAM, idle_s=0.2)
     assert (after.records_behind, after.seconds_behind) == (0, 0.0) and after.confirmed is not None
     metrics = GeoMetrics()
@@ -251,11 +248,11 @@ async def test_replicator_survives_losing_the_target_writer_lock(sites: dict[str
     producing = asyncio.create_task(produce(source, 200, "us"))
     target = await eu.namespace()
     running = await start(eu, [us])
-    await wait_for(lambda: has(target, 30), "30 records replicated")
+    await eventually(lambda: has(target, 30), 20.0, what="30 records replicated", interval_s=0.02)
     await running.rep.target.namespace.client.store.expire_session_for_test()  # type: ignore[attr-defined]
-    await wait_for(lambda: _true(running.rep.sessions >= 2), "a new session after the lock was lost")
+    await eventually(lambda: running.rep.sessions >= 2, 20.0, what="a new session after the lock was lost", interval_s=0.02)
     sent = await producing
-    await wait_for(lambda: has(target, len(sent)), "all records replicated")
+    await eventually(lambda: has(target, len(sent)), 20.0, what="all records replicated", interval_s=0.02)
     assert not running.task.done(), "the replicator ended on a retriable error"
     records = await read_all(target)
     await running.kill()

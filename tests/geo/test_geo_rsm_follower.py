@@ -23,7 +23,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +129,6 @@ async def world(rsm: RsmConfig = RSM, source_settings: dict[str, Any] | None = N
         await b.close()
 
 
-async def wait_for(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
-    await eventually(cond, timeout_s, what=what, interval_s=0.02)
-
-
 async def propose(replica: ReplicatedStateMachine, n: int, tag: str) -> None:
     session = await replica.open_session()
     for i in range(n):
@@ -145,14 +141,14 @@ async def test_the_follower_applies_the_replicas_history_at_its_positions() -> N
         try:
             await propose(w.replica, 25, "x")
             await w.replica.read(b"", "linearizable")  # a barrier record too
-            await wait_for(lambda: follower.applied == w.replica.state.applied, "follower at the replica's position")
+            await eventually(lambda: follower.applied == w.replica.state.applied, 30.0, what="follower at the replica's position", interval_s=0.02)
             mine, theirs = follower.state, w.replica.state
             assert mine.machine.entries == theirs.machine.entries  # type: ignore[attr-defined]
             assert len(mine.machine.entries) == 25  # type: ignore[attr-defined]
             assert mine.snapshot(1 << 20) == theirs.snapshot(1 << 20)  # sessions, clock, token, counts too
             assert json.loads(follower.query(b"")) == [list(e) for e in theirs.machine.entries]  # type: ignore[attr-defined]
             assert follower.stream_applied is not None
-            await wait_for(lambda: follower.caught_up_ms > 0, "a freshness sample settled")
+            await eventually(lambda: follower.caught_up_ms > 0, 30.0, what="a freshness sample settled", interval_s=0.02)
             assert follower.status()["error"] is None
         finally:
             await follower.stop()
@@ -163,20 +159,20 @@ async def test_the_staleness_bound_holds_while_the_copy_is_stopped() -> None:
         follower = await w.follower().start()
         try:
             await propose(w.replica, 5, "before")
-            await wait_for(lambda: follower.applied == w.replica.state.applied, "caught up")
+            await eventually(lambda: follower.applied == w.replica.state.applied, 30.0, what="caught up", interval_s=0.02)
             await w.stop_copy()
             await propose(w.replica, 3, "during")
             confirmed_ms = int(time.time() * 1000)  # a is now ahead of anything the follower can apply
             newest = w.replica.state.applied
             assert newest is not None
-            await wait_for(lambda: follower.reference_last == newest, "the follower saw the source's new end")
+            await eventually(lambda: follower.reference_last == newest, 30.0, what="the follower saw the source's new end", interval_s=0.02)
             for _ in range(20):  # observe: the bound never claims a time after the unapplied confirmation
                 assert follower.applied is not None and follower.applied < newest
                 assert follower.caught_up_ms < confirmed_ms, (follower.caught_up_ms, confirmed_ms)
                 await asyncio.sleep(0.02)
             assert follower.status()["stale_s"] > 0
             await w.start_copy()
-            await wait_for(lambda: follower.caught_up_ms > confirmed_ms, "fresh again once the copy resumed")
+            await eventually(lambda: follower.caught_up_ms > confirmed_ms, 30.0, what="fresh again once the copy resumed", interval_s=0.02)
             assert follower.applied == newest
         finally:
             await follower.stop()
@@ -186,14 +182,14 @@ async def test_the_staleness_bound_holds_while_the_copy_is_stopped() -> None:
 async def test_a_record_outside_the_groups_history_stops_the_follower(case: str) -> None:
     async with world() as w:
         await propose(w.replica, 4, "ok")
-        await wait_for(lambda: _copied(w), "the copy holds the replica's records")
+        await eventually(lambda: _copied(w), 30.0, what="the copy holds the replica's records", interval_s=0.02)
         if case == "written-in-b":
             await w.stop_copy()
             async with await w.target.open_writer(STREAM, options=WriterOptions(lock_timeout_s=5)) as writer:
                 await writer.append(Envelope(Kind.COMMAND, token=10**6, time_ms=0, payload=b"rogue").encode())
         follower = await w.follower(origin="a" if case == "written-in-b" else "elsewhere").start()
         try:
-            await wait_for(lambda: follower.error is not None, "the follower stopped")
+            await eventually(lambda: follower.error is not None, 30.0, what="the follower stopped", interval_s=0.02)
             assert isinstance(follower.error, StateMachineError)
             if case == "written-in-b":
                 assert "no replication mark" in str(follower.error)
@@ -222,7 +218,7 @@ async def test_a_follower_starts_from_the_source_snapshot_when_its_copy_is_trunc
         await propose(w.replica, 12, "old")
         snapshot_at = await w.replica.snapshot()
         await propose(w.replica, 9, "new")
-        await wait_for(lambda: _copied(w), "the copy holds everything")
+        await eventually(lambda: _copied(w), 30.0, what="the copy holds everything", interval_s=0.02)
         where = (await translate(w.target, STREAM, "a", [snapshot_at]))[snapshot_at]
         assert where.target_position is not None
         deleted = await w.target.truncate(STREAM, where.target_position)
@@ -230,9 +226,9 @@ async def test_a_follower_starts_from_the_source_snapshot_when_its_copy_is_trunc
         blind = await w.follower().start()
         booted = await w.follower(snapshots=True).start()
         try:
-            await wait_for(lambda: blind.error is not None, "the follower without snapshots stopped")
+            await eventually(lambda: blind.error is not None, 30.0, what="the follower without snapshots stopped", interval_s=0.02)
             assert isinstance(blind.error, PositionTruncatedError), blind.error
-            await wait_for(lambda: booted.applied == w.replica.state.applied, "the bootstrapped follower caught up")
+            await eventually(lambda: booted.applied == w.replica.state.applied, 30.0, what="the bootstrapped follower caught up", interval_s=0.02)
             assert booted.restored == snapshot_at and booted.resumed_at == where.target_position.successor()
             assert booted.state.snapshot(1 << 20) == w.replica.state.snapshot(1 << 20)
             entries = booted.state.machine.entries  # type: ignore[attr-defined]
@@ -271,7 +267,7 @@ async def test_a_source_that_does_not_answer_at_start_does_not_keep_the_follower
                                   bootstrap=source_down, check_s=0.05, retry_s=0.05)
         await follower.start()
         try:
-            await wait_for(lambda: follower.applied == w.replica.state.applied, "the copy applied from its start")
+            await eventually(lambda: follower.applied == w.replica.state.applied, 30.0, what="the copy applied from its start", interval_s=0.02)
             assert asked == [None] and follower.restored is None and follower.error is None
         finally:
             await follower.stop()
@@ -286,12 +282,12 @@ async def test_the_replicators_cursor_holds_the_source_history_through_snapshots
     config = dataclasses.replace(RSM, snapshots_kept=1)
     async with world(rsm=config, source_settings={"segment_records_max": 5}) as w:
         await propose(w.replica, 10, "a")
-        await wait_for(lambda: _copied(w), "the copy holds the first records")
+        await eventually(lambda: _copied(w), 30.0, what="the copy holds the first records", interval_s=0.02)
         cursor = hold_cursor_name("b")
 
         async def held_at_end() -> bool:
             return await w.source.cursor(STREAM, cursor) == w.replica.state.applied
-        await wait_for(held_at_end, "the replicator's cursor on the source at what the target confirmed")
+        await eventually(held_at_end, 30.0, what="the replicator's cursor on the source at what the target confirmed", interval_s=0.02)
         await w.stop_copy()
         if not held:
             await w.source.delete_cursor(STREAM, cursor)
@@ -304,10 +300,10 @@ async def test_the_replicators_cursor_holds_the_source_history_through_snapshots
         w.replicator = Replicator(Cluster("b", w.target), STREAM, [Cluster("a", w.source)])
         w.task = asyncio.create_task(w.replicator.run())
         if held:
-            await wait_for(lambda: _copied(w), "the copy resumed and holds everything")
+            await eventually(lambda: _copied(w), 30.0, what="the copy resumed and holds everything", interval_s=0.02)
             follower = await w.follower().start()
             try:
-                await wait_for(lambda: follower.applied == w.replica.state.applied, "the follower caught up")
+                await eventually(lambda: follower.applied == w.replica.state.applied, 30.0, what="the follower caught up", interval_s=0.02)
                 assert follower.state.snapshot(1 << 20) == w.replica.state.snapshot(1 << 20)
             finally:
                 await follower.stop()

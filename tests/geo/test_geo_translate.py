@@ -13,12 +13,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from geo_env import FAST_LOCK, STREAM, Site, make_site, read_all, wait_for
+from geo_env import FAST_LOCK, STREAM, Site, make_site, read_all
 
 from scriba.errors import ConfigError
 from scriba.geo import Mark, Replicator, ReplicatorOptions
 from scriba.geo.translate import translate, translate_cursors, translate_marked
 from scriba.stream import Position
+from scriba.testing.waiting import eventually
 
 P = Position
 OPTIONS = ReplicatorOptions(writer=FAST_LOCK, retry_delay_s=0.05, retry_delay_max_s=0.2, inflight_max=64)
@@ -83,7 +84,7 @@ async def test_every_source_position_translates_to_its_replica(pair: tuple[Site,
         async def caught_up() -> bool:
             return len(await read_all(target, settle_s=0.05)) >= 150
 
-        await wait_for(caught_up, "the target to hold 150 records")
+        await eventually(caught_up, 20.0, what="the target to hold 150 records", interval_s=0.02)
         await rep.append_local(b"eu-local")  # a target-local record after them
         src_records = await read_all(source)
         dst_records = {r.position: r for r in await read_all(target)}
@@ -127,7 +128,7 @@ async def test_failover_drill_measures_the_unreplicated_window(pair: tuple[Site,
     async def caught_up() -> bool:
         return len(await read_all(target, settle_s=0.05)) >= 60
 
-    await wait_for(caught_up, "the target to hold 60 records")
+    await eventually(caught_up, 20.0, what="the target to hold 60 records", interval_s=0.02)
     await eu.crash(rep.target.namespace.client)  # the replicator dies with its region's link...
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from asyncio.subprocess import Process
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from scriba.errors import NoSuchKeyError
 from scriba.meta.store import EventKind, MetadataStore, WatchEvent
+from scriba.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from conftest import Backend
@@ -52,17 +52,15 @@ async def read_settles(backend: Backend, read: Callable[[], Awaitable[object]], 
     if backend.fresh_reads:
         assert await read() == expected
         return
-    deadline = time.monotonic() + EVENT_WAIT_S
-    while True:
+
+    async def settled() -> bool:
         try:
             got = await read()
         except NoSuchKeyError:
             got = NoSuchKeyError
-        if got == expected:
-            return
-        if time.monotonic() > deadline:
-            assert got == expected
-        await asyncio.sleep(0.02)
+        return bool(got == expected)
+
+    await eventually(settled, EVENT_WAIT_S, what=f"another client's read returns {expected!r}", interval_s=0.02)
 
 
 async def value_of(store: MetadataStore, key: str) -> bytes:

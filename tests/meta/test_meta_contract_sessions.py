@@ -109,7 +109,7 @@ async def main() -> None:
     store = await connect(sys.argv[1], session_timeout_s=float(sys.argv[2]))
     await store.create("crash/node", b"held", ephemeral=True)
     print("ready", flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.sleep(3600)  # the child holds its session until the test kills it
 
 asyncio.run(main())
 """

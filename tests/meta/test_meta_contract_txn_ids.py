@@ -95,7 +95,7 @@ async def main() -> None:
     store = await connect(sys.argv[1])
     ids = [await store.allocate_id("ledger") for _ in range(int(sys.argv[2]))]
     print("ids", *ids, flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.sleep(3600)  # the child holds its session until the test kills it
 
 asyncio.run(main())
 """

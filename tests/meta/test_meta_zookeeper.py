@@ -32,6 +32,7 @@ from scriba.errors import (
 from scriba.meta import connect
 from scriba.meta.store import Check, EventKind, MetadataStore, Put, SessionState, WatchEvent
 from scriba.meta.zookeeper import ZooKeeperStore
+from scriba.testing.waiting import eventually
 
 SESSION_TIMEOUT_S = 4.0
 CONNECT_TIMEOUT_S = 5.0
@@ -74,17 +75,15 @@ async def _open(uri: str, session_timeout_s: float = SESSION_TIMEOUT_S) -> ZooKe
 async def _eventually(
     what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S
 ) -> None:
-    """Await ``check()`` until it holds or the deadline passes (unavailability counts as "not yet")."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """:func:`eventually`, with the store's unavailability counting as "not yet"."""
+
+    async def held() -> bool:
         try:
-            if await check():
-                return
+            return await check()
         except MetadataUnavailableError:
-            pass
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s:.0f}s")
-        await asyncio.sleep(0.05)
+            return False
+
+    await eventually(held, timeout_s, what=what, interval_s=0.05)
 
 
 async def _create_retrying(store: MetadataStore, key: str, value: bytes) -> None:
@@ -103,7 +102,7 @@ async def _create_retrying(store: MetadataStore, key: str, value: bytes) -> None
             if time.monotonic() >= deadline:
                 raise
             retried = True
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
 
 
 class _Collector:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from scriba.meta.records import LEDGERS_PREFIX, LedgerMetadata
 from scriba.pipeline.staging import StagingRecord, staging_prefix
 from scriba.stream import Position, open_namespace
 from scriba.testing.checkers.acked_set import check_acked_set
+from scriba.testing.waiting import wait_until
 
 Rec = tuple[str, bytes, dict[str, bytes]]
 
@@ -86,13 +86,15 @@ def _payloads(uri: str, ns: str, stream: str = "out") -> list[bytes]:
 
 def _until(cond: Any, what: str, bound_s: float, proc: subprocess.Popen[bytes]) -> None:
     """Wait for ``cond()`` while the child ``proc`` lives, at most ``bound_s``."""
-    deadline = time.monotonic() + bound_s
-    while not cond():
+
+    def held() -> bool:
+        if cond():
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"child exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {bound_s} s: {what}")
-        time.sleep(0.1)
+        return False
+
+    wait_until(held, bound_s, what=what, interval_s=0.1)
 
 
 def _records(n: int, tag: str = "r") -> list[tuple[bytes, dict[str, bytes]]]:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Collection
 from typing import Any
 
@@ -20,6 +19,7 @@ from placement_oracle import FAIL, SOFT, all_write_sets, expected_adherence
 from scriba.client import Client, ClientConfig
 from scriba.placement import BookieNode, Topology
 from scriba.testing.checkers.acked_set import check_acked_set
+from scriba.testing.waiting import eventually
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
 ZONE_AWARE = "zone-aware"
@@ -60,14 +60,6 @@ async def test_zone_aware_ledgers_span_two_zones_on_every_write_set(
                 assert min(spans) >= 2, (ledger_id, ensemble, spans)
                 assert expected_adherence(ZONE_AWARE, md.placement_options, topology, ensemble,
                                           w, a) >= SOFT
-
-
-async def _wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -130,8 +122,7 @@ async def test_killing_one_zone_during_writes_loses_nothing_and_keeps_placement(
         # zone's registrations, a replacement can land on another bookie of that zone)
 
         # once the registry has dropped the dead zone, new ledgers avoid it and adhere
-        await _wait(lambda: not dead & set(client.registry.writable_bookies()), 30,
-                    "the registry to drop the killed zone")
+        await eventually(lambda: not dead & set(client.registry.writable_bookies()), 30, what="the registry to drop the killed zone", interval_s=0.05)
         alive = launch_topology(bookie_cluster, dead)
         for _ in range(5):
             w2 = await client.create_ledger(3, 3, 2)

@@ -19,6 +19,7 @@ from scriba.embedded.process import free_port
 from scriba.errors import ScribaError
 from scriba.rsm.remote import RsmClient
 from scriba.testing.checkers import Applied, ReplicaTrace
+from scriba.testing.waiting import eventually
 
 PROC = str(Path(__file__).with_name("rsm_replica_proc.py"))
 REPLICA_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "snapshot_every_commands": 300,
@@ -73,17 +74,22 @@ class Group:
             await r.proc.wait()
 
     async def leader(self, client: RsmClient, exclude: Replica | None = None, timeout_s: float = 60) -> Replica:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                for r in self.replicas:
-                    if r is exclude or r.paused or r.proc is None or r.proc.returncode is not None:
-                        continue
-                    try:
-                        if (await client.status(r.address))["role"] == "leader":
-                            return r
-                    except ScribaError:
-                        pass
-                await asyncio.sleep(0.05)
+        found: list[Replica] = []
+
+        async def one_leads() -> bool:
+            for r in self.replicas:
+                if r is exclude or r.paused or r.proc is None or r.proc.returncode is not None:
+                    continue
+                try:
+                    if (await client.status(r.address))["role"] == "leader":
+                        found.append(r)
+                        return True
+                except ScribaError:
+                    pass
+            return False
+
+        await eventually(one_leads, timeout_s, what="a running replica reports the leader role", interval_s=0.05)
+        return found[0]
 
     async def statuses(self, client: RsmClient) -> list[dict[str, Any]]:
         return [await client.status(r.address) for r in self.replicas]

@@ -73,7 +73,7 @@ async def main(uri: str, namespace: str, replica_id: str, address: str, trace_pa
                                      replica_id=replica_id, address=address, config=RsmConfig(**config))
         await rsm.start()
         print("READY", flush=True)
-        while rsm.error is None:
+        while rsm.error is None:  # the child serves until its replica stops: its main loop, not a test's wait
             await asyncio.sleep(0.1)
         print(f"STOPPED {rsm.error}", file=sys.stderr, flush=True)
         return 3

@@ -3,7 +3,6 @@ bookies); prints ``OK <propose> <read> <role> <members>``."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import uuid
 from pathlib import Path
@@ -18,6 +17,7 @@ from scriba.log import configure  # noqa: E402
 from scriba.rsm import ReplicatedStateMachine, RsmConfig  # noqa: E402
 from scriba.rsm.sync import SyncReplicatedStateMachine  # noqa: E402
 from scriba.testing.sim.memory import StorageTransport, register_bookies  # noqa: E402
+from scriba.testing.waiting import eventually  # noqa: E402
 
 BOOKIES = [f"bk{i}" for i in range(3)]
 CONFIG = RsmConfig(campaign_backoff_s=0.05, snapshot_every_commands=None, snapshot_every_bytes=None)
@@ -35,9 +35,7 @@ def main() -> None:
         facade._client = await Client.connect(uri, store=store, transport=StorageTransport(BOOKIES))
         replica = await ReplicatedStateMachine(facade._client, namespace="apps", name="counter",
                                                state_machine=Counter(), replica_id="s1", config=CONFIG).start()
-        async with asyncio.timeout(10):
-            while not replica.is_leader:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: replica.is_leader, 10, what="the only replica leads")
         return replica
 
     facade.rsm = facade._call(setup())

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from rsm_machines import Register
-from test_rsm_inprocess import FAST, Env, _fields, leader_of, until
+from test_rsm_inprocess import FAST, Env, _fields, leader_of
 
 from scriba.client import LedgerWriter
 from scriba.client.fence_probe import UnfencedProbe, Verdict
@@ -19,6 +19,7 @@ from scriba.ids import BookieId
 from scriba.quorum import Quorum, SlotRegions
 from scriba.rsm import ReplicatedStateMachine, RsmConfig
 from scriba.testing.checkers import Operation, check_register
+from scriba.testing.waiting import eventually
 
 E3W3A2 = Quorum(3, 3, 2)
 
@@ -138,7 +139,7 @@ async def test_a_deposed_leader_serves_no_stale_read_unless_the_check_is_skipped
     env.transport.down.add(down)
     await r0._election.resign()
     await term.writer._election.resign()
-    await until(lambda: r1.is_leader, 30, what="r1 leading")
+    await eventually(lambda: r1.is_leader, 30, what="r1 leading")
     await write(r1, 2)
     env.transport.down.discard(down)
     assert r0.role.accepts(term.token)  # r0 still believes it leads

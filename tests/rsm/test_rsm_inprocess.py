@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from scriba.rsm.snapshots_core import CATALOG_CODEC
 from scriba.stream import Position, open_namespace
 from scriba.testing.checkers import Applied, ReplicaTrace, check_rsm
 from scriba.testing.sim import InProcessSite
+from scriba.testing.waiting import eventually
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CLIENT_CONFIG = ClientConfig(add_timeout_s=2.0, bookie_wait_s=2.0,
@@ -97,14 +98,9 @@ async def env() -> AsyncIterator[Env]:
         await e.close()
 
 
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.01)
-
-
 async def leader_of(replicas: list[ReplicatedStateMachine], timeout_s: float = 10.0) -> ReplicatedStateMachine:
-    await until(lambda: sum(r.is_leader for r in replicas if r._stopped is None) == 1, timeout_s)
+    await eventually(lambda: sum(r.is_leader for r in replicas if r._stopped is None) == 1, timeout_s,
+                     what="exactly one running replica leads")
     return next(r for r in replicas if r.is_leader and r._stopped is None)
 
 
@@ -119,7 +115,7 @@ def trace(r: ReplicatedStateMachine) -> ReplicaTrace:
 # --- one replica ----------------------------------------------------------------------------
 async def test_single_replica_propose_read_and_sessions(env: Env) -> None:
     r = await env.replica("r1")
-    await until(lambda: r.is_leader)
+    await eventually(lambda: r.is_leader)
     session = await r.open_session()
     assert session.session_id == 1
     assert [await r.propose(b"incr", session=session) for _ in range(3)] == [b"1", b"2", b"3"]
@@ -144,7 +140,7 @@ async def test_single_replica_propose_read_and_sessions(env: Env) -> None:
 
 async def test_bad_input_is_typed(env: Env) -> None:
     r = await env.replica("r1", config=FAST.__class__(**{**_fields(FAST), "command_bytes_max": 1024}))
-    await until(lambda: r.is_leader)
+    await eventually(lambda: r.is_leader)
     with pytest.raises(BadConsistencyError):
         await r.read(b"get", "eventual")
     with pytest.raises(BadConsistencyError):
@@ -170,7 +166,7 @@ def _fields(config: RsmConfig) -> dict[str, Any]:
 
 async def test_a_state_machine_that_raises_stops_the_replica(env: Env) -> None:
     r = await env.replica("r1")
-    await until(lambda: r.is_leader)
+    await eventually(lambda: r.is_leader)
     await r.propose(b"incr")
     with pytest.raises(StateMachineError, match="refused boom"):
         await r.propose(b"boom")
@@ -181,7 +177,7 @@ async def test_a_state_machine_that_raises_stops_the_replica(env: Env) -> None:
         await r.read(b"get")
     # a follower replaying the same stream stops at the same record, saying so
     f = await env.replica("r2")
-    await until(lambda: f.error is not None)
+    await eventually(lambda: f.error is not None)
     assert isinstance(f.error, StateMachineError) and "refused boom" in str(f.error)
 
 
@@ -190,18 +186,18 @@ async def test_three_replicas_forward_and_read_linearizably_from_followers(env: 
     replicas = [await env.replica(f"r{i}") for i in range(3)]
     leader = await leader_of(replicas)
     followers = [r for r in replicas if r is not leader]
-    await until(lambda: all(f.leader is not None and f.leader[0] == leader.replica_id for f in followers))
+    await eventually(lambda: all(f.leader is not None and f.leader[0] == leader.replica_id for f in followers))
     session = await followers[0].open_session()
     results = [await followers[i % 2].propose(b"incr", session=session) for i in range(20)]
     assert results == [str(i).encode() for i in range(1, 21)]
     for f in followers:  # read index: the follower waits to apply up to the leader's barrier
         assert await f.read(b"get") == b"20"
     no_forward = await env.replica("r9", config=FAST.__class__(**{**_fields(FAST), "forward_proposals": False}))
-    await until(lambda: no_forward.leader is not None)
+    await eventually(lambda: no_forward.leader is not None)
     with pytest.raises(RsmNotLeaderError) as info:
         await no_forward.propose(b"incr")
     assert info.value.leader_address == leader.address and info.value.retriable
-    await until(lambda: all(r.applied == leader.applied for r in replicas))
+    await eventually(lambda: all(r.applied == leader.applied for r in replicas))
     result = check_rsm([trace(r) for r in replicas])
     assert result.ok and result.positions == 20, result.explain()
 
@@ -218,7 +214,7 @@ async def test_followers_apply_what_an_idle_leader_confirmed_last(env: Env) -> N
     assert term is not None and term.writer.current_ledger is not None
     assert term.writer.current_ledger.explicit_lac_delay_s == 0.3
     assert [await leader.propose(b"incr") for _ in range(5)] == [b"1", b"2", b"3", b"4", b"5"]
-    await until(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 5")
+    await eventually(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 5")
     assert [r.state.machine.count for r in replicas] == [5, 5, 5]
 
 
@@ -242,7 +238,7 @@ async def test_followers_tail_with_the_configured_poll_replicas(
     replicas = [await env.replica(f"r{i}", config=FAST.__class__(**fields)) for i in range(3)]
     leader = await leader_of(replicas)
     assert [await leader.propose(b"incr") for _ in range(3)] == [b"1", b"2", b"3"]
-    await until(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 3")
+    await eventually(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 3")
     assert asked and set(asked) == {poll_replicas or 1}, asked
 
 
@@ -272,14 +268,14 @@ async def test_failover_retries_apply_once(env: Env) -> None:
             done.append(await others[0].propose(b"incr", session=session))
 
     task = asyncio.create_task(load())
-    await until(lambda: len(done) >= 10)
+    await eventually(lambda: len(done) >= 10)
     await env.crash(leader)
     await task
     new = await leader_of(others)
     assert new is not leader
     assert await new.read(b"get") == b"40"  # 40 distinct proposals applied once each
     assert done == [str(i).encode() for i in range(1, 41)]
-    await until(lambda: others[0].applied == others[1].applied)
+    await eventually(lambda: others[0].applied == others[1].applied)
     assert check_rsm([trace(r) for r in others]).ok
 
 
@@ -320,14 +316,15 @@ async def test_member_record_comes_back_after_a_lost_session(env: Env) -> None:
     leader = await leader_of(replicas)
     follower = next(r for r in replicas if r is not leader)
     await follower.client.store.expire_session_for_test()  # type: ignore[attr-defined]
-    await until(lambda: follower.role.role is Role.FOLLOWER)
+    await eventually(lambda: follower.role.role is Role.FOLLOWER)
 
     async def listed() -> set[str]:
         return {m.replica_id for m in await leader.members()}
 
-    async with asyncio.timeout(10):
-        while follower.replica_id not in await listed():
-            await asyncio.sleep(0.01)
+    async def follower_listed() -> bool:
+        return follower.replica_id in await listed()
+
+    await eventually(follower_listed, 10, what="the leader lists the follower as a member")
     await leader.transfer_leadership(follower.replica_id)
     assert await leader_of(replicas) is follower
 
@@ -356,8 +353,8 @@ async def test_snapshots_truncate_and_restart_restores_with_the_same_digest(env:
     restarted = [await env.replica(f"r{i}", config=SNAP) for i in range(3)]
     new = await leader_of(restarted)
     assert await new.read(b"digest") == digest and await new.read(b"get") == b"120"
+    await eventually(lambda: all(r.applied == new.applied for r in restarted), what="every restarted replica caught up")
     for r in restarted:
-        await until(lambda r=r: r.applied == new.applied)
         assert r.restored_from is not None and r.restored_from.position >= catalog.snapshots[-1].position
         machine = r.state.machine
         assert isinstance(machine, Counter)
@@ -367,7 +364,7 @@ async def test_snapshots_truncate_and_restart_restores_with_the_same_digest(env:
 
 async def test_corrupt_newest_snapshot_falls_back_to_the_previous(env: Env) -> None:
     r = await env.replica("r1", config=SNAP)
-    await until(lambda: r.is_leader)
+    await eventually(lambda: r.is_leader)
     await asyncio.gather(*[r.propose(b"incr") for _ in range(10)])
     first = await r.snapshot()
     await asyncio.gather(*[r.propose(b"incr") for _ in range(10)])
@@ -383,7 +380,7 @@ async def test_corrupt_newest_snapshot_falls_back_to_the_previous(env: Env) -> N
     await store.set(key, json.dumps(doc).encode(), expected_version=raw.version)
     again = await env.replica("r1", config=SNAP)
     assert again.restored_from is not None and again.restored_from.position == first
-    await until(lambda: again.is_leader)
+    await eventually(lambda: again.is_leader)
     assert await again.read(b"get") == b"20"
 
 
@@ -398,7 +395,7 @@ async def test_register_reads_see_every_acknowledged_write(env: Env) -> None:
 
 async def test_position_tokens_are_strings_too(env: Env) -> None:
     r = await env.replica("r1")
-    await until(lambda: r.is_leader)
+    await eventually(lambda: r.is_leader)
     committed = await r.submit(b"incr")
     assert await r.read(b"get", "after", after=str(committed.position)) == b"1"
     assert isinstance(committed.position, Position)
@@ -481,7 +478,7 @@ async def test_metrics_endpoint_serves_role_token_positions_lag_snapshot_and_bat
     assert m["scriba_rsm_batch_records_sum"] == leader._term.records_sent
     assert m["scriba_rsm_batch_records_bucket{le=+Inf}"] == leader._term.batches_sent
 
-    await until(lambda: follower.state.records_applied == leader.state.records_applied)
+    await eventually(lambda: follower.state.records_applied == leader.state.records_applied)
     f = await scrape(follower)
     assert f["scriba_rsm_role{role=follower}"] == 1 and f["scriba_rsm_role{role=leader}"] == 0
     assert f["scriba_rsm_lag_records"] == 0 and f["scriba_rsm_lag_seconds"] == 0
@@ -523,5 +520,5 @@ async def test_a_store_out_of_reach_while_campaigning_does_not_end_the_campaign(
 
     store.get = get  # type: ignore[method-assign]
     await r.start()
-    await until(lambda: r.is_leader, 20.0, what="the replica leads once the store answers")
+    await eventually(lambda: r.is_leader, 20.0, what="the replica leads once the store answers")
     assert len(failed) == 3

@@ -27,6 +27,7 @@ from rsm_group import Group
 from scriba.errors import ScribaError
 from scriba.rsm.remote import RsmClient
 from scriba.testing.checkers import Operation, check_register, check_rsm
+from scriba.testing.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -52,14 +53,15 @@ async def test_r15_failovers_under_load_lose_nothing_and_apply_once(group_factor
             confirmed[command.decode()] = await client.propose(command, session=session, seq=seq)
         await client.close()
 
+    async def confirmed_at_least(count: int, what: str) -> None:
+        await eventually(lambda: len(confirmed) >= count, 60, what=what, interval_s=0.02)
+
     loads = [asyncio.create_task(load(c)) for c in range(3)]
     kills = pauses = 0
     try:
         for i in range(FAILOVERS):
             before = len(confirmed)
-            async with asyncio.timeout(60):
-                while len(confirmed) < before + 30:
-                    await asyncio.sleep(0.02)
+            await confirmed_at_least(before + 30, "30 more commands confirmed")
             leader = await group.leader(admin)
             started = time.monotonic()
             if i % 2 == 0:
@@ -72,7 +74,8 @@ async def test_r15_failovers_under_load_lose_nothing_and_apply_once(group_factor
                 group.signal(leader, signal.SIGSTOP)
                 leader.paused = True
                 await group.leader(admin, exclude=leader)
-                await asyncio.sleep(0.5)  # the new leader serves while the old one is still stopped
+                await confirmed_at_least(len(confirmed) + 1,
+                                         "the new leader confirms a command while the old one is still stopped")
                 group.signal(leader, signal.SIGCONT)
                 leader.paused = False
             print(f"fail-over {i} ({'kill' if i % 2 == 0 else 'pause'}): {time.monotonic() - started:.2f}s")
@@ -83,9 +86,10 @@ async def test_r15_failovers_under_load_lose_nothing_and_apply_once(group_factor
     assert kills + pauses == FAILOVERS and total >= 30 * FAILOVERS
     assert sorted(int(v) for v in confirmed.values()) == list(range(1, total + 1))  # each once, none lost
     assert await admin.read(b"get") == str(total).encode()
-    async with asyncio.timeout(60):
-        while len({s["applied"] for s in await group.statuses(admin)}) != 1:
-            await asyncio.sleep(0.1)
+    async def all_applied_alike() -> bool:
+        return len({s["applied"] for s in await group.statuses(admin)}) == 1
+
+    await eventually(all_applied_alike, 60, what="every replica applied the same index", interval_s=0.1)
     digests = {await admin.read(b"digest", "sequential", address=r.address) for r in group.replicas}
     assert len(digests) == 1
     result = check_rsm(group.traces())
@@ -123,11 +127,11 @@ async def _register_history(group: Group, *, pauses: int, follower_reads: bool, 
 
     async def faults() -> None:
         for _ in range(pauses):
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # fault pacing, not synchronisation: the writers run a while between pauses
             current = await group.leader(admin)
             group.signal(current, signal.SIGSTOP)
             current.paused = True
-            await asyncio.sleep(3.0)  # past the session expiry: another replica takes over
+            await group.leader(admin, exclude=current)  # past the session expiry: another replica takes over
             group.signal(current, signal.SIGCONT)
             current.paused = False
 

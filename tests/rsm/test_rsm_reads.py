@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_rsm_inprocess import Env, leader_of, until
+from test_rsm_inprocess import Env, leader_of
 
 from scriba.errors import (
     BadConsistencyError,
@@ -21,6 +21,7 @@ from scriba.rsm import wire
 from scriba.rsm.read_index import ReadIndexRounds
 from scriba.rsm.remote import RsmClient
 from scriba.stream import Position
+from scriba.testing.waiting import eventually
 
 
 # --- read-index rounds --------------------------------------------------------------------
@@ -47,13 +48,13 @@ async def test_reads_share_a_round_only_if_they_arrived_before_it_started() -> N
     leader = Leader()
     rounds = ReadIndexRounds(leader.confirm)
     first = [asyncio.create_task(rounds.read_index()) for _ in range(5)]
-    await until(lambda: len(leader.started) == 1)
+    await eventually(lambda: len(leader.started) == 1)
     late = [asyncio.create_task(rounds.read_index()) for _ in range(7)]  # arrive while round 1 runs
     await asyncio.sleep(0)
     assert len(leader.started) == 1 and rounds.rounds == 1  # no second round while one runs
     leader.release[0].set()
     assert await asyncio.gather(*first) == [Position(0, 1, 0)] * 5
-    await until(lambda: len(leader.started) == 2)
+    await eventually(lambda: len(leader.started) == 2)
     assert not any(t.done() for t in late)  # round 1 began before they arrived: it proves nothing for them
     leader.release[1].set()
     assert await asyncio.gather(*late) == [Position(0, 2, 0)] * 7
@@ -65,7 +66,7 @@ async def test_a_failed_round_fails_its_group_and_the_next_group_gets_a_new_roun
     leader = Leader()
     rounds = ReadIndexRounds(leader.confirm)
     group = [asyncio.create_task(rounds.read_index()) for _ in range(3)]
-    await until(lambda: len(leader.started) == 1)
+    await eventually(lambda: len(leader.started) == 1)
     leader.fail = RsmNotLeaderError("deposed")
     leader.release[0].set()
     for task in group:
@@ -73,11 +74,11 @@ async def test_a_failed_round_fails_its_group_and_the_next_group_gets_a_new_roun
             await task
     leader.fail = None
     nxt = asyncio.create_task(rounds.read_index())
-    await until(lambda: len(leader.started) == 2)
+    await eventually(lambda: len(leader.started) == 2)
     leader.release[1].set()
     assert await nxt == Position(0, 2, 0)
     stuck = asyncio.create_task(rounds.read_index())
-    await until(lambda: len(leader.started) == 3)
+    await eventually(lambda: len(leader.started) == 3)
     await rounds.close()  # the replica stops: the running round's readers do not hang
     with pytest.raises(Exception, match="cancelled"):
         await stuck
@@ -121,7 +122,7 @@ async def test_pipelined_reads_share_frames_and_confirmations_and_see_every_writ
     replicas = [await env.replica(f"r{i}") for i in range(3)]
     leader = await leader_of(replicas)
     followers = [r for r in replicas if r is not leader]
-    await until(lambda: all(f.leader is not None and f.leader[0] == leader.replica_id for f in followers))
+    await eventually(lambda: all(f.leader is not None and f.leader[0] == leader.replica_id for f in followers))
     client = RsmClient([r.address for r in replicas], timeout_s=30)
     try:
         session = await client.open_session()
@@ -169,7 +170,7 @@ async def test_reads_in_flight_when_the_client_closes_do_not_hang(env: Env) -> N
     await leader_of([r])
     client = RsmClient(["127.0.0.1:1"], timeout_s=5, attempt_timeout_s=0.5)  # nobody listens there
     reads = [asyncio.create_task(client.read(b"get")) for _ in range(10)]
-    await until(lambda: client.read_frames_sent == 1)
+    await eventually(lambda: client.read_frames_sent == 1)
     await client.close()
     for task in reads:
         with pytest.raises(UnavailableError):

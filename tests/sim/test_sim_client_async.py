@@ -40,6 +40,7 @@ from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.meta.records import LedgerState
 from scriba.meta.store import MetadataStore
 from scriba.testing.sim import StorageTransport, register_bookies
+from scriba.testing.waiting import eventually
 
 BOOKIES = [f"bk{i}" for i in range(4)]
 CONFIG = ClientConfig(
@@ -241,7 +242,7 @@ async def test_sim_client_tail_sees_every_entry_and_ends_on_close(env: Env) -> N
         for i in range(200):
             await w.append(b"tail%d" % i)
             if i % 50 == 0:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # the writer's pacing: the reader catches up and long-polls
         await w.close()
 
     writer = asyncio.create_task(write())
@@ -327,7 +328,7 @@ async def test_sim_client_no_spare_bookie_retries_the_same_one() -> None:
         await w.append(b"before")
         transport.down.add(BookieId("n1"))
         pending = [w.append_async(b"during%d" % i) for i in range(10)]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # negative check: nothing confirms while n1 is down
         assert not any(f.done() for f in pending)  # A=3: nothing confirms without n1
         transport.down.discard(BookieId("n1"))
         async with asyncio.timeout(10):
@@ -352,9 +353,7 @@ async def test_sim_registry_follows_registrations() -> None:
         assert registry.address(BookieId("r1")) == "memory:r1"
         assert set(registry.topology().nodes) == {"r0", "r1"}
         await other.close()  # its ephemeral registrations go with its session
-        async with asyncio.timeout(5):
-            while registry.registrations:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: not registry.registrations, 5, what="the closed session's registrations gone")
         assert registry.address(BookieId("r1")) == "memory:r1"  # last known address kept
         assert set(registry.topology().nodes) == set()
     finally:
@@ -430,9 +429,7 @@ async def test_sim_client_late_timeout_after_quorum_replaces_the_slow_bookie(env
     victim = w.metadata.current_ensemble[2]
     env.transport.add_delay_s[victim] = 1.0  # every add to it times out, after the others confirm
     assert await w.append(b"confirmed-by-two") == 1  # A=2 confirms without the victim
-    async with asyncio.timeout(5):
-        while victim in w.metadata.current_ensemble:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: victim not in w.metadata.current_ensemble, 5, what="the slow bookie replaced in the ensemble")
     ids = [await w.append(b"later%d" % i) for i in range(5)]
     assert ids == [2, 3, 4, 5, 6]
     ensemble = w.metadata.current_ensemble

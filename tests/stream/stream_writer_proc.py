@@ -45,7 +45,7 @@ async def main(uri: str, namespace: str, stream: str, tag: str, records_max: int
             except ScribaError as exc:
                 print(f"ERR {value.decode()} {type(exc).__name__} {exc}", flush=True)
         if writer.error is not None:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the child's pacing while its writer is broken, not a test's wait
 
 
 if __name__ == "__main__":

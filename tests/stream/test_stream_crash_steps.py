@@ -17,6 +17,7 @@ from scriba.stream import Position, WriterOptions
 from scriba.stream import writer as writer_module
 from scriba.stream import writer_steps as writer_steps_module
 from scriba.stream.segments import SegmentState
+from scriba.testing.waiting import eventually
 
 
 # --- crash at each step of a roll and of a truncation ---------------------------------------
@@ -75,9 +76,7 @@ async def test_crash_at_each_roll_step_next_writer_and_readers_agree(
         if isinstance(r, Position):
             confirmed[r] = p
     # let the roll reach the crash point
-    async with asyncio.timeout(5.0):  # the roll reaches the crash point
-        while a.error is None:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: a.error is not None, 5.0, what="the roll reached the crash point")
     assert "Crash" in str(a.error)
     await current_ledger(a).abort()
     for task in list(a._tasks):  # the process dies: its tasks (the failed writer's resign) end with it

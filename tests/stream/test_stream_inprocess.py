@@ -35,6 +35,7 @@ from scriba.stream import (
     open_namespace,
 )
 from scriba.stream.segments import SegmentState
+from scriba.testing.waiting import eventually
 
 
 # --- basics --------------------------------------------------------------------------------
@@ -249,9 +250,8 @@ async def test_reader_of_corrupt_record_set_gets_typed_error(env: Env) -> None:
         await reader.read_next(2.0)
     await reader.close()
     batched: StreamReader = await ns.open_reader("raw")
-    async with asyncio.timeout(5.0):  # both chunks read ahead: the good record, then the error
-        while batched._queue.qsize() < 2:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: batched._queue.qsize() >= 2, 5.0,
+                     what="both chunks read ahead: the good record, then the error")
     assert [r.payload for r in await batched.read_batch(10, 2.0)] == [b"good"]  # the error waits
     with pytest.raises(RecordSetCorruptError):
         await batched.read_batch(10, 2.0)

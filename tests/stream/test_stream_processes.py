@@ -26,6 +26,7 @@ from scriba.meta.connect import connect
 from scriba.stream import Namespace, Position, Record, WriterOptions, open_namespace
 from scriba.stream.segments import SegmentState
 from scriba.testing.cluster import BookieCluster
+from scriba.testing.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -102,16 +103,18 @@ class WriterProcess:
                 self.opened.set()
 
     async def wait_confirmed(self, n: int, timeout_s: float = 60.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while len(self.confirmed) < n:
-                if self.proc.returncode is not None:
-                    raise AssertionError(f"writer process exited {self.proc.returncode}")
-                await asyncio.sleep(0.02)
+
+        def confirmed() -> bool:
+            if len(self.confirmed) >= n:
+                return True
+            if self.proc.returncode is not None:
+                raise AssertionError(f"writer process exited {self.proc.returncode}")
+            return False
+
+        await eventually(confirmed, timeout_s, what=f"{n} appends confirmed", interval_s=0.02)
 
     async def wait_error(self, timeout_s: float = 30.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while not self.errors:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: bool(self.errors), timeout_s, what="an append failed", interval_s=0.02)
 
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)  # our own child, by its PID

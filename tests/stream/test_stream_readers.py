@@ -13,6 +13,7 @@ from stream_checks import check_stream
 from stream_site import Env, current_ledger, open_ns, pairs, read_all
 
 from scriba.stream import Position, Record, StreamReader, WriterOptions
+from scriba.testing.waiting import eventually
 
 
 async def test_reader_tails_open_segment_and_latest_and_timestamp(env: Env) -> None:
@@ -21,9 +22,11 @@ async def test_reader_tails_open_segment_and_latest_and_timestamp(env: Env) -> N
     olds = await w.append_many([b"old%d" % i for i in range(10)])
     # "latest" starts after the last add confirmed as the bookies know it (an idle
     # writer sends it explicitly after explicit_lac_delay_s): wait for that
-    async with asyncio.timeout(5.0):
-        while await ns._end((await ns.info("tail")).record) <= olds[-1]:
-            await asyncio.sleep(0.02)
+
+    async def lac_known() -> bool:
+        return await ns._end((await ns.info("tail")).record) > olds[-1]
+
+    await eventually(lac_known, 5.0, what="the bookies know the last add confirmed", interval_s=0.02)
     latest = await ns.open_reader("tail", "latest")
     earliest = await ns.open_reader("tail")
     assert (await earliest.read_next(2.0)).payload == b"old0"  # type: ignore[union-attr]
@@ -31,7 +34,7 @@ async def test_reader_tails_open_segment_and_latest_and_timestamp(env: Env) -> N
     p = await w.append(b"new")
     rec = await latest.read_next(5.0)
     assert rec is not None and rec.payload == b"new" and rec.position == p
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # clock separation, not synchronisation: "stamp" publishes in a later millisecond
     cut_ms = (await w.append(b"stamp")).segment_seq  # noqa: F841 - publish time below
     await w.close()
     records = await read_all(ns, "tail")
@@ -59,7 +62,7 @@ async def test_closing_a_reader_while_it_stops_its_tail_does_not_lose_the_close(
             await asyncio.Event().wait()  # tails without delivering
         except asyncio.CancelledError:
             stopping.set()  # the segment closed: the reader is stopping this tail now
-            await asyncio.sleep(0.05)  # a tail that takes a moment to stop
+            await asyncio.sleep(0.05)  # a tail that takes a moment to stop (the stand-in's behaviour)
             raise
 
     monkeypatch.setattr(StreamReader, "_tail_entries", slow_to_stop)

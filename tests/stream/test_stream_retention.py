@@ -6,8 +6,6 @@ settings inherited.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from stream_site import Env, open_ns, read_all
 
@@ -23,6 +21,7 @@ from scriba.errors import (
     WriterFencedError,
 )
 from scriba.stream import Position, list_namespaces, open_namespace
+from scriba.testing.waiting import eventually
 
 
 async def test_cursors_truncate_and_retention(env: Env) -> None:
@@ -73,12 +72,14 @@ async def test_writer_applies_retention_every_interval_in_its_own_process(env: E
         if current.ledger_id not in made:
             made.append(current.ledger_id)
     assert len(made) >= 5
-    async with asyncio.timeout(10.0):  # the writer's own retention drops every CLOSED segment
-        while True:
-            record = (await ns.info("periodic")).record
-            if [s.seq for s in record.segments] == [periodic.segment_seq] and not record.deleting:
-                break
-            await asyncio.sleep(0.02)
+
+    async def only_the_open_segment_left() -> bool:
+        record = (await ns.info("periodic")).record
+        return [s.seq for s in record.segments] == [periodic.segment_seq] and not record.deleting
+
+    await eventually(only_the_open_segment_left, 10.0, interval_s=0.02,
+                     what="the writer's own retention dropped every CLOSED segment")
+    record = (await ns.info("periodic")).record
     assert record.truncated_before == Position(periodic.segment_seq, 0, 0)
     assert periodic.retention_passes >= 1
     last = periodic.current_ledger

@@ -14,6 +14,7 @@ import pytest
 
 from scriba.client import Client
 from scriba.stream import Position, open_namespace
+from scriba.testing.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -64,9 +65,12 @@ async def test_stream_verbs_on_a_cluster(bookie_cluster: Any, metadata_uri: str,
         writer = await ns.open_writer("orders")
         for i in range(5):
             await writer.append(b"open-%d" % i)
-        async with asyncio.timeout(20):  # the idle writer sends its LAC after explicit_lac_delay_s
-            while await ns.last_position("orders") != Position(writer.segment_seq, 4, 0):
-                await asyncio.sleep(0.05)
+
+        async def lac_sent() -> bool:
+            return await ns.last_position("orders") == Position(writer.segment_seq, 4, 0)
+
+        await eventually(lac_sent, 20, interval_s=0.05,
+                         what="the idle writer sent its LAC after explicit_lac_delay_s")
         await ns.commit_cursor("orders", "reader-eu", positions[1])
         await ns.create_stream("empty")
 

@@ -27,6 +27,7 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 from scriba.embedded.kvstore import KvCluster
 from scriba.testing.checkers import check_kv
 from scriba.testing.history import History
+from scriba.testing.waiting import eventually
 
 LEADER_DEADLINE_S = 60.0
 STATUS_TIMEOUT_S = 2.0
@@ -51,8 +52,9 @@ async def status(endpoint: str) -> Any:
 
 async def leader_index(kv: KvCluster, skip: frozenset[int] = frozenset()) -> int:
     """The replica that reports itself leader (etcd's Status: ``leader == header.member_id``)."""
-    deadline = time.monotonic() + LEADER_DEADLINE_S
-    while time.monotonic() < deadline:
+    found: list[int] = []
+
+    async def one_leads() -> bool:
         for i, r in enumerate(kv.replicas):
             if i in skip or not r.running:
                 continue
@@ -61,9 +63,12 @@ async def leader_index(kv: KvCluster, skip: frozenset[int] = frozenset()) -> int
             except grpc.aio.AioRpcError:
                 continue
             if st.leader and st.leader == st.header.member_id:
-                return i
-        await asyncio.sleep(0.2)
-    raise AssertionError("no leader among the running replicas")
+                found.append(i)
+                return True
+        return False
+
+    await eventually(one_leads, LEADER_DEADLINE_S, what="a leader among the running replicas", interval_s=0.2)
+    return found[0]
 
 
 class Nemesis:
@@ -119,7 +124,7 @@ class Nemesis:
                 except RuntimeError:
                     if time.monotonic() > deadline:
                         raise
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(0.5)  # retry pacing, not synchronisation
 
 
 async def follower_read_history(kv: KvCluster, *, serializable: bool, writes_max: int = 600) -> Any:

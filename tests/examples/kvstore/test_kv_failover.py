@@ -13,6 +13,7 @@ import pytest
 from kv_harness import Ctl
 
 from scriba.embedded.kvstore import KvCluster
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,8 +23,9 @@ RETRY_DEADLINE_S = 60.0
 
 
 def leader_index(ctl: Ctl, kv: KvCluster, exclude: int | None = None) -> int:
-    deadline = time.monotonic() + RETRY_DEADLINE_S
-    while time.monotonic() < deadline:
+    found: list[int] = []
+
+    def one_leads() -> bool:
         for i, r in enumerate(kv.replicas):
             if i == exclude or not r.running:
                 continue
@@ -31,9 +33,12 @@ def leader_index(ctl: Ctl, kv: KvCluster, exclude: int | None = None) -> int:
             if p.returncode == 0 and '"leader":' in p.stdout:
                 status = json.loads(p.stdout)[0]["Status"]
                 if status["leader"] == status["header"]["member_id"]:
-                    return i
-        time.sleep(0.2)
-    raise AssertionError("no leader among the running replicas")
+                    found.append(i)
+                    return True
+        return False
+
+    wait_until(one_leads, RETRY_DEADLINE_S, what="a leader among the running replicas", interval_s=0.2)
+    return found[0]
 
 
 def put_until_done(ctl: Ctl, key: str, value: str, endpoints: str) -> int:
@@ -45,7 +50,7 @@ def put_until_done(ctl: Ctl, key: str, value: str, endpoints: str) -> int:
         if ctl.run("put", key, value, endpoints=endpoints).returncode == 0:
             return attempts
         assert time.monotonic() < deadline, f"put {key} never acknowledged"
-        time.sleep(0.1)
+        time.sleep(0.1)  # retry pacing (the attempts are counted), not synchronisation
 
 
 async def aetcd_put(kv: KvCluster, index: int, key: bytes, value: bytes) -> None:
@@ -57,7 +62,7 @@ async def aetcd_put(kv: KvCluster, index: int, key: bytes, value: bytes) -> None
                     await c.put(key, value)
                     return
             except aetcd.ClientError:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # retry pacing, not synchronisation
 
 
 def test_leader_killed_during_writes(kv_cluster: KvCluster, ctl: Ctl) -> None:
@@ -82,7 +87,5 @@ def test_leader_killed_during_writes(kv_cluster: KvCluster, ctl: Ctl) -> None:
     # the killed replica comes back and catches up (serializable: its own applied state)
     kv_cluster.start(leader)
     back = kv_cluster.replicas[leader].endpoint
-    deadline = time.monotonic() + RETRY_DEADLINE_S
-    while ctl.ok("get", "--prefix", "f/0", "--consistency", "s", endpoints=back).split() != expected:
-        assert time.monotonic() < deadline, "the restarted replica did not catch up"
-        time.sleep(0.2)
+    wait_until(lambda: ctl.ok("get", "--prefix", "f/0", "--consistency", "s", endpoints=back).split() == expected,
+               RETRY_DEADLINE_S, what="the restarted replica caught up", interval_s=0.2)

@@ -35,6 +35,7 @@ import pytest
 from kv_faults import CLIENT_ERRORS, FaultCluster, Nemesis, leader_index
 
 from scriba.embedded.kvstore import KvCluster
+from scriba.testing.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_on_the_loop"), pytest.mark.timeout(900)]
 
@@ -75,7 +76,7 @@ async def writer(kv: KvCluster, stop: asyncio.Event, acked: dict[int, tuple[byte
                     key, value = PREFIX + b"%06d" % n, b"%d" % n
         except CLIENT_ERRORS:
             index = (index + 1) % len(kv.replicas)  # this put is indeterminate: the next one has a new key
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # retry pacing, not synchronisation
 
 
 async def aetcd_watcher(kv: KvCluster, seen: Seen, start: int, follow_leader: bool, stop: asyncio.Event) -> None:
@@ -97,7 +98,7 @@ async def aetcd_watcher(kv: KvCluster, seen: Seen, start: int, follow_leader: bo
         except CLIENT_ERRORS:
             seen.resumes += 1
             index = (index + 1) % len(kv.replicas)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # retry pacing, not synchronisation
 
 
 async def etcdctl_watcher(kv: KvCluster, seen: Seen, start: int, stop: asyncio.Event) -> None:
@@ -139,14 +140,13 @@ async def test_watchers_see_every_revision_once_across_10_leader_failovers(fault
     try:
         async with asyncio.timeout(RUN_DEADLINE_S):
             await nemesis.run(["kill"] * FAILOVERS, gap_s=1.5)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # fault pacing: a last stretch of writes after the final fail-over
             stop_writes.set()
             await write_task
             async with client(kv, await leader_index(kv)) as c:
                 final = (await c.put(b"after", b"x")).header.revision - 1  # the writer's last revision
-        async with asyncio.timeout(CATCH_UP_DEADLINE_S):
-            while min(w.last for w in watchers) < final:
-                await asyncio.sleep(0.2)
+        await eventually(lambda: min(w.last for w in watchers) >= final, CATCH_UP_DEADLINE_S,
+                         what="every watcher saw the writer's last revision", interval_s=0.2)
     finally:
         stop_writes.set()
         stop_watch.set()
@@ -200,9 +200,12 @@ async def test_lease_expires_once_by_the_replicated_decision_while_the_leader_is
         finally:
             kv.signal(leader, signal.SIGCONT)
         async with client(kv, leader) as back:  # the old leader, resumed: catches up, expires nothing
-            async with asyncio.timeout(CATCH_UP_DEADLINE_S):
-                while await back.get(LEASE_KEYS[0], serializable=True) is not None:
-                    await asyncio.sleep(0.2)
+
+            async def expired_there() -> bool:
+                return await back.get(LEASE_KEYS[0], serializable=True) is None
+
+            await eventually(expired_there, CATCH_UP_DEADLINE_S, what="the resumed old leader applied the expiry",
+                             interval_s=0.2)
             marker = (await back.put(b"lease-marker", b"x")).header.revision
         async with asyncio.timeout(CATCH_UP_DEADLINE_S):  # anything after the expiry would come before the marker
             await w.put(b"lease/after", b"y")

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from kv_harness import Ctl
 
 from scriba.errors import ConfigError
 from scriba.sandbox import SandboxOptions
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -69,10 +69,8 @@ def test_sandbox_with_kv_serves_etcdctl_and_keeps_its_data(tmp_path: Path) -> No
     finally:
         stopped = _sandbox(data, "--stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, "the sandbox left KV replicas running"
-        time.sleep(0.2)
+    wait_until(lambda: not any(_alive(pid) for pid in pids), 30, what="the sandbox stopped its KV replicas",
+               interval_s=0.2)
     again = _sandbox(data, "--with", "kv", "--detach")  # restarted on the kept data
     try:
         assert again.returncode == 0, again.stdout + again.stderr

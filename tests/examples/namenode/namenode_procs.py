@@ -9,32 +9,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import requests
 
 from scriba.embedded.process import free_port
 from scriba.testing.cluster import BookieCluster
+from scriba.testing.waiting import wait_until
 
-T = TypeVar("T")
 RSM_CONFIG = {"campaign_backoff_s": 0.1, "suspended_grace_s": 0.5, "propose_timeout_s": 20.0,
               "snapshot_every_commands": 50}
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something not None (a condition with a deadline)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class NamenodeProc:
@@ -55,7 +42,7 @@ class NamenodeProc:
                "--session-timeout-s", "2", "--rsm-config", json.dumps(self.rsm_config)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ))
-        wait_for(f"{self.replica_id} serving", self.status)
+        wait_until(lambda: self.status() is not None, 30.0, what=f"{self.replica_id} serving", interval_s=0.05)
         return self
 
     def status(self) -> dict[str, Any] | None:
@@ -102,15 +89,19 @@ def haadmin(node: NamenodeProc, *verb: str) -> subprocess.CompletedProcess[str]:
 
 
 def active_of(nodes: list[NamenodeProc], timeout_s: float = 30.0) -> NamenodeProc:
-    def probe() -> NamenodeProc | None:
+    found: list[NamenodeProc] = []
+
+    def one_active() -> bool:
         for node in nodes:
             if node.proc is not None and node.proc.poll() is None:
                 status = node.status()
                 if status is not None and status["role"] == "active":
-                    return node
-        return None
+                    found.append(node)
+                    return True
+        return False
 
-    return wait_for("an active namenode", probe, timeout_s)
+    wait_until(one_active, timeout_s, what="an active namenode", interval_s=0.05)
+    return found[0]
 
 
 @contextlib.contextmanager

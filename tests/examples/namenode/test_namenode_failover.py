@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, haadmin, namenode_cluster, payload, wait_for
+from namenode_procs import NamenodeProc, active_of, haadmin, namenode_cluster, payload
+
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -169,8 +171,7 @@ class Workload:
 
     def wait_acks(self, more: int, timeout_s: float = 90.0) -> None:
         target = self.history.acks + more
-        wait_for(f"{more} more acknowledged operations", lambda: True if self.history.acks >= target else None,
-                 timeout_s)
+        wait_until(lambda: self.history.acks >= target, timeout_s, what=f"{more} more acknowledged operations", interval_s=0.05)
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
@@ -263,15 +264,13 @@ def test_r18_failovers_under_a_writer_workload(cluster: list[NamenodeProc]) -> N
                 old.kill()
             new = active_of([n for n in cluster if n is not old], timeout_s=90)
             # the clients found the new active on their own
-            wait_for(f"round {round_}: writes after the fail-over",
-                     lambda b=before: True if history.acks >= b + 3 else None, 120)
+            wait_until(lambda b=before: history.acks >= b + 3, 120, what=f"round {round_}: writes after the fail-over", interval_s=0.05)
         if not graceful:
             old.start()  # no snapshots: it replays the whole edit log from scratch
             assert old.status()["rsm"]["snapshot_position"] is None  # type: ignore[index]
         want = new.digest("linearizable")
         for node in cluster:
-            wait_for(f"round {round_}: {node.replica_id}'s digest",
-                     lambda n=node, w=want: True if n.digest() == w else None, 90)
+            wait_until(lambda n=node, w=want: n.digest() == w, 90, what=f"round {round_}: {node.replica_id}'s digest", interval_s=0.05)
     assert history.acks > 4 * ROUNDS and history.logs
     problems = check(history, tree(InsecureClient(";".join(n.url for n in cluster), user="r18"), "/r18"))
     assert problems == [], problems[:20]
@@ -313,4 +312,4 @@ def test_haadmin_on_processes(cluster: list[NamenodeProc]) -> None:
     InsecureClient(standbys[1].url, user="ha").write("/haadmin/after", data=b"ok")
     want = now.digest("linearizable")
     for node in cluster:
-        wait_for(f"{node.replica_id}'s digest", lambda n=node: True if n.digest() == want else None, 60)
+        wait_until(lambda n=node: n.digest() == want, 60, what=f"{node.replica_id}'s digest", interval_s=0.05)

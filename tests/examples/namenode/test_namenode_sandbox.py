@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from hdfs import InsecureClient
-from namenode_procs import wait_for
+
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -54,4 +55,4 @@ def test_sandbox_with_namenode(tmp_path: Path) -> None:
                                  text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     for n in doc.get("namenodes", []):  # type: ignore[attr-defined]
-        wait_for(f"{n['id']} to exit", lambda pid=n["pid"]: True if not alive(pid) else None, 30)
+        wait_until(lambda pid=n["pid"]: not alive(pid), 30, what=f"{n['id']} to exit", interval_s=0.05)

@@ -25,7 +25,9 @@ from typing import Any
 import pytest
 import requests
 from hdfs import HdfsError, InsecureClient
-from namenode_procs import NamenodeProc, active_of, namenode_cluster, payload, wait_for
+from namenode_procs import NamenodeProc, active_of, namenode_cluster, payload
+
+from scriba.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -185,11 +187,11 @@ def test_active_killed_clients_fail_over_and_nothing_acknowledged_is_lost(nameno
     thread = threading.Thread(target=load)
     thread.start()
     try:
-        wait_for("load writes", lambda: True if len(acknowledged) >= 10 else None)
+        wait_until(lambda: len(acknowledged) >= 10, 30.0, what="load writes", interval_s=0.05)
         active.kill()
         assert active_of([standby], timeout_s=60) is standby
         count = len(acknowledged)
-        wait_for("load writes after the fail-over", lambda: True if len(acknowledged) >= count + 5 else None, 60)
+        wait_until(lambda: len(acknowledged) >= count + 5, 60, what="load writes after the fail-over", interval_s=0.05)
     finally:
         stop.set()
         thread.join(60)
@@ -210,7 +212,7 @@ def test_active_killed_clients_fail_over_and_nothing_acknowledged_is_lost(nameno
     try:
         want = standby.digest("linearizable")
         for node in (active, fresh):
-            wait_for(f"{node.replica_id}'s digest", lambda n=node: True if n.digest() == want else None, 60)
+            wait_until(lambda n=node: n.digest() == want, 60, what=f"{node.replica_id}'s digest", interval_s=0.05)
             assert node.status()["role"] == "standby"  # type: ignore[index]
         assert fresh.status()["rsm"]["snapshot_position"] is not None  # type: ignore[index]
     finally:
