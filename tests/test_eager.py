@@ -184,7 +184,7 @@ def test_within_keeps_a_cancellation_from_elsewhere_a_cancellation() -> None:
     async def main() -> None:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.get_running_loop().create_task(within(fut, 10.0))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn: the task is now awaiting fut (not a wait on time)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -204,7 +204,7 @@ def test_wait_until_returns_when_done_or_raises_at_its_timer_outside_a_task() ->
         finishing = await outside(lambda: start_eagerly(waits(10.0)))
         assert finishing is not None
         for _ in range(2):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one turn: the waiter is parked on the event again (not a wait on time)
             state["n"] += 1
             event.set()
         await asyncio.wait_for(finishing, 10)

@@ -25,6 +25,7 @@ from scriba.embedded.process import free_port
 from scriba.errors import BadRequestError, DeadlineExceededError, NoSuchEntryError
 from scriba.rsm import wire
 from scriba.rsm.peer import PeerClient, PeerConnection, ReplicaServer
+from scriba.testing.waiting import eventually
 
 T = TypeVar("T")
 DEADLINE_S = 10.0
@@ -87,12 +88,6 @@ async def outside(fn: Callable[[], T]) -> T:
     return await result
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(DEADLINE_S):
-        while not condition():
-            await asyncio.sleep(0.005)
-
-
 def answers(written: list[bytes]) -> list[tuple[int, bool, bytes]]:
     reader = wire.FrameReader()
     return [wire.parse_response(p) for chunk in written for p in reader.feed(chunk)]
@@ -112,7 +107,7 @@ async def test_a_request_that_need_not_wait_is_answered_inside_the_read() -> Non
     assert answers(written) == [(1, True, b"answer:now"), (3, False, wire.error_body(NoSuchEntryError("no such thing")))]
     assert seen.in_task == [False, False, False] and len(conn.inflight) == 1
     seen.gate.set_result(None)
-    await until(lambda: len(transport.written) == 3)
+    await eventually(lambda: len(transport.written) == 3, DEADLINE_S, what="the waiting request answered")
     assert answers(transport.written)[2] == (2, True, b"answer:wait")
     assert not conn.inflight
 
@@ -207,7 +202,7 @@ async def test_garbage_closes_its_connection_and_the_server_goes_on(
     assert answers([got]) == [(1, True, b"answer:first")] and rest == b""  # closed unanswered
     assert await call(address, b"still") == b"answer:still"
     assert seen.bodies == [b"first", b"still"]
-    await until(lambda: not server.connections)
+    await eventually(lambda: not server.connections, DEADLINE_S, what="the garbage connection gone")
 
 
 def test_frame_reader_joins_split_frames_and_cuts_packed_ones() -> None:
@@ -225,10 +220,10 @@ async def test_a_closed_connection_cancels_its_waiting_requests(served: tuple[st
     host, port = address.rsplit(":", 1)
     _, writer = await asyncio.open_connection(host, int(port))
     writer.write(wire.request(1, wire.Op.PROPOSE, b"wait-1"))
-    await until(lambda: seen.bodies == [b"wait-1"])
+    await eventually(lambda: seen.bodies == [b"wait-1"], DEADLINE_S, what="the handler saw the request")
     writer.close()
-    await until(lambda: seen.cancelled == [b"wait-1"])
-    await until(lambda: not server.connections)
+    await eventually(lambda: seen.cancelled == [b"wait-1"], DEADLINE_S, what="its waiting request cancelled")
+    await eventually(lambda: not server.connections, DEADLINE_S, what="the connection gone")
 
 
 async def test_connections_beyond_the_limit_are_closed(served: tuple[str, Recorded, ReplicaServer]) -> None:
@@ -236,11 +231,11 @@ async def test_connections_beyond_the_limit_are_closed(served: tuple[str, Record
     host, port = address.rsplit(":", 1)
     held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
     try:
-        await until(lambda: len(server.connections) == 3)
+        await eventually(lambda: len(server.connections) == 3, DEADLINE_S, what="three connections held")
         extra = await raw_exchange(address, wire.request(1, wire.Op.STATUS, b"extra"))
         assert extra == (b"", b"") and seen.bodies == []  # closed unanswered
     finally:
         for _, writer in held:
             writer.close()
-    await until(lambda: not server.connections)
+    await eventually(lambda: not server.connections, DEADLINE_S, what="the connections gone")
     assert await call(address, b"room again") == b"answer:room again"
