@@ -17,6 +17,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from scriba.eager import wait_until
 from scriba.errors import (
     DeadlineExceededError,
     NoSuchKeyError,
@@ -181,11 +182,9 @@ class Leading:
             await self.client.store.delete(key)
         await self.client.store.create(key, json.dumps(doc).encode())
         self._depose(term, f"leadership transferred to {replica_id}")
-        try:
-            async with asyncio.timeout(self.config.transfer_timeout_s):
-                while self._leader is None or self._leader[0] != replica_id:
-                    self._changed.clear()
-                    await self._changed.wait()
+        try:  # a timer, not asyncio.timeout: requests start eagerly, outside a task (peer)
+            await wait_until(self._changed, lambda: self._leader is not None and self._leader[0] == replica_id,
+                             self.config.transfer_timeout_s)
         except TimeoutError:
             raise DeadlineExceededError(f"{replica_id} did not take over within {self.config.transfer_timeout_s} s")\
                 from None

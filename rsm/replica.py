@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from scriba.client import Client
+from scriba.eager import wait_until, within
 from scriba.errors import (
     ClientSessionError,
     CommandOutcomeUnknownError,
@@ -335,12 +336,16 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         self._run(self.role.fatal(str(error)))
 
     async def _wait_applied(self, position: Position, timeout_s: float) -> None:
+        """Until applied up to ``position``. A timer, not ``asyncio.timeout``: a read starts
+        eagerly, outside a task (``peer``, ``scriba.eager``)."""
+        def applied() -> bool:
+            if self.state.applied is not None and self.state.applied >= position:
+                return True
+            self._check_running()
+            return False
+
         try:
-            async with asyncio.timeout(timeout_s):
-                while self.state.applied is None or self.state.applied < position:
-                    self._check_running()
-                    self._changed.clear()
-                    await self._changed.wait()
+            await wait_until(self._changed, applied, timeout_s)
         except TimeoutError:
             raise DeadlineExceededError(
                 f"replica {self.replica_id}: not applied up to {position} within {timeout_s} s "
@@ -490,10 +495,11 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
             # A session's proposal is shared with its retries (``LeaderTerm.propose``): a caller
             # giving up must not cancel it for them. One without a session is this caller's
             # alone, awaited directly: two loop turns fewer between the apply and the answer.
+            # The deadline is a timer (``within``), not ``asyncio.timeout``: a request starts
+            # eagerly, outside a task (``peer``, ``scriba.eager``).
             waited = future if session_id == NO_SESSION else asyncio.shield(future)
             try:
-                async with asyncio.timeout(self.config.propose_timeout_s):
-                    outcome, position = await waited
+                outcome, position = await within(waited, self.config.propose_timeout_s)
             except TimeoutError:
                 raise CommandOutcomeUnknownError(
                     f"no confirmation within {self.config.propose_timeout_s} s; retry with the same session/seq"

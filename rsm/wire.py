@@ -67,6 +67,44 @@ def frame(payload: bytes) -> bytes:
     return LENGTH.pack(len(payload)) + payload
 
 
+class FrameReader:
+    """Reassembles frames from a byte stream: ``feed(data)`` returns the payloads of the
+    frames ``data`` completes, each a ``bytes``. ``BadRequestError`` as soon as a length over
+    ``frame_bytes_max`` arrives (before its body is buffered); the connection is then to be
+    dropped. A frame split over many reads is joined once, when complete."""
+
+    __slots__ = ("_buf", "_frame_bytes_max", "_need")
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+        self._frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+        self._need = LENGTH.size  # bytes ``_buf`` must hold before it is parsed again
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return []
+            data = bytes(self._buf)
+            self._buf = bytearray()
+        out: list[bytes] = []
+        pos, end, need = 0, len(data), LENGTH.size
+        while end - pos >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(data, pos)
+            if length > self._frame_bytes_max:
+                raise BadRequestError(f"frame of {length} bytes exceeds {self._frame_bytes_max}")
+            stop = pos + LENGTH.size + length
+            if stop > end:
+                need = LENGTH.size + length
+                break
+            out.append(data[pos + LENGTH.size:stop])
+            pos = stop
+        if pos < end:
+            self._buf = bytearray(data[pos:])
+            self._need = need
+        return out
+
+
 def request(request_id: int, op: Op, body: bytes, flags: int = 0) -> bytes:
     return frame(REQUEST.pack(request_id, op, flags) + body)
 

@@ -27,13 +27,22 @@ a connection closed) by then. It is for callers outside any task (a protocol's
 ``data_received``): called from inside a task, whose ``current_task()`` the first step
 would see as its own (``asyncio.timeout`` would then arm against the wrong task), it
 starts an ordinary task instead.
+
+Deadlines without a task. :func:`within` and :func:`wait_until` bound a wait with a
+``loop.call_later`` timer instead of ``asyncio.timeout``, so code that may run in an eager
+first step can keep its deadline. ``within(future, s)`` awaits ``future`` itself (no helper
+future, no extra loop turn when it resolves) and at the deadline cancels it, as
+``asyncio.timeout`` around the same ``await`` would (the task's cancellation reaches the
+awaited future), raising ``TimeoutError``; a future already resolved when the timer fires
+keeps its outcome. ``wait_until(event, done, s)`` waits for ``done()`` re-checked at
+each ``event.set()``; the timer sets the event one last time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -83,3 +92,56 @@ class _Continued:
                     pending = coro.send(sent)
                 except StopIteration as stop:
                     return stop.value
+
+
+async def within(future: asyncio.Future[T], timeout_s: float) -> T:
+    """``await future``, but past ``timeout_s`` cancel it and raise ``TimeoutError`` (module
+    docstring); needs no current task. A cancellation from elsewhere stays a cancellation."""
+    expiry = _Expiry(future)
+    timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), expiry.fire)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if expiry.fired:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+
+
+class _Expiry:
+    __slots__ = ("_future", "fired")
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self._future = future
+        self.fired = False
+
+    def fire(self) -> None:
+        if not self._future.done():
+            self.fired = True
+            self._future.cancel()
+
+
+async def wait_until(event: asyncio.Event, done: Callable[[], bool], timeout_s: float) -> None:
+    """Until ``done()`` is true, re-checked whenever ``event`` is set (an exception from
+    ``done`` propagates); ``TimeoutError`` after ``timeout_s``. Needs no current task."""
+    if done():
+        return
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        event.set()
+
+    timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), expire)
+    try:
+        while True:
+            event.clear()
+            await event.wait()
+            if done():
+                return
+            if expired:
+                raise TimeoutError
+    finally:
+        timer.cancel()

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from scriba.eager import start_eagerly
+from scriba.eager import start_eagerly, wait_until, within
 
 T = TypeVar("T")
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="caller")
@@ -148,5 +148,73 @@ def test_context_variables_set_by_the_coroutine_stay_its_own_across_the_wait() -
         fut.set_result(None)
         await task
         assert seen == ["coroutine"]  # the task went on in that same copy
+
+    run(main())
+
+
+def test_within_returns_the_outcome_or_at_its_deadline_cancels_the_future_outside_a_task() -> None:
+    """The timer fires with no current task (an eager step), where ``asyncio.timeout`` raises."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        never: asyncio.Future[int] = loop.create_future()
+        soon: asyncio.Future[int] = loop.create_future()
+
+        async def bounded(fut: asyncio.Future[int], timeout_s: float) -> int:
+            return await within(fut, timeout_s)
+
+        timed = await outside(lambda: start_eagerly(bounded(never, 0.02)))
+        assert timed is not None
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(timed, 10)
+        assert never.cancelled()  # as asyncio.timeout around the await would have left it
+
+        answered = await outside(lambda: start_eagerly(bounded(soon, 10.0)))
+        assert answered is not None
+        soon.set_result(7)
+        assert await answered == 7
+
+        with pytest.raises(TimeoutError):  # a deadline already past: the timer fires at the next turn
+            await within(loop.create_future(), 0.0)
+
+    run(main())
+
+
+def test_within_keeps_a_cancellation_from_elsewhere_a_cancellation() -> None:
+    async def main() -> None:
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(within(fut, 10.0))
+        await asyncio.sleep(0)  # one turn: the task is now awaiting fut (not a wait on time)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert fut.cancelled()
+
+    run(main())
+
+
+def test_wait_until_returns_when_done_or_raises_at_its_timer_outside_a_task() -> None:
+    async def main() -> None:
+        event = asyncio.Event()
+        state = {"n": 0}
+
+        async def waits(timeout_s: float) -> None:
+            await wait_until(event, lambda: state["n"] >= 2, timeout_s)
+
+        finishing = await outside(lambda: start_eagerly(waits(10.0)))
+        assert finishing is not None
+        for _ in range(2):
+            await asyncio.sleep(0)  # one turn: the waiter is parked on the event again (not a wait on time)
+            state["n"] += 1
+            event.set()
+        await asyncio.wait_for(finishing, 10)
+
+        state["n"] = 0
+        expiring = await outside(lambda: start_eagerly(waits(0.02)))
+        assert expiring is not None
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(expiring, 10)
+        state["n"] = 5
+        assert await outside(lambda: start_eagerly(waits(0.0))) is None  # already done: no wait, no task
 
     run(main())

@@ -147,7 +147,7 @@ class Probe:
         peer = self.client._pool.get(self.r.address)
         # both on the socket, or already answered (an old leader that saw its lease end
         # refuses at once, and the client retries elsewhere before this wait looks)
-        await eventually(lambda: len(peer._pending) >= 2 or any(t.done() for t in self.tasks), 60,
+        await eventually(lambda: peer.waiting >= 2 or any(t.done() for t in self.tasks), 60,
                          what="the read frame and the write on the socket, or an answer")
 
     async def finish(self) -> None:
