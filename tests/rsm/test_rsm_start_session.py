@@ -134,3 +134,17 @@ async def test_the_same_id_registered_by_another_session_is_still_refused(backen
     finally:
         await other.close()
     assert [m.replica_id for m in await mb.list_members(client.store, group)] == ["r1"]
+
+
+async def test_a_member_record_rewritten_after_a_lost_lease_is_made_under_the_new_session(client: Client) -> None:
+    """``update_member`` (a role change, a replaced session) recreates a missing record
+    with ``create_ephemeral``, which rides out a session being replaced on its own: no
+    start-up retry is around it there."""
+    store = client.store
+    assert isinstance(store, EtcdStore)
+    group = mb.group_token(f"s{uuid.uuid4().hex[:8]}", "counter")
+    old = store.session.session_id
+    await store.revoke_lease_for_test()  # the lease is gone just before the record is written
+    await mb.update_member(store, group, mb.Member(replica_id="r1", address="", role="leader"))
+    found = await store.get(mb.member_key(group, "r1"))
+    assert found.owner == store.session.session_id != old
