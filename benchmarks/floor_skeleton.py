@@ -10,16 +10,25 @@ and #12 (tail visibility at 1k records/s: p99 <= 5 ms) are set for Python proces
   a frame is ``u32 len | u8 type | body``, read with ``recv_into`` a reused buffer; an ADD is written with ``os.write`` to a
   journal file and made durable with ``os.fdatasync`` on the loop (Scriba's idle path),
   then acknowledged; a LAC push raises the ledger's LAC and answers waiting long polls
-  with the entry; a long poll for "after N" is answered at once or when the LAC passes N.
+  with the entries; a long poll for "after N" is answered at once or when the LAC passes N,
+  with every entry up to the LAC in one write (a reader that fell behind catches up in one
+  round trip: with one entry per poll, the skeleton's own tail queued behind any pause).
   No digests, no metadata, no index, no write cache, no metrics, no checks: only what
   the wire and the disk need.
 * **one in flight:** a client sends each 1 KiB ADD to all 3 and starts the next when 2
   have answered (E3/W3/A2), like ``scriba bench --inflight 1``.
+* **one proposer (#13's hop):** a client sends one 64-byte command at a time to a
+  skeleton **leader** process, which appends it as above (E3/W3/A2, LAC pushed at once),
+  counts it applied at its confirmation and answers; two skeleton **followers** (one
+  process each) long-poll a bookie each and apply every entry, as replicas tail the
+  stream. (Scriba's leader defers its push, ``RsmConfig.lac_push_delay_s``; the skeleton's
+  immediate push costs it more, not less.) ``--compare`` does not run Scriba's side of
+  this one: run ``bench_rsm.py``, whose "one proposer" is the same measurement, beside it.
 * **tail:** a writer paces 1k 100-byte entries a second (each carries its send time),
   confirms at 2 acks and pushes the LAC to all 3 at once (Scriba's explicit push); a
   reader long-polls one skeleton bookie and notes when each entry reaches it.
 
-``--compare`` then runs the same two measurements on 3 real bookies (one etcd) in the
+``--compare`` then runs the one-in-flight and tail measurements on 3 real bookies (one etcd) in the
 same run: ``scriba bench --inflight 1 --entries N`` and ``bench_stream``'s bare-ledger
 tail. Every process's CPU per entry is printed beside the latencies: on 2 cores, the tail
 at 1k/s is a question of how much of the machine the hops leave idle.
@@ -45,7 +54,7 @@ from typing import Any
 from proc_cpu import pids_cpu_s
 
 HEAD = struct.Struct("<IB")  # body length (type byte included), type
-ADD, ACK, LAC, POLL, ENTRY = 1, 2, 3, 4, 5
+ADD, ACK, LAC, POLL, ENTRY, PROPOSE, ANSWER = 1, 2, 3, 4, 5, 6, 7
 U64 = struct.Struct("<Q")
 SENT = struct.Struct("<q")  # as bench_stream: a tail entry starts with its send time
 
@@ -129,11 +138,19 @@ class Bookie:
             self.answer(after, conn)
 
     def answer(self, after: int, conn: BookieConn) -> None:
-        entry_id = after + 1
-        if entry_id not in self.entries:
-            self.missing.setdefault(entry_id, []).append(conn)
+        """Every entry after ``after`` up to the LAC that is here, in one write (a reader
+        that fell behind catches up in one round trip, as Scriba's read-ahead does); each
+        frame names the answer's last entry, after which the reader polls again."""
+        first = after + 1
+        if first not in self.entries:
+            self.missing.setdefault(first, []).append(conn)
             return
-        conn.send(ENTRY, U64.pack(self.lac) + U64.pack(entry_id) + self.entries.get(entry_id, b""))
+        last = first
+        while last < self.lac and last + 1 in self.entries:
+            last += 1
+        head = U64.pack(last)
+        assert conn.transport is not None
+        conn.transport.write(b"".join(frame(ENTRY, head + U64.pack(e) + self.entries[e]) for e in range(first, last + 1)))
 
 
 class BookieConn(Framed):
@@ -256,16 +273,17 @@ class ReaderConn(Framed):
         self.seen = -1
 
     def on_frame(self, kind: int, body: bytes) -> None:
-        (entry_id,) = U64.unpack_from(body, 8)  # after the bookie's LAC
+        last, entry_id = U64.unpack_from(body), U64.unpack_from(body, 8)
         data = body[16:]
-        if entry_id == self.seen + 1 and data:
+        if entry_id[0] == self.seen + 1 and data:
             (sent,) = SENT.unpack_from(data)
             self.latencies.append((time.monotonic_ns() - sent) / 1e6)
-            self.seen = entry_id
+            self.seen = entry_id[0]
             if data[SENT.size:SENT.size + 1] == b"L":
                 self.done.set_result(None)
                 return
-        self.send(POLL, U64.pack(self.seen + 1))
+        if entry_id == last:  # the answer's last entry: poll for the next
+            self.send(POLL, U64.pack(self.seen + 1))
 
 
 async def tail_reader(port: int) -> dict[str, Any]:
@@ -279,6 +297,69 @@ async def tail_reader(port: int) -> dict[str, Any]:
     n = len(conn.latencies)
     return {"records": n, "p50_ms": _pct(conn.latencies, 0.5), "p99_ms": _pct(conn.latencies, 0.99),
             "cpu_us": round((_cpu_s() - cpu0) / max(n, 1) * 1e6, 1)}
+
+
+class LeaderConn(Framed):
+    """The skeleton leader's side of one client: each PROPOSE is appended; its ANSWER (the
+    counter after the apply) is written when the append confirms."""
+
+    def __init__(self, writer: Writer, state: list[int]) -> None:
+        super().__init__()
+        self.writer = writer
+        self.state = state
+
+    def on_frame(self, kind: int, body: bytes) -> None:
+        if kind == PROPOSE:
+            self.writer.append(body).add_done_callback(self._applied)
+
+    def _applied(self, _confirmed: asyncio.Future[None]) -> None:
+        self.state[0] += 1
+        self.send(ANSWER, U64.pack(self.state[0]))
+
+
+async def lead(port: int, ports: list[int]) -> None:
+    writer = Writer(push_lac=True)
+    await writer.connect(ports)
+    state = [0]
+    server = await asyncio.get_running_loop().create_server(lambda: LeaderConn(writer, state), "127.0.0.1", port)
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    server.close()
+
+
+async def follow(port: int) -> None:
+    """A follower: tails one bookie until stdin closes (its entries' latencies are not kept)."""
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(lambda: ReaderConn(loop.create_future()), "127.0.0.1", port)
+    conn.send(POLL, U64.pack(0))
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+
+
+class ProposerConn(Framed):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: asyncio.Future[int] | None = None
+
+    def on_frame(self, kind: int, body: bytes) -> None:
+        if kind == ANSWER and self.answer is not None:
+            self.answer.set_result(U64.unpack_from(body)[0])
+
+
+async def one_proposer(port: int, entries: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(ProposerConn, "127.0.0.1", port)
+    latencies: list[float] = []
+    cpu0 = _cpu_s()
+    for i in range(entries):
+        conn.answer = loop.create_future()
+        t0 = time.perf_counter()
+        conn.send(PROPOSE, SENT.pack(time.monotonic_ns()) + b"c" * (64 - SENT.size))
+        if await conn.answer != i + 1:
+            raise RuntimeError("the skeleton leader answered out of order")
+        latencies.append((time.perf_counter() - t0) * 1000)
+    return {"entries": entries, "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99),
+            "client_cpu_us": round((_cpu_s() - cpu0) / entries * 1e6, 1)}
 
 
 def _child(argv: list[str]) -> subprocess.Popen[str]:
@@ -323,6 +404,22 @@ def skeleton_round(base: Path, entries: int, seconds: float) -> dict[str, Any]:
         one["bookies_cpu_us"] = round((pids_cpu_s([s.pid for s in servers]) - cpu0) / entries * 1e6, 1)
     finally:
         _stop(servers)
+    ports, servers = _servers(base, "rsm")
+    replicas: list[subprocess.Popen[str]] = []
+    try:
+        from scriba.embedded.process import free_ports
+
+        leader_port = free_ports(1)[0]
+        replicas = [_child(["leader", "--port", str(leader_port), "--ports", ",".join(map(str, ports))]),
+                    *(_child(["follower", "--port", str(p)]) for p in ports[1:])]
+        for r in replicas:
+            assert r.stdout is not None and r.stdout.readline().strip() == "ready"
+        pids = [s.pid for s in servers + replicas]
+        cpu0 = pids_cpu_s(pids)
+        rsm = _result(_child(["proposer", "--port", str(leader_port), "--entries", str(entries)]))
+        rsm["servers_cpu_us"] = round((pids_cpu_s(pids) - cpu0) / entries * 1e6, 1)
+    finally:
+        _stop(replicas + servers)
     ports, servers = _servers(base, "tail")
     try:
         reader = _child(["reader", "--port", str(ports[0])])
@@ -333,7 +430,7 @@ def skeleton_round(base: Path, entries: int, seconds: float) -> dict[str, Any]:
         bookies_us = (pids_cpu_s([s.pid for s in servers]) - cpu0) / written["records"] * 1e6
     finally:
         _stop(servers)
-    return {"one_in_flight": one,
+    return {"one_in_flight": one, "one_proposer": rsm,
             "tail": {**seen, "writer_cpu_us": written["cpu_us"], "bookies_cpu_us": round(bookies_us, 1)}}
 
 
@@ -366,7 +463,10 @@ def main(argv: list[str]) -> None:
         run = {"server": lambda: serve(args.port, Path(args.journal)),
                "one": lambda: one_in_flight(ports, args.entries),
                "writer": lambda: tail_writer(ports, args.seconds),
-               "reader": lambda: tail_reader(args.port)}[args.child]
+               "reader": lambda: tail_reader(args.port),
+               "leader": lambda: lead(args.port, ports),
+               "follower": lambda: follow(args.port),
+               "proposer": lambda: one_proposer(args.port, args.entries)}[args.child]
         result = asyncio.run(run())
         if result is not None:
             print(json.dumps(result), flush=True)
