@@ -14,8 +14,9 @@ both waits from one place.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final, TypeVar, overload
 
 from scriba.embedded.process import wait_until
 from scriba.errors import DeadlineExceededError
@@ -23,24 +24,32 @@ from scriba.errors import DeadlineExceededError
 __all__ = ["INTERVAL_S_DEFAULT", "eventually", "wait_until"]
 
 INTERVAL_S_DEFAULT: Final = 0.01
+T = TypeVar("T")
 
 
+@overload
+async def eventually(condition: Callable[[], Awaitable[T]], timeout_s: float = ..., *, what: str = ...,
+                     interval_s: float = ...) -> T: ...
+@overload
+async def eventually(condition: Callable[[], T], timeout_s: float = ..., *, what: str = ...,
+                     interval_s: float = ...) -> T: ...
 async def eventually(
-    condition: Callable[[], bool | Awaitable[bool]],
+    condition: Callable[[], Any],
     timeout_s: float = 10.0,
     *,
     what: str = "condition",
     interval_s: float = INTERVAL_S_DEFAULT,
-) -> None:
-    """Return once ``condition()`` is true (it may be a coroutine function); raise after ``timeout_s``."""
+) -> Any:
+    """Return ``condition()``'s first true value (it may be a coroutine function); raise
+    ``DeadlineExceededError``, naming ``what`` and the last value, after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         held = condition()
-        if not isinstance(held, bool):
+        if inspect.isawaitable(held):
             held = await held
         if held:
-            return
+            return held
         if loop.time() >= deadline:
-            raise DeadlineExceededError(f"{what} did not hold within {timeout_s:.1f} s")
+            raise DeadlineExceededError(f"{what} did not hold within {timeout_s:.1f} s (last: {held!r})")
         await asyncio.sleep(interval_s)

@@ -139,7 +139,8 @@ async def test_close_answers_queued_and_sent_runs_unavailable() -> None:
         rec = RunRecorder()
         for e in range(25):
             t.add_entry(BOOKIES, LedgerId(4), EntryId(e), KEY, b"q", rec)
-        await asyncio.sleep(0.05)
+        # one run sent to each bookie (and unanswered), the rest queued behind it
+        await eventually(lambda: server.servicer.batches_received >= len(BOOKIES), what="a run sent to each bookie")
         await t.close()
         await rec.wait(75)
         assert all(v == [Status.UNAVAILABLE] for v in rec.answers.values()) and len(rec.answers) == 75

@@ -23,9 +23,10 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
+
+from scriba.testing.waiting import eventually
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -96,14 +97,7 @@ class Browser:
         return await asyncio.to_thread(self._live().execute_script, f"return ({expression});")
 
     async def wait_for(self, what: str, expression: str, deadline_s: float) -> Any:
-        end = time.monotonic() + deadline_s
-        value: Any = None
-        while time.monotonic() < end:
-            value = await self.evaluate(expression)
-            if value:
-                return value
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{what}: not within {deadline_s} s (last: {value!r})")
+        return await eventually(lambda: self.evaluate(expression), deadline_s, what=what, interval_s=0.2)
 
     async def screenshot(self, path: Path) -> Path:
         """The whole page (beyond the window too), as PNG."""

@@ -5,8 +5,6 @@ the mirror's and the views' tests."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from scriba.console.cli import Console, ConsoleConfig
 from scriba.meta import connect
 from scriba.meta.store import MetadataStore
 from scriba.stream import open_namespace
+from scriba.testing.waiting import eventually
 
 ZONES = ["z1", "z2", "z3"]
 
@@ -39,26 +38,13 @@ class Populated:
 
 
 async def wait_for(what: str, check: Callable[[], Any], deadline_s: float) -> Any:
-    """Poll the async ``check`` until it returns something truthy, or fail after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    last: Any = None
-    while time.monotonic() < end:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not within {deadline_s} s (last: {last!r})")
+    """Poll the async ``check`` until it returns something truthy (returned), or fail after ``deadline_s``."""
+    return await eventually(check, deadline_s, what=what, interval_s=0.1)
 
 
 async def until(what: str, check: Callable[[], Any], deadline_s: float = 30.0) -> Any:
-    """Poll the plain ``check`` until it returns something truthy, or fail after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{what}: not within {deadline_s} s (last: {check()!r})")
+    """Poll the plain ``check`` until it returns something truthy (returned), or fail after ``deadline_s``."""
+    return await eventually(check, deadline_s, what=what, interval_s=0.005)
 
 
 @pytest.fixture

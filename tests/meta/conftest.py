@@ -21,6 +21,7 @@ import pytest
 
 from scriba.meta import connect
 from scriba.meta.store import MetadataStore
+from scriba.testing import waiting
 
 SESSION_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
@@ -137,12 +138,8 @@ async def _eventually(
 ) -> float:
     """Poll an async condition until it holds; fail after ``timeout_s``. Returns the seconds waited."""
     start = time.monotonic()
-    while True:
-        if await condition():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            pytest.fail(f"{what} did not happen within {timeout_s:.1f}s")
-        await asyncio.sleep(interval_s)
+    await waiting.eventually(condition, timeout_s, what=what, interval_s=interval_s)
+    return time.monotonic() - start
 
 
 @pytest.fixture
