@@ -34,7 +34,6 @@ async def test_eventually_raises_by_its_deadline_naming_what() -> None:
         await eventually(lambda: False, 0.1, what="the impossible")
 
 
-
 async def test_eventually_returns_the_first_true_value_of_either_kind() -> None:
     values: Iterator[object] = iter([None, [], {"ready": 3}])
     assert await eventually(lambda: next(values), 5.0, interval_s=0.001) == {"ready": 3}
