@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,12 @@ class Framed(asyncio.BufferedProtocol):
         raise NotImplementedError
 
     def send(self, kind: int, body: bytes) -> None:
+        self.send_frames((frame(kind, body),))
+
+    def send_frames(self, frames: Iterable[bytes]) -> None:
+        """Frames already built, in one write."""
         assert self.transport is not None
-        self.transport.write(frame(kind, body))
+        self.transport.write(b"".join(frames))
 
 
 class Bookie:
@@ -149,8 +154,7 @@ class Bookie:
         while last < self.lac and last + 1 in self.entries:
             last += 1
         head = U64.pack(last)
-        assert conn.transport is not None
-        conn.transport.write(b"".join(frame(ENTRY, head + U64.pack(e) + self.entries[e]) for e in range(first, last + 1)))
+        conn.send_frames(frame(ENTRY, head + U64.pack(e) + self.entries[e]) for e in range(first, last + 1))
 
 
 class BookieConn(Framed):
@@ -177,12 +181,17 @@ class BookieConn(Framed):
                 b.waiters.append((after, self))
 
 
+async def _ready_until_stdin_closes() -> None:
+    """Tell the parent the child serves, then serve until the parent closes stdin (its stop)."""
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+
+
 async def serve(port: int, journal: Path) -> None:
     bookie = Bookie(journal)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: BookieConn(bookie), "127.0.0.1", port)
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)  # the parent closes stdin to stop it
+    await _ready_until_stdin_closes()
     server.close()
 
 
@@ -273,12 +282,12 @@ class ReaderConn(Framed):
         self.seen = -1
 
     def on_frame(self, kind: int, body: bytes) -> None:
-        last, entry_id = U64.unpack_from(body), U64.unpack_from(body, 8)
+        (last,), (entry_id,) = U64.unpack_from(body), U64.unpack_from(body, 8)
         data = body[16:]
-        if entry_id[0] == self.seen + 1 and data:
+        if entry_id == self.seen + 1 and data:
             (sent,) = SENT.unpack_from(data)
             self.latencies.append((time.monotonic_ns() - sent) / 1e6)
-            self.seen = entry_id[0]
+            self.seen = entry_id
             if data[SENT.size:SENT.size + 1] == b"L":
                 self.done.set_result(None)
                 return
@@ -322,8 +331,7 @@ async def lead(port: int, ports: list[int]) -> None:
     await writer.connect(ports)
     state = [0]
     server = await asyncio.get_running_loop().create_server(lambda: LeaderConn(writer, state), "127.0.0.1", port)
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
+    await _ready_until_stdin_closes()
     server.close()
 
 
@@ -332,8 +340,7 @@ async def follow(port: int) -> None:
     loop = asyncio.get_running_loop()
     _, conn = await loop.create_connection(lambda: ReaderConn(loop.create_future()), "127.0.0.1", port)
     conn.send(POLL, U64.pack(0))
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
+    await _ready_until_stdin_closes()
 
 
 class ProposerConn(Framed):
