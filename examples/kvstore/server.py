@@ -61,6 +61,7 @@ GRPC_OPTIONS = [  # keep idle watch / keep-alive streams of etcdctl open (ENVIRO
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 2 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),  # a port another process holds is an error, not a share of its connections
 ]
 
 

@@ -95,6 +95,12 @@ def _etcdctl(argv: list[str], timeout_s: int = 20) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=timeout_s + 60, env={**os.environ, "ETCDCTL_API": "3"})
 
 
+def _kv_logs(data: Path, lines: int = 40) -> str:
+    """The last lines of each KV replica's log: what a failed etcdctl call is read against."""
+    return "".join(f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                   for log in sorted((data / "kv").glob("*.log")))
+
+
 def _webhdfs(urls: list[str], tls: dict[str, str], *, cert: bool) -> InsecureClient:
     session = requests.Session()
     session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the sandbox's CA
@@ -119,15 +125,15 @@ def test_sandbox_tls_with_kv_and_namenode(tmp_path: Path) -> None:
         put = shlex.split(printed.group(1))
         assert put[-3:] == ["put", "hello", "world"] and "--cacert" in put, put
         done = _etcdctl(put)
-        assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr
+        assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr + _kv_logs(data)
         got = _etcdctl([*put[:-3], "get", "hello", "--print-value-only"])
-        assert got.returncode == 0 and got.stdout.strip() == "world", got.stdout + got.stderr
+        assert got.returncode == 0 and got.stdout.strip() == "world", got.stdout + got.stderr + _kv_logs(data)
         endpoints = ["etcdctl", "--endpoints", ",".join(r["endpoint"] for r in doc["kv"])]
         for refused in ([], ["--cacert", c["ca"]]):  # plaintext; TLS without a client certificate
             done = _etcdctl([*endpoints, *refused, "put", "hello", "intruder"], timeout_s=3)
             assert done.returncode != 0 and "deadline exceeded" in done.stderr, done.stdout + done.stderr
         got = _etcdctl([*put[:-3], "get", "hello", "--print-value-only"])
-        assert got.stdout.strip() == "world", got.stdout + got.stderr  # nothing written by the refused puts
+        assert got.stdout.strip() == "world", got.stdout + got.stderr + _kv_logs(data)  # nothing written by the refused puts
 
         urls = [n["url"] for n in doc["namenodes"]]
         assert len(urls) == 3 and all(u.startswith("https://") for u in urls), urls
