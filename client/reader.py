@@ -141,7 +141,8 @@ class LedgerReader:
             for entry in batch:
                 yield entry
 
-    async def tail(self, start: int = 0, *, poll_replicas: int = POLL_REPLICAS) -> AsyncGenerator[Entry, None]:
+    async def tail(self, start: int = 0, *, poll_replicas: int = POLL_REPLICAS, poll_pause_s: float = 0.0
+                   ) -> AsyncGenerator[Entry, None]:
         """Follow the ledger from ``start``: every entry in order, ending once it is closed.
 
         Waiting at the end is by long poll (``ReadLastConfirmed`` with ``long_poll``): the
@@ -174,8 +175,15 @@ class LedgerReader:
         sent in the next loop turn through the transport's ``long_poll_lac_soon`` and
         answered by callback, one timer for its deadline; no task, ``asyncio.wait`` or
         ``asyncio.timeout`` per entry.
+
+        ``poll_pause_s`` > 0 trades delivery latency for CPU: after each answer's entries
+        are delivered, the tail waits that long, then sends one poll (not ``POLLS_AHEAD``).
+        Entries confirmed meanwhile come back together in its answer, so a writer faster
+        than one entry per pause costs one poll and one answer per pause, not per entry.
         """
         require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
+        require(0.0 <= poll_pause_s <= 1.0, "poll_pause_s", "must be in [0, 1] s")
+        ahead = 1 if poll_pause_s > 0 else POLLS_AHEAD
         next_id = start
         failures = 0
         polls: dict[int, HedgedPoll] = {}  # previous_lac -> its poll
@@ -192,7 +200,7 @@ class LedgerReader:
                         yield entry
                     next_id = last + 1
                     continue
-                self._arm(polls, next_id - 1, poll_replicas)
+                self._arm(polls, next_id - 1, poll_replicas, ahead)
                 result = await polls.pop(next_id - 1)
                 if result is None:  # that bookie failed: back off (bounded), try the next
                     failures += 1
@@ -209,20 +217,22 @@ class LedgerReader:
                     self._next_replica()  # its copy lags (or is bad): poll another replica next
                     continue
                 after = next_id + len(carried)
-                if after > self._lac:  # waiting again once these are delivered: poll now
-                    self._arm(polls, after - 1, poll_replicas)
+                if after > self._lac and not poll_pause_s:  # waiting again once these are delivered: poll now
+                    self._arm(polls, after - 1, poll_replicas, ahead)
                 for entry in carried:
                     yield entry
                     next_id += 1
+                if poll_pause_s:
+                    await asyncio.sleep(poll_pause_s)
         finally:
             _cancel(polls)
 
-    def _arm(self, polls: dict[int, HedgedPoll], previous_lac: int, replicas: int) -> None:
-        """Polls for ``previous_lac`` and the ``POLLS_AHEAD - 1`` entries after it; stale
-        ones (for entries already delivered) are cancelled."""
+    def _arm(self, polls: dict[int, HedgedPoll], previous_lac: int, replicas: int, ahead: int) -> None:
+        """Polls for ``previous_lac`` and the ``ahead - 1`` entries after it; stale ones
+        (for entries already delivered) are cancelled."""
         for stale in [p for p in polls if p < previous_lac]:
             polls.pop(stale).cancel()
-        for previous in range(previous_lac, previous_lac + POLLS_AHEAD):
+        for previous in range(previous_lac, previous_lac + ahead):
             if previous not in polls:
                 polls[previous] = self._long_poll(EntryId(previous), replicas)
 

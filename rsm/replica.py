@@ -421,7 +421,8 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         applied = self.state.applied
         start = applied.successor() if applied is not None else Position(0, 0, 0)
         reader: StreamReader = await self._ns.open_reader(
-            self.name, start, options=ReaderOptions(tail_poll_replicas=self.config.tail_poll_replicas))
+            self.name, start, options=ReaderOptions(tail_poll_replicas=self.config.tail_poll_replicas,
+                                                    tail_poll_pause_s=self.config.tail_poll_pause_s))
         try:
             while self._stopped is None and self.role.role is not Role.LEADER:
                 record = await reader.read_next(timeout_s=0.2)

@@ -55,12 +55,16 @@ class ReaderOptions:
     # replicas each tail long poll waits at (``LedgerReader.tail``): 2 takes the first
     # bookie to learn the LAC (lower tail p99), 1 halves the poll answers per entry
     tail_poll_replicas: int = POLL_REPLICAS
+    # a pause after each tail poll's answer, so entries confirmed meanwhile come in one
+    # answer (``LedgerReader.tail``): 0 delivers each entry a round trip after it is confirmed
+    tail_poll_pause_s: float = 0.0
 
     def validate(self) -> ReaderOptions:
         require(self.read_ahead_entries >= 1, "read_ahead_entries", "must be >= 1")
         require(self.range_entries_max >= 1, "range_entries_max", "must be >= 1")
         require(self.tail_poll_replicas in POLL_REPLICAS_CHOICES, "tail_poll_replicas",
                 f"one of {POLL_REPLICAS_CHOICES}")
+        require(0.0 <= self.tail_poll_pause_s <= 1.0, "tail_poll_pause_s", "must be in [0, 1] s")
         return self
 
 
@@ -271,7 +275,8 @@ class StreamReader:
 
     async def _tail_entries(self, reader: LedgerReader, segment: Segment) -> None:
         # aclosing: a tail stopped while delivering ends its long polls now, not when collected
-        tail = reader.tail(self._position.entry_id, poll_replicas=self._options.tail_poll_replicas)
+        tail = reader.tail(self._position.entry_id, poll_replicas=self._options.tail_poll_replicas,
+                           poll_pause_s=self._options.tail_poll_pause_s)
         async with contextlib.aclosing(tail) as entries:
             async for entry in entries:
                 await self._deliver(segment, entry)

@@ -327,6 +327,7 @@ class WaitingPolls(CountingTransport):
     def __init__(self, bookie_ids: list[str]) -> None:
         super().__init__(bookie_ids)
         self.waiting: list[tuple[BookieId, int]] = []
+        self.polls = 0  # long polls sent
 
     async def long_poll_lac(
         self, bookie_id: BookieId, ledger_id: LedgerId, previous_lac: EntryId, *,
@@ -334,6 +335,7 @@ class WaitingPolls(CountingTransport):
     ) -> LacResult:
         key = (bookie_id, int(previous_lac))
         self.waiting.append(key)
+        self.polls += 1
         try:
             return await super().long_poll_lac(
                 bookie_id, ledger_id, previous_lac, wait_s=wait_s, piggyback_entries_max=piggyback_entries_max,
@@ -380,6 +382,41 @@ async def test_a_tail_with_one_poll_replica_waits_at_one_bookie() -> None:
         assert transport.range_reads + transport.entry_reads == reads, "the tail read what the long polls carried"
         await tail.aclose()
         await w.close()
+
+
+async def _polls_for_a_burst(**tail_options: Any) -> int:
+    """Long polls a tail sends to deliver entries 1..10, appended together while it holds
+    entry 0 (from none of them to a tail that polls once per entry)."""
+    async with tailing(WaitingPolls(BOOKIES), 20.0, poll_replicas=1, **tail_options) as (transport, w, tail):
+        await w.append(b"e0")
+        assert (await asyncio.wait_for(anext(tail), 10)).entry_id == 0
+        before = transport.polls
+        taken = asyncio.ensure_future(anext(tail))  # the tail goes on (a pause starts, if any)
+        for i in range(1, 11):
+            await w.append(b"e%d" % i)
+        entries = [await asyncio.wait_for(taken, 10)] + [await asyncio.wait_for(anext(tail), 10) for _ in range(9)]
+        assert [e.entry_id for e in entries] == list(range(1, 11))
+        polls = transport.polls - before
+        await tail.aclose()
+        await w.close()
+        return polls
+
+
+async def test_a_tail_with_a_poll_pause_takes_a_burst_in_one_answer() -> None:
+    """``poll_pause_s`` (an RSM follower's CPU lever): entries appended during the pause
+    come back in the answer to the one poll sent after it; the negative control, no pause,
+    polls again for entries of the same burst."""
+    assert await _polls_for_a_burst(poll_pause_s=1.0) == 1
+    assert await _polls_for_a_burst() > 1
+
+
+async def test_a_tail_refuses_a_poll_pause_outside_zero_to_one_second() -> None:
+    for bad in (-0.001, 1.5):
+        async with tailing(WaitingPolls(BOOKIES), 20.0, poll_pause_s=bad) as (transport, w, tail):
+            with pytest.raises(ConfigError, match="poll_pause_s"):
+                await anext(tail)
+            assert transport.waiting == [], "nothing polled"
+            await w.close()
 
 
 async def test_a_tail_refuses_a_poll_replica_count_other_than_one_or_two() -> None:

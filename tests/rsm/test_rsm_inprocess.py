@@ -218,28 +218,30 @@ async def test_followers_apply_what_an_idle_leader_confirmed_last(env: Env) -> N
     assert [r.state.machine.count for r in replicas] == [5, 5, 5]
 
 
-@pytest.mark.parametrize("poll_replicas", [None, 2])
-async def test_followers_tail_with_the_configured_poll_replicas(
-        env: Env, poll_replicas: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("configured", "expected"), [
+    ({}, (1, 0.005)), ({"tail_poll_replicas": 2}, (2, 0.005)), ({"tail_poll_pause_s": 0.0}, (1, 0.0))])
+async def test_followers_tail_with_the_configured_poll_options(
+        env: Env, configured: dict[str, Any], expected: tuple[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower's tail long-polls ``tail_poll_replicas`` bookies per entry: by default
     one (its tail is off the commit path: half the poll answers the bookies send and it
-    takes), 2 when configured; the followers apply every command either way."""
+    takes), 2 when configured; it pauses ``tail_poll_pause_s`` after each answer (by
+    default 5 ms; 0: not at all); the followers apply every command either way."""
     from scriba.client.reader import LedgerReader
 
-    asked: list[int] = []
+    asked: list[tuple[int, float]] = []
     tail = LedgerReader.tail
 
     def noted(self: LedgerReader, start: int = 0, **options: Any) -> Any:
-        asked.append(options.get("poll_replicas", -1))
+        asked.append((options.get("poll_replicas", -1), options.get("poll_pause_s", -1.0)))
         return tail(self, start, **options)
 
     monkeypatch.setattr(LedgerReader, "tail", noted)
-    fields = _fields(FAST) if poll_replicas is None else {**_fields(FAST), "tail_poll_replicas": poll_replicas}
-    replicas = [await env.replica(f"r{i}", config=FAST.__class__(**fields)) for i in range(3)]
+    replicas = [await env.replica(f"r{i}", config=FAST.__class__(**{**_fields(FAST), **configured}))
+                for i in range(3)]
     leader = await leader_of(replicas)
     assert [await leader.propose(b"incr") for _ in range(3)] == [b"1", b"2", b"3"]
     await eventually(lambda: all(r.applied == leader.applied for r in replicas), what="the followers applied command 3")
-    assert asked and set(asked) == {poll_replicas or 1}, asked
+    assert asked and set(asked) == {expected}, asked
 
 
 def test_tail_poll_replicas_is_checked() -> None:
@@ -247,6 +249,13 @@ def test_tail_poll_replicas_is_checked() -> None:
     for bad in (0, 3):
         with pytest.raises(ConfigError, match="tail_poll_replicas"):
             RsmConfig(tail_poll_replicas=bad).validate()
+
+
+def test_tail_poll_pause_is_checked() -> None:
+    assert RsmConfig().validate().tail_poll_pause_s == 0.005
+    for bad in (-0.001, 1.5):
+        with pytest.raises(ConfigError, match="tail_poll_pause_s"):
+            RsmConfig(tail_poll_pause_s=bad).validate()
 
 
 def test_lac_push_delay_is_checked() -> None:
