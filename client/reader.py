@@ -222,7 +222,7 @@ class LedgerReader:
                 for entry in carried:
                     yield entry
                     next_id += 1
-                if poll_pause_s:
+                if poll_pause_s and next_id > self._lac:  # caught up with what is known confirmed
                     await asyncio.sleep(poll_pause_s)
         finally:
             _cancel(polls)
