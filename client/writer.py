@@ -28,8 +28,10 @@ a reader polls. Every value pushed is ``last_add_confirmed`` as the core holds i
 the push leaves: the LAC a bookie learns never runs ahead of what an ack quorum holds.
 A writer whose entries usually follow each other within a few ms (an RSM leader with
 one proposer) can set a longer delay for itself (``set_explicit_lac_delay``): it then
-pushes only after that long without an entry, as BookKeeper's ``explicitLacInterval``
-does, and its pushes (a message to every bookie and back) leave its critical path.
+pushes only once that long has passed since its last confirmation with no entry packed
+since (a check falling due earlier is put back, whether a timer or a push's return ran
+it), as BookKeeper's ``explicitLacInterval`` does, and its pushes (a message to every
+bookie and back) leave its critical path.
 
 Every append entry point checks its payload before anything changes, so a refused
 payload leaves the writer as it was: a bytes-like payload (``bytearray``,
@@ -156,6 +158,7 @@ class LedgerWriter:
         self._lac_pushed: dict[BookieId, int] = {}
         self._lac_pushes: dict[BookieId, asyncio.Task[None]] = {}
         self._lac_mark = core.next_entry_id  # entries from this id carry the LAC of the last confirmation
+        self._lac_confirmed_s = 0.0  # when the last confirmation came (loop time): a push waits the delay from it
         self._log = log.bind(ledger_id=self._ledger_id)
         self._on_add = self._on_add_response  # bound once, passed per add
         self._on_adds = self._on_add_responses
@@ -359,6 +362,7 @@ class LedgerWriter:
         futures = self._futures
         # Entries packed from here on carry this confirmation (callbacks may append).
         self._lac_mark = self._core.next_entry_id
+        self._lac_confirmed_s = self._loop.time()
         cork = self._cork
         if cork is not None:  # appends made by the callbacks leave as one message per bookie
             cork()
@@ -462,7 +466,7 @@ class LedgerWriter:
 
     @property
     def explicit_lac_delay_s(self) -> float | None:
-        """How long after a confirmation no later entry carries this writer pushes its LAC."""
+        """How long after its last confirmation, with no entry packed since, this writer pushes its LAC."""
         return self._config.explicit_lac_delay_s
 
     def set_explicit_lac_delay(self, delay_s: float | None) -> None:
@@ -483,6 +487,12 @@ class LedgerWriter:
             return  # closing or closed: still pushed (the last entries would wait for a poll's timeout)
         if core.next_entry_id > self._lac_mark:
             return  # an entry packed since the last confirmation carries it (piggybacked)
+        delay_s = self._config.explicit_lac_delay_s
+        if delay_s and not self._closing and (left_s := self._lac_confirmed_s + delay_s - self._loop.time()) > 0:
+            # confirmed again since this check was set (or while a push was out): the delay
+            # runs from the last confirmation, so a writer whose entries keep coming pushes nothing
+            self._lac_timer = self._loop.call_later(left_s, self._explicit_lac_due)
+            return
         lac = core.last_add_confirmed
         pushed = self._lac_pushed
         pushes = self._lac_pushes

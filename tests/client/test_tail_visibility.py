@@ -276,6 +276,36 @@ async def test_a_writer_with_its_own_delay_pushes_only_once_idle_that_long(
     await control.close()
 
 
+async def test_a_writer_with_its_own_delay_counts_it_from_the_last_confirmation(
+    counting: tuple[Client, CountingTransport],
+) -> None:
+    """The delay runs from the writer's last confirmation, not from the first one since the
+    last check: entries confirmed 0.3 s apart under a 1 s delay (a steady proposer) are
+    never pushed, although a check set at the first confirmation falls due, a second later,
+    between a confirmation and the next entry; once the writer is idle, its last LAC is
+    pushed, no sooner than the delay after that entry's confirmation. (A check that
+    counted from the first confirmation pushes the LAC of the fourth entry: the mutant
+    ``lac-delay-from-first-confirmation``.)"""
+    client, transport = counting
+    w = await client.create_ledger(3, 3, 2)
+    w.set_explicit_lac_delay(1.0)
+    for i in range(5):
+        await w.append(b"%d" % i)
+        if i < 4:
+            await asyncio.sleep(0.3)  # the writer's pacing, well inside the delay
+    confirmed = time.monotonic()
+    assert transport.lac_pushes == [], "a writer whose entries keep coming inside the delay pushes nothing"
+    await eventually(lambda: {lac for _, lac in transport.lac_pushes} == {4}, what="the idle writer's last LAC pushed")
+    assert min(transport.push_times) >= confirmed + 0.99  # counted from the last confirmation
+    await w.close()
+    transport.lac_pushes.clear()
+    closing = await client.create_ledger(3, 3, 2)
+    closing.set_explicit_lac_delay(3600.0)
+    await closing.append(b"last")
+    await closing.close()  # a close pushes its last LAC at once, whatever the delay
+    assert {lac for _, lac in transport.lac_pushes} == {0}
+
+
 async def test_an_explicit_lac_delay_is_checked() -> None:
     transport = CountingTransport(BOOKIES)
     client = await open_client(transport, config())
