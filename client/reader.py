@@ -7,6 +7,7 @@ confirmed entries), each run as an ``Operation`` of a read core.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
@@ -141,8 +142,8 @@ class LedgerReader:
             for entry in batch:
                 yield entry
 
-    async def tail(self, start: int = 0, *, poll_replicas: int = POLL_REPLICAS, poll_pause_s: float = 0.0
-                   ) -> AsyncGenerator[Entry, None]:
+    async def tail(self, start: int = 0, *, poll_replicas: int = POLL_REPLICAS, poll_pause_s: float = 0.0,
+                   hurry: asyncio.Event | None = None) -> AsyncGenerator[Entry, None]:
         """Follow the ledger from ``start``: every entry in order, ending once it is closed.
 
         Waiting at the end is by long poll (``ReadLastConfirmed`` with ``long_poll``): the
@@ -180,6 +181,8 @@ class LedgerReader:
         are delivered, the tail waits that long, then sends one poll (not ``POLLS_AHEAD``).
         Entries confirmed meanwhile come back together in its answer, so a writer faster
         than one entry per pause costs one poll and one answer per pause, not per entry.
+        While ``hurry`` is set (someone waits for the next entries: a read on an RSM
+        follower), the tail does not pause, and a pause under way ends when it is set.
         """
         require(poll_replicas in POLL_REPLICAS_CHOICES, "poll_replicas", f"one of {POLL_REPLICAS_CHOICES}")
         require(0.0 <= poll_pause_s <= 1.0, "poll_pause_s", "must be in [0, 1] s")
@@ -223,7 +226,7 @@ class LedgerReader:
                     yield entry
                     next_id += 1
                 if poll_pause_s and next_id > self._lac:  # caught up with what is known confirmed
-                    await asyncio.sleep(poll_pause_s)
+                    await _pause(poll_pause_s, hurry)
         finally:
             _cancel(polls)
 
@@ -328,3 +331,13 @@ def piggybacked(result: LacResult, ledger_id: LedgerId, first: int, digest: Dige
         entries.append(entry)
         entry_id += 1
     return entries
+
+
+async def _pause(seconds: float, hurry: asyncio.Event | None) -> None:
+    """A tail's pause: ``seconds``, over as soon as ``hurry`` is set (at once if it is)."""
+    if hurry is None:
+        await asyncio.sleep(seconds)
+    elif not hurry.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await hurry.wait()

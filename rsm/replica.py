@@ -137,6 +137,8 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         self._follower_rounds = ReadIndexRounds(self._leader_read_index)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()  # applied position or role moved
+        self._tail_reader: StreamReader | None = None  # the follower's tail, while it runs
+        self._apply_waiters = 0  # reads waiting for a position to be applied: the tail does not pause
         # role moved (or stopping) only: what the leader's own loops wait on, so that an
         # apply wakes nothing but the readers waiting for it (one wake-up less per commit)
         self._role_moved = asyncio.Event()
@@ -344,6 +346,11 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
             self._check_running()
             return False
 
+        if applied():
+            return
+        self._apply_waiters += 1
+        if self._tail_reader is not None:
+            self._tail_reader.hurry.set()  # a read waits: the tail's pause (tail_poll_pause_s) ends now
         try:
             await wait_until(self._changed, applied, timeout_s)
         except TimeoutError:
@@ -351,6 +358,10 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
                 f"replica {self.replica_id}: not applied up to {position} within {timeout_s} s "
                 f"(at {self.state.applied})"
             ) from None
+        finally:
+            self._apply_waiters -= 1
+            if not self._apply_waiters and self._tail_reader is not None:
+                self._tail_reader.hurry.clear()
 
     def _check_running(self) -> None:
         if self._stopped is not None:
@@ -423,6 +434,9 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
         reader: StreamReader = await self._ns.open_reader(
             self.name, start, options=ReaderOptions(tail_poll_replicas=self.config.tail_poll_replicas,
                                                     tail_poll_pause_s=self.config.tail_poll_pause_s))
+        self._tail_reader = reader
+        if self._apply_waiters:
+            reader.hurry.set()
         try:
             while self._stopped is None and self.role.role is not Role.LEADER:
                 record = await reader.read_next(timeout_s=0.2)
@@ -434,6 +448,7 @@ class ReplicatedStateMachine(Leading, Reading, Snapshotting, ReplicaService):
                     continue
                 self._apply(record.position, Envelope.decode(record.payload))
         finally:
+            self._tail_reader = None
             await reader.close()
 
     # --- proposals ---------------------------------------------------------------------

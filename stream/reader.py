@@ -56,7 +56,8 @@ class ReaderOptions:
     # bookie to learn the LAC (lower tail p99), 1 halves the poll answers per entry
     tail_poll_replicas: int = POLL_REPLICAS
     # a pause after each tail poll's answer, so entries confirmed meanwhile come in one
-    # answer (``LedgerReader.tail``): 0 delivers each entry a round trip after it is confirmed
+    # answer (``LedgerReader.tail``): 0 delivers each entry a round trip after it is confirmed;
+    # none while the reader's ``hurry`` is set
     tail_poll_pause_s: float = 0.0
 
     def validate(self) -> ReaderOptions:
@@ -86,6 +87,9 @@ class StreamReader:
         self._chunk: deque[Record] = deque()
         self._held: Any = None  # an error (or the end) taken from the queue by read_batch, not yet raised
         self._changed = asyncio.Event()
+        # set while someone waits for the next records (an RSM follower's read): the tail
+        # does not pause (``ReaderOptions.tail_poll_pause_s``) while it is set
+        self.hurry = asyncio.Event()
         self._done = False
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         self._task = asyncio.get_running_loop().create_task(self._produce())
@@ -276,7 +280,7 @@ class StreamReader:
     async def _tail_entries(self, reader: LedgerReader, segment: Segment) -> None:
         # aclosing: a tail stopped while delivering ends its long polls now, not when collected
         tail = reader.tail(self._position.entry_id, poll_replicas=self._options.tail_poll_replicas,
-                           poll_pause_s=self._options.tail_poll_pause_s)
+                           poll_pause_s=self._options.tail_poll_pause_s, hurry=self.hurry)
         async with contextlib.aclosing(tail) as entries:
             async for entry in entries:
                 await self._deliver(segment, entry)

@@ -306,6 +306,38 @@ async def test_a_writer_with_its_own_delay_counts_it_from_the_last_confirmation(
     assert {lac for _, lac in transport.lac_pushes} == {0}
 
 
+async def test_a_hurried_tail_does_not_pause() -> None:
+    """``hurry``: a tail with a 1 s pause, caught up and pausing, takes the next entry as
+    soon as ``hurry`` is set, and starts no pause while it stays set. Negative control,
+    before it is set: the entry appended during the pause is not delivered (0.3 s on)."""
+    hurry = asyncio.Event()
+    got: asyncio.Queue[int] = asyncio.Queue()
+    async with tailing(CountingTransport(BOOKIES), 30.0, poll_pause_s=1.0, hurry=hurry) as (_, w, tail):
+        async def consume() -> None:
+            async for entry in tail:
+                await got.put(entry.entry_id)
+
+        consumer = asyncio.create_task(consume())
+        try:
+            await w.append(b"0")
+            assert await asyncio.wait_for(got.get(), 10) == 0
+            pausing = time.monotonic()  # the tail now pauses 1 s: caught up with the LAC it knows
+            await w.append(b"1")
+            await asyncio.sleep(0.3)  # a negative check: nothing comes during the pause
+            assert got.empty(), "an unhurried tail waits out its pause"
+            hurry.set()
+            assert await asyncio.wait_for(got.get(), 10) == 1
+            assert time.monotonic() < pausing + 0.9, "the pause under way ended when hurry was set"
+            delivered = time.monotonic()
+            await w.append(b"2")
+            assert await asyncio.wait_for(got.get(), 10) == 2
+            assert time.monotonic() < delivered + 0.9, "no pause starts while hurry is set"
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+
 async def test_an_explicit_lac_delay_is_checked() -> None:
     transport = CountingTransport(BOOKIES)
     client = await open_client(transport, config())

@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -219,13 +220,13 @@ async def test_followers_apply_what_an_idle_leader_confirmed_last(env: Env) -> N
 
 
 @pytest.mark.parametrize(("configured", "expected"), [
-    ({}, (1, 0.005)), ({"tail_poll_replicas": 2}, (2, 0.005)), ({"tail_poll_pause_s": 0.0}, (1, 0.0))])
+    ({}, (1, 0.02)), ({"tail_poll_replicas": 2}, (2, 0.02)), ({"tail_poll_pause_s": 0.0}, (1, 0.0))])
 async def test_followers_tail_with_the_configured_poll_options(
         env: Env, configured: dict[str, Any], expected: tuple[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower's tail long-polls ``tail_poll_replicas`` bookies per entry: by default
     one (its tail is off the commit path: half the poll answers the bookies send and it
     takes), 2 when configured; it pauses ``tail_poll_pause_s`` after each answer (by
-    default 5 ms; 0: not at all); the followers apply every command either way."""
+    default 20 ms; 0: not at all); the followers apply every command either way."""
     from scriba.client.reader import LedgerReader
 
     asked: list[tuple[int, float]] = []
@@ -244,6 +245,25 @@ async def test_followers_tail_with_the_configured_poll_options(
     assert asked and set(asked) == {expected}, asked
 
 
+async def test_a_read_waiting_on_a_follower_ends_its_tails_pause(env: Env) -> None:
+    """A follower's tail, caught up, pauses ``tail_poll_pause_s`` (here 1 s); a read there
+    that waits for a position ends the pause (``StreamReader.hurry``): it is answered long
+    before the pause would have ended. (A replica that does not hurry its tail answers it
+    when the pause ends: the mutant ``rsm-follower-read-does-not-hurry``.)"""
+    config = FAST.__class__(**{**_fields(FAST), "tail_poll_pause_s": 1.0})
+    replicas = [await env.replica(f"r{i}", config=config) for i in range(3)]
+    leader = await leader_of(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    assert await leader.propose(b"incr") == b"1"
+    await eventually(lambda: follower.applied == leader.applied, what="the follower applied command 1")
+    pausing = time.monotonic()  # its tail has delivered command 1 and pauses now
+    assert await leader.propose(b"incr") == b"2"
+    assert leader.applied is not None
+    assert await follower.read(b"get", "after", after=leader.applied) == b"2"
+    assert time.monotonic() - pausing < 0.7, "the read waited out the tail's pause"
+    assert await follower.read(b"get", "after", after=leader.applied) == b"2"  # applied: no wait at all
+
+
 def test_tail_poll_replicas_is_checked() -> None:
     assert RsmConfig().validate().tail_poll_replicas == 1
     for bad in (0, 3):
@@ -252,7 +272,7 @@ def test_tail_poll_replicas_is_checked() -> None:
 
 
 def test_tail_poll_pause_is_checked() -> None:
-    assert RsmConfig().validate().tail_poll_pause_s == 0.005
+    assert RsmConfig().validate().tail_poll_pause_s == 0.02
     for bad in (-0.001, 1.5):
         with pytest.raises(ConfigError, match="tail_poll_pause_s"):
             RsmConfig(tail_poll_pause_s=bad).validate()
