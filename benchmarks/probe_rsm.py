@@ -40,8 +40,9 @@ py-spy``, not a dependency).
 
 ``--ab``: no tracing; two groups of 3 replica processes on the same bookies, group A with
 ``--config-a`` (``RsmConfig`` fields as JSON) and ``--env-a``, group B likewise, one
-proposer against each in turn for ``--rounds`` rounds (A first in even rounds, B in odd ones); per round p50/p90/p99, CPU µs and
-context switches per proposal over every process, then medians and B/A ratios.
+proposer (or ``--proposers N`` at once) against each in turn for ``--rounds`` rounds (A first
+in even rounds, B in odd ones); per round proposals/s, p50/p90/p99, CPU µs and context
+switches per proposal over every process, then medians and B/A ratios.
 
 Run: ``.venv/bin/python benchmarks/probe_rsm.py [--seconds 10] [--json OUT] [--profile DIR]``
 or ``... --ab --config-a '{"lac_push_delay_s": 0}' --config-b '{}' --rounds 6 --seconds 3``;
@@ -71,7 +72,7 @@ from typing import Any
 
 import rsm_trace
 import tail_trace
-from bench_rsm import COMMAND, Replicas, replica_main
+from bench_rsm import COMMAND, Replicas, replica_main, timed_load
 
 SITE = "import sys\nsys.path.insert(0, {bench!r})\nimport rsm_trace\nrsm_trace.install_bookie()\n"
 HOPS = ("srv_in", "h0", "propose", "flush", "append", "sflush", "lappend", "send", "ack2", "confirm", "sent",
@@ -286,23 +287,20 @@ async def serving(client: Any, timeout_s: float = 60.0) -> None:
             await asyncio.sleep(0.1)
 
 
-async def one_proposer(addresses: list[str], seconds: float, pids: dict[str, int]
-                       ) -> tuple[list[float], dict[str, float], dict[str, float]]:
-    """Latencies (ms); CPU µs and context switches per proposal, by process."""
+async def proposing(addresses: list[str], seconds: float, pids: dict[str, int], proposers: int = 1
+                    ) -> tuple[list[float], dict[str, float], dict[str, float]]:
+    """``proposers`` callers on one client, each proposing one command at a time: latencies
+    (ms); CPU µs and context switches per proposal, by process."""
     from scriba.rsm.remote import RsmClient
 
     client = RsmClient(addresses, timeout_s=60.0)
     await serving(client)
     for _ in range(100):
         await client.propose(COMMAND)
-    latencies: list[float] = []
     cpu0, sw0 = cpu_s(pids), switches(pids)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        t0 = time.perf_counter()
-        await client.propose(COMMAND)
-        latencies.append((time.perf_counter() - t0) * 1000)
+    _, seconds_each = await timed_load(lambda: client.propose(COMMAND), proposers, seconds)
     cpu1, sw1 = cpu_s(pids), switches(pids)
+    latencies = [s * 1000 for s in seconds_each]
     await client.close()
     n = max(1, len(latencies))
     return (latencies, {k: round((cpu1[k] - cpu0[k]) / n * 1e6) for k in cpu0 if k in cpu1},
@@ -349,8 +347,10 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
                     bookies = clusters.get(k) or clusters["AB"]
                     pids = {"client": os.getpid(), **{f"replica-{s}": p.pid for s, p in group.procs.items()},
                             **{f"bookie-{b.bookie_id}": b.pid for b in bookies.bookies if b.pid is not None}}
-                    lat, cpu, sw = asyncio.run(one_proposer(list(group.addresses.values()), args.seconds, pids))
-                    out["rounds"][k].append({"n": len(lat), "p50": pct(lat, 0.5), "p90": pct(lat, 0.9),
+                    lat, cpu, sw = asyncio.run(proposing(list(group.addresses.values()), args.seconds, pids,
+                                                         args.proposers))
+                    out["rounds"][k].append({"n": len(lat), "per_s": round(len(lat) / args.seconds),
+                                             "p50": pct(lat, 0.5), "p90": pct(lat, 0.9),
                                              "p99": pct(lat, 0.99), "load": os.getloadavg()[0],
                                              "cpu_us": sum(cpu.values()), "switches": round(sum(sw.values()), 2),
                                              "cpu_by_process": cpu, "switches_by_process": sw})
@@ -363,7 +363,10 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
             etcd.stop()
     for k in ("A", "B"):
         rounds = out["rounds"][k]
-        out[k] = {q: sorted(r[q] for r in rounds)[len(rounds) // 2] for q in ("p50", "p90", "p99", "cpu_us", "switches")}
+        out[k] = {q: sorted(r[q] for r in rounds)[len(rounds) // 2]
+                  for q in ("per_s", "p50", "p90", "p99", "cpu_us", "switches")}
+    out["B/A per_s per round"] = [round(b["per_s"] / a["per_s"], 3)
+                                  for a, b in zip(out["rounds"]["A"], out["rounds"]["B"], strict=True)]
     out["B/A p50 per round"] = [round(b["p50"] / a["p50"], 3) for a, b in zip(out["rounds"]["A"], out["rounds"]["B"], strict=True)]
     out["B/A p99 per round"] = [round(b["p99"] / a["p99"], 3) for a, b in zip(out["rounds"]["A"], out["rounds"]["B"], strict=True)]
     return out
@@ -388,6 +391,8 @@ def main() -> int:
     p.add_argument("--config-a", default="", help="RsmConfig fields of group A, as JSON")
     p.add_argument("--config-b", default="", help="RsmConfig fields of group B, as JSON")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--proposers", type=int, default=1,
+                   help="--ab: callers proposing at once against each group (64: bench_rsm's throughput load)")
     p.add_argument("--own-bookies", action="store_true",
                    help="--ab: each group its own 3 bookies, run with its --env (e.g. PYTHONPATH=<another tree's "
                         "package view>: an older commit's bookies and replicas against this one's)")
