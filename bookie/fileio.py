@@ -8,7 +8,9 @@ faulty one in a process whose environment sets ``SCRIBA_DISK_FAULTS``.
 Contract: ``write``/``writev`` write everything or raise ``OSError`` — possibly after a
 prefix of the data reached the file (a short write, then ENOSPC): callers cut the file
 back before writing on. ``fdatasync`` raising means the bytes since the last successful
-sync may be lost — callers never retry and acknowledge.
+sync may be lost — callers never retry and acknowledge. ``extend`` grows a file without
+moving its position (the journal's preallocation); a layer may make it do nothing, so
+callers use it for speed only, never rely on the size.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class FileIO(Protocol):
     def write(self, fd: int, data: bytes | memoryview) -> None: ...
     def writev(self, fd: int, parts: list[bytes]) -> None: ...
     def pread(self, fd: int, length: int, offset: int) -> bytes: ...
+    def extend(self, fd: int, size: int) -> None: ...
     def fdatasync(self, fd: int) -> None: ...
     def truncate(self, fd: int, length: int) -> None: ...
     def size(self, fd: int) -> int: ...
@@ -60,6 +63,11 @@ class OsFileIO:
 
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         return os.pread(fd, length, offset)
+
+    def extend(self, fd: int, size: int) -> None:
+        """Grow the file to ``size`` bytes (the new ones read as zeros: a hole, no data written)."""
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
 
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)

@@ -31,10 +31,19 @@ on the loop do not wait behind a stall. Measured: storage alone, one add 0.45 ->
 p50; a bookie process paced at 1k adds/s, interleaved A/B of 4 rounds on a noisy VM,
 median p50 1.05 vs 1.14 ms and p99 4.1 vs 5.6 ms (on vs off).
 
+Preallocation (``prealloc_bytes``, as BookKeeper's ``journalPreAllocSizeMB``): the file
+is grown ahead of the records, that many bytes at a time (a hole: no data is written), and
+the new size made durable by the sync that follows, so a group's write no longer changes
+the file's size and its ``fdatasync`` has less metadata to commit. A file being left for
+the next (rotation) is cut to its records first.
+
 File layout ``<id:016x>.jnl``: a 16-byte header (magic, version, file id) then records
-``u32 body_len | u32 crc32c(len || body) | body``; ``body[0]`` is the record type.
-Replay (:func:`replay_journal`) yields complete records from a position and cuts the
-file at the first torn or corrupt one; later files are set aside (``.discarded``).
+``u32 body_len | u32 crc32c(len || body) | body``; ``body[0]`` is the record type; then,
+in a file written with preallocation, zeros (the hole) to its end.
+Replay (:func:`replay_journal`) yields complete records from a position. A file whose
+records end in zeros only ends there (the zeros are cut off and replay goes on with the
+next file: a bookie stopped or killed leaves its last file so). At the first torn or
+corrupt record the file is cut and later files are set aside (``.discarded``).
 """
 
 from __future__ import annotations
@@ -241,6 +250,10 @@ def replay_journal(
                     yield rtype, body, JournalPosition(file_id, end)
             if good and end == size:
                 continue
+            if good and _zeros_only(fio, fd, end, size):  # the unused part of a preallocated file
+                fio.truncate(fd, end)
+                fio.fdatasync(fd)
+                continue
             log.warning("journal_truncated", file=str(path), offset=end, size=size,
                         header_ok=good)
             if good:
@@ -255,6 +268,16 @@ def replay_journal(
             later.rename(later.with_name(later.name + ".discarded"))
         fio.fsync_dir(journal_dir)
         return
+
+
+def _zeros_only(fio: FileIO, fd: int, start: int, end: int) -> bool:
+    """Whether bytes ``[start, end)`` of the file are all zero."""
+    while start < end:
+        chunk = fio.pread(fd, min(CHUNK_BYTES, end - start), start)
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        start += len(chunk)
+    return True
 
 
 def _header_ok(header: bytes, file_id: int) -> bool:
@@ -295,6 +318,7 @@ class Journal:
         group_wait_ms_max: float = 1.0,
         group_bytes_max: int = 4 * 1024 * 1024,
         file_bytes_max: int = 256 * 1024 * 1024,
+        prealloc_bytes: int = 4 * 1024 * 1024,
         sync_inline_when_idle: bool = True,
     ) -> None:
         self._dir = journal_dir
@@ -305,6 +329,9 @@ class Journal:
         self._group_wait_s = group_wait_ms_max / 1000.0
         self._group_bytes_max = group_bytes_max
         self._file_bytes_max = file_bytes_max
+        self._prealloc = min(prealloc_bytes, file_bytes_max)
+        self._allocated = 0  # the current file's size as grown ahead of its records
+        self._filling = False  # preallocating in the current file
         self._cond = threading.Condition()
         self._queue: deque[tuple[bytes, Any, asyncio.Future[None]]] = deque()
         self._inline = sync_inline_when_idle
@@ -336,6 +363,10 @@ class Journal:
         try:
             self._fio.truncate(fd, 0)
             self._fio.write(fd, FILE_HEADER.pack(MAGIC, VERSION, self._file_id))
+            self._allocated = FILE_HEADER_SIZE
+            self._filling = self._prealloc > FILE_HEADER_SIZE
+            if self._filling:
+                self._grow(fd, self._prealloc - FILE_HEADER_SIZE)
             self._fio.fdatasync(fd)
             self._fio.fsync_dir(self._dir)
         except BaseException:
@@ -343,6 +374,17 @@ class Journal:
             raise
         self._fd = fd
         self._offset = FILE_HEADER_SIZE
+
+    def _grow(self, fd: int, length: int) -> None:
+        """Preallocate ``length`` more bytes. A failure costs nothing but speed: the
+        file appends from then on, until the next file."""
+        try:
+            self._fio.extend(fd, self._allocated + length)
+        except OSError as exc:
+            log.warning("journal_prealloc_failed", error=str(exc))
+            self._filling = False
+            return
+        self._allocated += length
 
     def submit(self, record: bytes, token: Any) -> asyncio.Future[None]:
         """Queue one framed record (call on the event loop); the future resolves when durable."""
@@ -465,6 +507,8 @@ class Journal:
         start = self._offset
         t0 = time.perf_counter()
         try:
+            if self._filling and start + nbytes > self._allocated:  # synced below, with the group
+                self._grow(self._fd, max(self._prealloc, start + nbytes - self._allocated))
             self._fio.writev(self._fd, parts)
         except OSError as exc:
             if exc.errno == errno.ENOSPC and self._cut_back(start):
@@ -487,6 +531,9 @@ class Journal:
 
     def _rotate(self) -> None:
         old = self._fd
+        if self._allocated > self._offset:  # leave the file with its records only
+            self._fio.truncate(old, self._offset)
+            self._fio.fdatasync(old)
         self._file_id += 1
         self._open_new_file()
         self._fio.close(old)
@@ -515,6 +562,7 @@ class Journal:
             self._fio.fdatasync(self._fd)
         except OSError:
             return False
+        self._allocated = offset
         return True
 
     def _group_durable(self, group: list[tuple[bytes, Any, asyncio.Future[None]]],

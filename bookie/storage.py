@@ -64,6 +64,7 @@ class DiskLedgerStorage(StorageWrites, StorageReads):
             group_wait_ms_max=c.journal_group_wait_ms_max,
             group_bytes_max=c.journal_group_bytes_max,
             file_bytes_max=c.journal_file_bytes_max,
+            prealloc_bytes=c.journal_prealloc_bytes,
             sync_inline_when_idle=c.journal_sync_inline_when_idle,
         )
         self._applied_pos = self._journal.position

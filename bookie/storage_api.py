@@ -91,6 +91,7 @@ class StorageConfig:
     journal_group_wait_ms_max: float = 1.0
     journal_group_bytes_max: int = 4 * 1024 * 1024
     journal_file_bytes_max: int = 256 * 1024 * 1024
+    journal_prealloc_bytes: int = 4 * 1024 * 1024  # journal files grown this far ahead of their records; 0: not
     journal_queue_bytes_max: int = 64 * 1024 * 1024
     journal_sync_inline_when_idle: bool = True  # see journal.Journal (idle path)
     entry_log_file_bytes_max: int = 256 * 1024 * 1024
@@ -113,6 +114,7 @@ class StorageConfig:
             "journal_file_bytes_max",
             "must be >= journal_group_bytes_max",
         )
+        require(self.journal_prealloc_bytes >= 0, "journal_prealloc_bytes", "must be >= 0")
         require(
             self.journal_queue_bytes_max >= self.journal_group_bytes_max,
             "journal_queue_bytes_max",

@@ -148,6 +148,10 @@ class FaultyFileIO(OsFileIO):
     def writev(self, fd: int, parts: list[bytes]) -> None:
         self.write(fd, b"".join(parts))  # one path for every fault
 
+    def extend(self, fd: int, size: int) -> None:
+        """Nothing: the crash model cuts a file back to its size at the last sync, which
+        holds for appends only, so this layer never grows a file ahead of its writes."""
+
     def fdatasync(self, fd: int) -> None:
         self._reload()
         spec = self._spec

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,8 @@ def open_journal(tmp_path: Path, fio: OsFileIO, durable: list[list[Any]], **kw: 
                       lambda tokens, pos: durable.append(tokens), lambda err: None, **kw)
 
 
-def file_size(tmp_path: Path) -> int:
-    return sum(os.path.getsize(p) for _, p in jr.journal_files(tmp_path / "j"))
+def journal_bytes(tmp_path: Path) -> bytes:
+    return b"".join(p.read_bytes() for _, p in jr.journal_files(tmp_path / "j"))
 
 
 async def test_a_lone_record_is_written_and_synced_before_submit_returns(tmp_path: Path) -> None:
@@ -44,10 +43,11 @@ async def test_a_lone_record_is_written_and_synced_before_submit_returns(tmp_pat
     durable: list[list[Any]] = []
     j = open_journal(tmp_path, fio, durable)
     try:
-        before = file_size(tmp_path)
+        record = jr.frame(b"\x04" + bytes(16))
+        assert record not in journal_bytes(tmp_path)
         fio.sync_threads.clear()
-        fut = j.submit(jr.frame(b"\x04" + bytes(16)), "t1")
-        assert file_size(tmp_path) > before  # written on the spot ...
+        fut = j.submit(record, "t1")
+        assert record in journal_bytes(tmp_path)  # written on the spot ...
         assert fio.sync_threads == [fio_thread()]  # ... and synced on the loop's thread
         assert fut.done() and durable == [["t1"]]  # settled before submit returned: no loop turn
         await asyncio.wait_for(fut, 5)
