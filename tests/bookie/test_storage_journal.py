@@ -77,16 +77,19 @@ def entries_from_records(adds_ends: list[int], cut: int) -> int:
     return sum(1 for e in adds_ends if e <= cut)
 
 
+@pytest.mark.parametrize("zeros", [0, 4096], ids=["appended", "preallocated"])
 def test_replay_journal_at_every_cut(
-    journal_image: tuple[Path, Path, list[int], list[int]], tmp_path: Path
+    journal_image: tuple[Path, Path, list[int], list[int]], tmp_path: Path, zeros: int
 ) -> None:
+    """``zeros``: the file goes on with that many zero bytes after the cut, as a
+    preallocated file does: a torn record before them is cut all the same."""
     root, rel, ends, _ = journal_image
     start = jr.FILE_HEADER_SIZE
     image = (root / rel).read_bytes()
     for cut in range(start, len(image) + 1):
         d = tmp_path / f"cut{cut}"
         d.mkdir()
-        (d / rel.name).write_bytes(image[:cut])
+        (d / rel.name).write_bytes(image[:cut] + bytes(zeros))
         got = list(jr.replay_journal(d, OsFileIO(), jr.JournalPosition(int(rel.stem, 16), start)))
         complete = [e for e in ends if e <= cut]
         assert [p.offset for _, _, p in got] == complete, cut
