@@ -18,6 +18,11 @@ BIOs: no sockets, no asyncio), sealing 64 KiB writes of 1 KiB entries and openin
 and states the throughput loss that CPU alone would cause were the plaintext run bound
 by CPU (``floor_loss_pct``: floor / (plaintext CPU per entry + floor)).
 
+``paired_rounds``: the same figures round by round (each round runs both sides back to
+back), their median and spread, and how many rounds met the goal. Use ``--runs 10`` or
+more for it: the medians of each side above carry the drift between rounds, a round's
+ratio mostly does not.
+
 Run: ``.venv/bin/python benchmarks/bench_tls.py [--seconds 5] [--runs 3] [--storage memory] [--json OUT]``.
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
@@ -108,6 +113,29 @@ def bench(uri: str, tls: TlsConfig | None, *, seconds: float | None, entries: in
     return result
 
 
+def paired_rounds(plain: list[dict[str, Any]], tls: list[dict[str, Any]]) -> dict[str, Any]:
+    """TLS's cost round by round: each round ran both sides back to back, so a round's
+    ratio is free of the drift between rounds that the medians of each side carry (the
+    machine's load moves more between rounds than within one). Per round: the
+    throughput loss in percent, the CPU per entry that TLS added (client + bookies), and
+    the loss that added CPU predicts were the run bound by CPU (added / (plain + added))."""
+    def cpu(run: dict[str, Any]) -> float:
+        return float(run["client_cpu_us_per_entry"] + run["bookie_cpu_us_per_entry"])
+
+    loss = [100 * (1 - t["entries_per_s"] / p["entries_per_s"]) for p, t in zip(plain, tls, strict=True)]
+    added = [cpu(t) - cpu(p) for p, t in zip(plain, tls, strict=True)]
+    cpu_loss = [100 * a / cpu(t) for a, t in zip(added, tls, strict=True)]
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+                "max": round(max(values), 1)}
+
+    return {"rounds": len(loss), "throughput_loss_pct": spread(loss),
+            "rounds_within_goal": sum(x <= GOAL_LOSS_PCT_MAX for x in loss),
+            "cpu_us_per_entry_added": spread(added), "cpu_loss_pct": spread(cpu_loss),
+            "per_round_loss_pct": [round(x, 1) for x in loss]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -177,6 +205,7 @@ def main() -> int:
     summary["cipher_floor"] = {**floor, "cpu_us_per_entry": round(floor_us, 2),
                                "plain_cpu_us_per_entry": round(plain_us, 2),
                                "floor_loss_pct": round(100 * floor_us / (plain_us + floor_us), 1)}
+    summary["paired_rounds"] = paired_rounds(runs["plain"], runs["tls"])
     summary["ratio_p99_one_inflight_tls_over_plain"] = round(
         tls["latency_ms_p99_one_inflight"] / plain["latency_ms_p99_one_inflight"], 3)
     summary["settings"] = {"seconds": args.seconds, "runs": args.runs, "inflight": args.inflight,
