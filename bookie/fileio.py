@@ -10,11 +10,14 @@ prefix of the data reached the file (a short write, then ENOSPC): callers cut th
 back before writing on. ``fdatasync`` raising means the bytes since the last successful
 sync may be lost — callers never retry and acknowledge. ``extend`` grows a file without
 moving its position (the journal's preallocation); a layer may make it do nothing, so
-callers use it for speed only, never rely on the size.
+callers use it for speed only, never rely on the size. ``drop_cache`` is advice (the
+kernel may drop those cached pages; dirty ones are written first): never a loss, never
+an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +33,7 @@ class FileIO(Protocol):
     def pread(self, fd: int, length: int, offset: int) -> bytes: ...
     def extend(self, fd: int, size: int) -> None: ...
     def fdatasync(self, fd: int) -> None: ...
+    def drop_cache(self, fd: int, offset: int, length: int) -> None: ...
     def truncate(self, fd: int, length: int) -> None: ...
     def size(self, fd: int) -> int: ...
     def close(self, fd: int) -> None: ...
@@ -71,6 +75,11 @@ class OsFileIO:
 
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
+
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """``posix_fadvise(DONTNEED)`` on the range (``length`` 0: to the end); advice only."""
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
     def truncate(self, fd: int, length: int) -> None:
         os.ftruncate(fd, length)

@@ -20,7 +20,7 @@ write again). Reads keep working in read-only mode.
 
 Invariant: an add is OK only after its journal record's fdatasync returned.
 
-On disk: ``<journal_dir>/<id:016x>.jnl`` (journal.py), ``<ledger_dir>/entrylogs/<id:08x>.elog``
+On disk: ``<journal_dir>/<id:016x>.jnl`` (journal.py, journal_format.py), ``<ledger_dir>/entrylogs/<id:08x>.elog``
 (entry_log.py), ``<ledger_dir>/index/`` (LMDB, ledger_index.py) and a ``LOCK`` file in each
 dir held with ``flock`` while open (a second process on the same dirs is refused).
 """
@@ -65,6 +65,7 @@ class DiskLedgerStorage(StorageWrites, StorageReads):
             group_bytes_max=c.journal_group_bytes_max,
             file_bytes_max=c.journal_file_bytes_max,
             prealloc_bytes=c.journal_prealloc_bytes,
+            drop_cache_bytes=c.journal_drop_cache_bytes,
             sync_inline_when_idle=c.journal_sync_inline_when_idle,
         )
         self._applied_pos = self._journal.position

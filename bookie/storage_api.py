@@ -92,6 +92,7 @@ class StorageConfig:
     journal_group_bytes_max: int = 4 * 1024 * 1024
     journal_file_bytes_max: int = 256 * 1024 * 1024
     journal_prealloc_bytes: int = 4 * 1024 * 1024  # journal files grown this far ahead of their records; 0: not
+    journal_drop_cache_bytes: int = 1024 * 1024  # synced journal pages dropped from the page cache in steps; 0: kept
     journal_queue_bytes_max: int = 64 * 1024 * 1024
     journal_sync_inline_when_idle: bool = True  # see journal.Journal (idle path)
     entry_log_file_bytes_max: int = 256 * 1024 * 1024
@@ -115,6 +116,7 @@ class StorageConfig:
             "must be >= journal_group_bytes_max",
         )
         require(self.journal_prealloc_bytes >= 0, "journal_prealloc_bytes", "must be >= 0")
+        require(self.journal_drop_cache_bytes >= 0, "journal_drop_cache_bytes", "must be >= 0")
         require(
             self.journal_queue_bytes_max >= self.journal_group_bytes_max,
             "journal_queue_bytes_max",

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from scriba.bookie import journal as jr
 from scriba.bookie.fileio import OsFileIO
+from scriba.bookie.journal_format import _records_in
 from scriba.bookie.storage import open_storage
 from scriba.bookie.storage_api import AddOp, StorageConfig
 from scriba.entry import Crc32cDigest, pack_entry
@@ -59,7 +60,7 @@ def journal_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
     fio = OsFileIO()
     fd = fio.open(path, create=False)
     try:
-        recs = list(jr._records_in(fio, fd, files[-1][0], jr.FILE_HEADER_SIZE))
+        recs = list(_records_in(fio, fd, files[-1][0], jr.FILE_HEADER_SIZE))
     finally:
         fio.close(fd)
     assert [t for t, _, _ in recs] == [jr.MASTER_KEY, jr.ADDS] * RECORDS
