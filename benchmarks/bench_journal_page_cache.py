@@ -22,21 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from bench_tls import bench
+from proc_cpu import pids_cpu_s
 
 from scriba.embedded.bookie import BookieProcess
 from scriba.embedded.etcd import EtcdCluster
 
 SIDES: dict[str, list[str]] = {"drop": [], "keep": ["--storage-option", "journal_drop_cache_bytes=0"]}
-CLOCK_TICKS_PER_S = 100  # /proc/<pid>/stat's unit (USER_HZ)
-
-
-def system_s(pids: list[int]) -> float:
-    """Kernel CPU seconds of the processes (``stime``; the copy into the page cache is there)."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[12])
-    return total / CLOCK_TICKS_PER_S
 
 
 def main() -> int:
@@ -60,11 +51,11 @@ def main() -> int:
             for round_no in range(args.rounds):
                 for name in list(SIDES) if round_no % 2 == 0 else list(SIDES)[::-1]:
                     pids = [b.pid for b in bookies[name] if b.pid is not None]
-                    sys_before = system_s(pids)
+                    sys_before = pids_cpu_s(pids, system_only=True)
                     run = bench(etcd.uri(name), None, seconds=args.seconds, entries=None,
                                 inflight=args.inflight, bookie_pids=pids)
                     row = {"entries_per_s": run["entries_per_s"], "bookie_cpu_us_per_entry": run["bookie_cpu_us_per_entry"],
-                           "bookie_system_us_per_entry": round(1e6 * (system_s(pids) - sys_before) / run["entries"], 2)}
+                           "bookie_system_us_per_entry": round(1e6 * (pids_cpu_s(pids, system_only=True) - sys_before) / run["entries"], 2)}
                     rows[name].append(row)
                     print(f"round {round_no} {name}: {row}", flush=True)
         finally:

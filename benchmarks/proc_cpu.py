@@ -32,13 +32,14 @@ def descendants_cpu_s(root: int | None = None) -> float:
     return total
 
 
-def pids_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of the living processes ``pids`` (ended ones count 0)."""
+def pids_cpu_s(pids: list[int], *, system_only: bool = False) -> float:
+    """User + system CPU seconds of the living processes ``pids`` (ended ones count 0);
+    ``system_only``: the kernel's part alone."""
     total = 0.0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS_S
+        total += (int(fields[12]) + (0 if system_only else int(fields[11]))) / _TICKS_S
     return total

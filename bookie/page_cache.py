@@ -41,10 +41,6 @@ class PageDrops:
         self.step = step
         self._done = 0  # bytes from the file's start already dropped
 
-    @property
-    def enabled(self) -> bool:
-        return self.step > 0
-
     def restart(self) -> None:
         """A new file: nothing of it dropped yet."""
         self._done = 0
@@ -53,7 +49,7 @@ class PageDrops:
         """``(offset, length)`` to drop now that the file is synced up to ``synced``
         bytes, or None while less than a step has been synced since the last drop."""
         end = synced - synced % PAGE_BYTES
-        if not self.enabled or end - self._done < self.step:
+        if self.step <= 0 or end - self._done < self.step:
             return None
         start, self._done = self._done, end
         return start, end - start
