@@ -23,12 +23,12 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.security import ACL, make_digest_acl
 
 from scriba.errors import ConfigError
 from scriba.meta.credentials import secret
 from scriba.meta.uri import MetadataUri
+from scriba.meta.zk_connect import BoundedConnectHandler
 from scriba.tls import TlsConfig
 
 
@@ -43,10 +43,11 @@ def tls_options(parsed: MetadataUri) -> dict[str, Any]:
     return {"use_ssl": True, "handler": _TlsHandler(loaded.client_ssl_context())}
 
 
-class _TlsHandler(SequentialThreadingHandler):  # type: ignore[misc]
-    """kazoo's threading handler, dialing TLS with our context. Unlike kazoo 2.11's own
-    TLS dialer it closes the socket of a failed handshake (a client retrying against a
-    server it must refuse would otherwise leak one descriptor per attempt)."""
+class _TlsHandler(BoundedConnectHandler):
+    """kazoo's threading handler, dialing TLS with our context (the dial and the handshake
+    bounded as every connect attempt is). Unlike kazoo 2.11's own TLS dialer it closes the
+    socket of a failed handshake (a client retrying against a server it must refuse would
+    otherwise leak one descriptor per attempt)."""
 
     def __init__(self, context: ssl.SSLContext) -> None:
         super().__init__()
@@ -54,7 +55,7 @@ class _TlsHandler(SequentialThreadingHandler):  # type: ignore[misc]
 
     def create_connection(self, address: tuple[str, int], hostname: str | None = None,
                           timeout: float | None = None, **_kazoo_tls_args: Any) -> ssl.SSLSocket:
-        sock = socket.create_connection(address, timeout)
+        sock = socket.create_connection(address, self.bound(timeout))
         try:
             conn = self._context.wrap_socket(sock, server_hostname=hostname or address[0])
         except BaseException:

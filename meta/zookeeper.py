@@ -17,7 +17,10 @@ The parts, each in its own module:
   write alone;
 - ``scriba.meta.zk_watch``: one-shot ZooKeeper watches turned into lasting streams;
 - ``scriba.meta.zk_txn``: transactions as a guarded multi;
-- ``scriba.meta.zk_security``: digest credentials and ACLs, TLS.
+- ``scriba.meta.zk_security``: digest credentials and ACLs, TLS;
+- ``scriba.meta.zk_connect``: kazoo's client with each connect attempt bounded to a
+  third of the session timeout, so a server that accepts and does not answer cannot
+  hold the attempt until the session it came to keep has expired.
 
 This module holds the store: opening, the session, the record operations and ids.
 
@@ -72,6 +75,7 @@ from scriba.meta.store import (
     check_value,
 )
 from scriba.meta.uri import MetadataUri, parse_uri
+from scriba.meta.zk_connect import kazoo_client
 from scriba.meta.zk_multi import MultiWriter, WriteKind, ZkWrite
 from scriba.meta.zk_requests import (
     CONTAINER,
@@ -148,9 +152,9 @@ class ZooKeeperStore:
         invariant(parsed.scheme == "zk", f"ZooKeeperStore cannot open {parsed.text!r}")
         loop = asyncio.get_running_loop()
         auth_data, acl = digest_auth(parsed)
-        client = KazooClient(
+        client = kazoo_client(
             hosts=parsed.hosts_text,
-            timeout=session_timeout_s,
+            session_timeout_s=session_timeout_s,
             connection_retry=connection_retry(),
             randomize_hosts=True,
             logger=logging.getLogger("scriba.meta.zookeeper.kazoo"),
@@ -456,10 +460,10 @@ class ZooKeeperStore:
             hosts, timeout_s = self.hosts, self.session_timeout_s
 
             def join_and_close() -> None:
-                other = KazooClient(
+                other = kazoo_client(
                     hosts=hosts,
                     client_id=client_id,
-                    timeout=timeout_s,
+                    session_timeout_s=timeout_s,
                     connection_retry=connection_retry(),
                 )
                 try:
