@@ -23,7 +23,11 @@ back), their median and spread, and how many rounds met the goal. Use ``--runs 1
 more for it: the medians of each side above carry the drift between rounds, a round's
 ratio mostly does not.
 
-Run: ``.venv/bin/python benchmarks/bench_tls.py [--seconds 5] [--runs 3] [--storage memory] [--json OUT]``.
+``--also-sslproto``: a third cluster whose bookies and client run TLS on asyncio's
+``sslproto`` (``SCRIBA_TLS_TRANSPORT=asyncio``) instead of ``scriba.tls_socket``, in the
+same rounds; ``sslproto_paired_rounds`` and ``tls_socket_vs_sslproto`` compare them.
+
+Run: ``.venv/bin/python benchmarks/bench_tls.py [--seconds 5] [--runs 3] [--storage memory] [--also-sslproto] [--json OUT]``.
 Not a timed test: the machine has 2 cores shared by every process, so figures vary.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import ssl
 import statistics
 import subprocess
@@ -53,6 +58,7 @@ from scriba.tls import TlsConfig  # noqa: E402
 
 GOAL_LOSS_PCT_MAX = 15.0  # issue #21: TLS may cost at most 15% of plaintext throughput
 REPLICAS = 3  # each entry is sealed once per bookie of the write quorum (E3/W3)
+SSLPROTO_ENV = {"SCRIBA_TLS_TRANSPORT": "asyncio"}  # the --also-sslproto cluster's bookies and client
 
 
 def cipher_floor(pki: TestPki, *, entry_bytes: int = 1024, write_bytes: int = 64 * 1024,
@@ -94,7 +100,7 @@ def cipher_floor(pki: TestPki, *, entry_bytes: int = 1024, write_bytes: int = 64
 
 
 def bench(uri: str, tls: TlsConfig | None, *, seconds: float | None, entries: int | None,
-          inflight: int, bookie_pids: list[int]) -> dict[str, Any]:
+          inflight: int, bookie_pids: list[int], env: dict[str, str] | None = None) -> dict[str, Any]:
     """One ``scriba bench`` run; its JSON, plus ``bookie_cpu_us_per_entry`` (the CPU the
     cluster's bookies spent during the run, per confirmed entry)."""
     argv = [sys.executable, "-m", "scriba.cli", "--log-level", "warning", "bench", "--metadata", uri,
@@ -104,7 +110,8 @@ def bench(uri: str, tls: TlsConfig | None, *, seconds: float | None, entries: in
     if tls is not None:
         argv += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca", str(tls.ca)]
     cpu_before_s = pids_cpu_s(bookie_pids)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=(seconds or 60) + 120)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=(seconds or 60) + 120,
+                          env={**os.environ, **env} if env else None)
     bookie_cpu_s = pids_cpu_s(bookie_pids) - cpu_before_s  # includes the client's set-up (ledger create)
     if done.returncode != 0 or not done.stdout.strip():
         raise RuntimeError(f"scriba bench on {uri} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -113,15 +120,17 @@ def bench(uri: str, tls: TlsConfig | None, *, seconds: float | None, entries: in
     return result
 
 
+def cpu(run: dict[str, Any]) -> float:
+    """The CPU per confirmed entry of one run: the client's and its bookies'."""
+    return float(run["client_cpu_us_per_entry"] + run["bookie_cpu_us_per_entry"])
+
+
 def paired_rounds(plain: list[dict[str, Any]], tls: list[dict[str, Any]]) -> dict[str, Any]:
     """TLS's cost round by round: each round ran both sides back to back, so a round's
     ratio is free of the drift between rounds that the medians of each side carry (the
     machine's load moves more between rounds than within one). Per round: the
     throughput loss in percent, the CPU per entry that TLS added (client + bookies), and
     the loss that added CPU predicts were the run bound by CPU (added / (plain + added))."""
-    def cpu(run: dict[str, Any]) -> float:
-        return float(run["client_cpu_us_per_entry"] + run["bookie_cpu_us_per_entry"])
-
     loss = [100 * (1 - t["entries_per_s"] / p["entries_per_s"]) for p, t in zip(plain, tls, strict=True)]
     added = [cpu(t) - cpu(p) for p, t in zip(plain, tls, strict=True)]
     cpu_loss = [100 * a / cpu(t) for a, t in zip(added, tls, strict=True)]
@@ -136,6 +145,19 @@ def paired_rounds(plain: list[dict[str, Any]], tls: list[dict[str, Any]]) -> dic
             "per_round_loss_pct": [round(x, 1) for x in loss]}
 
 
+def tls_socket_vs_sslproto(plain: list[dict[str, Any]], socket_runs: list[dict[str, Any]],
+                           sslproto_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Round by round: throughput on ``scriba.tls_socket`` over throughput on ``sslproto``,
+    and the CPU per entry each added to plaintext (client + bookies)."""
+    rate = [s["entries_per_s"] / a["entries_per_s"] for s, a in zip(socket_runs, sslproto_runs, strict=True)]
+    added_socket = [cpu(s) - cpu(p) for p, s in zip(plain, socket_runs, strict=True)]
+    added_sslproto = [cpu(a) - cpu(p) for p, a in zip(plain, sslproto_runs, strict=True)]
+    return {"throughput_ratio_median": round(statistics.median(rate), 3),
+            "throughput_ratio_per_round": [round(x, 3) for x in rate],
+            "cpu_us_per_entry_added_median": {"tls_socket": round(statistics.median(added_socket), 2),
+                                              "sslproto": round(statistics.median(added_sslproto), 2)}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -143,6 +165,8 @@ def main() -> int:
     parser.add_argument("--inflight", type=int, default=1000)
     parser.add_argument("--latency-entries", type=int, default=500)
     parser.add_argument("--storage", choices=["disk", "memory"], default="disk")
+    parser.add_argument("--also-sslproto", action="store_true",
+                        help="a third cluster on asyncio's sslproto (SCRIBA_TLS_TRANSPORT=asyncio)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
@@ -153,12 +177,15 @@ def main() -> int:
         etcd.start()
         storage = ["--storage", "memory"] if args.storage == "memory" else []
         clusters = {"plain": (None, None), "tls": (pki.server_tls(), pki.client_tls(pki.client))}
+        if args.also_sslproto:
+            clusters["sslproto"] = clusters["tls"]
+        envs = {name: SSLPROTO_ENV if name == "sslproto" else None for name in clusters}
         bookies: list[BookieProcess] = []
         try:
             for name, (server, _) in clusters.items():
                 for i in range(3):
                     bookies.append(BookieProcess(base / f"{name}-{i}", etcd.uri(name), bookie_id=f"{name}-{i}",
-                                                 tls=server, extra_args=storage))
+                                                 tls=server, extra_args=storage, env=envs[name]))
             for b in bookies:
                 b.start()
             pids = {name: [b.pid for b in bookies if b.bookie_id.startswith(name) and b.pid is not None]
@@ -168,9 +195,9 @@ def main() -> int:
                 order = list(clusters.items()) if round_no % 2 == 0 else list(clusters.items())[::-1]
                 for name, (_, client) in order:
                     runs[name].append(bench(etcd.uri(name), client, seconds=args.seconds, entries=None,
-                                            inflight=args.inflight, bookie_pids=pids[name]))
+                                            inflight=args.inflight, bookie_pids=pids[name], env=envs[name]))
             latency = {name: bench(etcd.uri(name), client, seconds=None, entries=args.latency_entries, inflight=1,
-                                   bookie_pids=pids[name])
+                                   bookie_pids=pids[name], env=envs[name])
                        for name, (_, client) in clusters.items()}
         finally:
             for b in bookies:
@@ -206,6 +233,9 @@ def main() -> int:
                                "plain_cpu_us_per_entry": round(plain_us, 2),
                                "floor_loss_pct": round(100 * floor_us / (plain_us + floor_us), 1)}
     summary["paired_rounds"] = paired_rounds(runs["plain"], runs["tls"])
+    if "sslproto" in summary:
+        summary["sslproto_paired_rounds"] = paired_rounds(runs["plain"], runs["sslproto"])
+        summary["tls_socket_vs_sslproto"] = tls_socket_vs_sslproto(runs["plain"], runs["tls"], runs["sslproto"])
     summary["ratio_p99_one_inflight_tls_over_plain"] = round(
         tls["latency_ms_p99_one_inflight"] / plain["latency_ms_p99_one_inflight"], 3)
     summary["settings"] = {"seconds": args.seconds, "runs": args.runs, "inflight": args.inflight,

@@ -13,7 +13,8 @@ still not free. Over TLS asyncio's ``sslproto`` does the same with
 ``SSLObject.read(256 KiB)``, once per TLS record. At one add in flight each bookie reads
 once per add, the writer once per answer and a tailing reader once per entry.
 
-So the connections are ``asyncio.BufferedProtocol``s: the loop (and ``sslproto``) reads
+So the connections are ``asyncio.BufferedProtocol``s: the loop (and, over TLS,
+``scriba.tls_socket``, several records per call, or ``sslproto``) reads
 into :func:`read_buffer`, a buffer of ``READ_BUFFER_BYTES`` kept per thread, and
 ``buffer_updated`` hands a ``bytes`` copy of exactly what arrived to the protocol's
 ``data_received``, as before. Frames keep their contract (a body is a view of an

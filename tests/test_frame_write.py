@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from scriba import tls_socket
 from scriba.frame_write import TLS_WRITE_BYTES, frame_writer, is_tls
 from scriba.proto import binary as wire
 from scriba.testing.pki import TestPki
@@ -129,19 +130,32 @@ class _Relay:
         await asyncio.gather(self._pipe(reader, up_writer, True), self._pipe(up_reader, writer, False))
 
 
-async def test_a_frame_of_many_entries_crosses_tls_in_full_records(pki: TestPki) -> None:
+@pytest.mark.parametrize("how", ["sslproto", "tls_socket"])
+async def test_a_frame_of_many_entries_crosses_tls_in_full_records(pki: TestPki, how: str) -> None:
+    """Through asyncio's TLS transport and through ``scriba.tls_socket``'s (the data path's)."""
     loop = asyncio.get_running_loop()
     received, got, want = bytearray(), asyncio.Event(), [0]
-    server = await loop.create_server(lambda: _Sink(received, got, want), "127.0.0.1", 0,
-                                      ssl=pki.server_tls().load().server_ssl_context())
+    server_context = pki.server_tls().load().server_ssl_context()
+    client_context = pki.client_tls(pki.client).load().client_ssl_context()
+    server: asyncio.Server | tls_socket.TlsServer
+    if how == "sslproto":
+        server = await loop.create_server(lambda: _Sink(received, got, want), "127.0.0.1", 0, ssl=server_context)
+    else:
+        server = await tls_socket.start_server(lambda: _Sink(received, got, want), "127.0.0.1", 0,
+                                               ssl_context=server_context)
     relay = _Relay(server.sockets[0].getsockname()[1])
     relay_server = await asyncio.start_server(relay.serve, "127.0.0.1", 0)
     transport: asyncio.BaseTransport | None = None
     try:
         async with asyncio.timeout(DEADLINE_S):
-            transport, _ = await loop.create_connection(
-                asyncio.Protocol, "127.0.0.1", relay_server.sockets[0].getsockname()[1],
-                ssl=pki.client_tls(pki.client).load().client_ssl_context(), server_hostname="localhost")
+            relay_port = relay_server.sockets[0].getsockname()[1]
+            if how == "sslproto":
+                transport, _ = await loop.create_connection(
+                    asyncio.Protocol, "127.0.0.1", relay_port, ssl=client_context, server_hostname="localhost")
+            else:
+                transport, _ = await tls_socket.open_connection(
+                    asyncio.Protocol, "127.0.0.1", relay_port, ssl_context=client_context,
+                    server_hostname="localhost")
             hello = wire.encode_hello()  # one small frame first: the handshake's records are then behind us
             want[0] = sum(map(len, hello))
             frame_writer(transport)(hello)  # type: ignore[arg-type]

@@ -182,6 +182,7 @@ async def test_tls_binary_data_path_is_tls_with_the_same_allow_lists(
     from scriba.client.binary_transport import BinaryTransport
     from scriba.ids import LedgerId
     from scriba.testing.waiting import eventually
+    from scriba.tls_socket import TlsSocketTransport
 
     w = await good_client.create_ledger(3, 3, 2, password=b"pw")
     assert await w.append(b"over binary tls") == 0
@@ -189,6 +190,8 @@ async def test_tls_binary_data_path_is_tls_with_the_same_allow_lists(
     assert isinstance(t, BinaryTransport)
     await eventually(lambda: {t.wire_of(b) for b in w.metadata.current_ensemble} == {"binary"}, 20.0,
                      what="every bookie of the ensemble reached over its binary link")
+    # TLS on a non-blocking SSLSocket (scriba.tls_socket), not asyncio's sslproto
+    assert all(isinstance(t._links[b]._transport, TlsSocketTransport) for b in w.metadata.current_ensemble)
     addresses, binary = tls_cluster.addresses(), tls_cluster.binary_addresses()
     b0 = BookieId(tls_cluster[0].bookie_id)
     for tls, refused in ((None, UnavailableError), (pki.client_tls(pki.intruder), UnauthorizedError)):

@@ -1,0 +1,214 @@
+"""TLS on a non-blocking ``SSLSocket`` (``scriba.tls_socket``): the transport of the
+binary data path's TLS connections, between real sockets on 127.0.0.1.
+
+Every byte arrives, in order, through writes that OpenSSL made wait; a protocol that
+pauses its reading while OpenSSL still holds decrypted bytes gets them on resuming;
+``close`` sends what is queued before its close_notify; failed and silent handshakes
+end on the server without stopping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+
+import pytest
+
+from scriba import tls_socket
+from scriba.testing.pki import TestPki
+
+DEADLINE_S = 30.0
+
+
+class Collect(asyncio.BufferedProtocol):
+    """Keeps what arrives; optionally reads through a tiny buffer and pauses after each read."""
+
+    def __init__(self, *, buffer_bytes: int = 256 * 1024, pause_each: bool = False) -> None:
+        self.buf = bytearray(buffer_bytes)
+        self.received = bytearray()
+        self.pause_each = pause_each
+        self.transport: asyncio.Transport | None = None
+        self.changed = asyncio.Event()
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.eof = False
+        self.paused_writing = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.received += self.buf[:nbytes]
+        self.changed.set()
+        if self.pause_each and self.transport is not None:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return False
+
+    def pause_writing(self) -> None:
+        self.paused_writing += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        self.changed.set()
+
+
+async def _until(proto: Collect, size: int) -> None:
+    while len(proto.received) < size and not proto.lost.done():
+        proto.changed.clear()
+        await proto.changed.wait()
+
+
+async def _pair(pki: TestPki, server_proto: Collect, **server_options: float) -> tuple[
+        tls_socket.TlsServer, tls_socket.TlsSocketTransport, Collect]:
+    server = await tls_socket.start_server(lambda: server_proto, "127.0.0.1", 0,
+                                           ssl_context=pki.server_tls().load().server_ssl_context(), **server_options)
+    port = server.sockets[0].getsockname()[1]
+    transport, client = await tls_socket.open_connection(
+        Collect, "127.0.0.1", port, ssl_context=pki.client_tls(pki.client).load().client_ssl_context(),
+        server_hostname="localhost")
+    return server, transport, client
+
+
+async def test_bursts_of_writes_arrive_whole_and_in_order_under_flow_control(pki: TestPki) -> None:
+    server_proto = Collect()
+    server, transport, client = await _pair(pki, server_proto)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            rng = __import__("random").Random(7)
+            sent = bytearray()
+            for _ in range(400):  # ~25 MiB without waiting: OpenSSL must hold and retry writes
+                chunk = os.urandom(rng.randint(1, 128 * 1024))
+                sent += chunk
+                transport.write(chunk)
+            assert client.paused_writing >= 1, "the queue never passed the high-water mark"
+            assert transport.get_write_buffer_size() > 0
+            await _until(server_proto, len(sent))
+        assert bytes(server_proto.received) == bytes(sent)
+        assert transport.get_write_buffer_size() == 0
+        assert server_proto.transport is not None
+        assert server_proto.transport.get_extra_info("peercert") is not None  # mutual TLS: the client's certificate
+        assert transport.get_extra_info("sslcontext") is not None
+    finally:
+        transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_resuming_a_paused_reader_delivers_what_openssl_already_holds(pki: TestPki) -> None:
+    server_proto = Collect(buffer_bytes=100, pause_each=True)  # a 16 KiB record is read 100 bytes at a time
+    server, transport, _client = await _pair(pki, server_proto)
+    try:
+        payload = os.urandom(40_000)
+        transport.write(payload)  # then nothing more: the socket falls silent once OpenSSL has the records
+        async with asyncio.timeout(DEADLINE_S):
+            while len(server_proto.received) < len(payload):
+                await _until(server_proto, len(server_proto.received) + 1)
+                assert server_proto.transport is not None
+                assert not server_proto.transport.is_reading()
+                server_proto.transport.resume_reading()
+        assert bytes(server_proto.received) == payload
+    finally:
+        transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_close_sends_what_is_queued_then_ends_cleanly(pki: TestPki) -> None:
+    server_proto = Collect()
+    server, transport, _client = await _pair(pki, server_proto)
+    try:
+        payload = os.urandom(32 * 1024 * 1024)  # more than loopback socket buffers hold
+        transport.write(payload)
+        assert transport.get_write_buffer_size() > 0, "all of it left at once: nothing queued to test"
+        transport.close()
+        assert transport.is_closing()
+        async with asyncio.timeout(DEADLINE_S):
+            exc = await server_proto.lost
+        assert bytes(server_proto.received) == payload
+        assert server_proto.eof and exc is None  # a close_notify: the end, not an error
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_refused_handshake_leaves_the_server_serving(pki: TestPki) -> None:
+    server_proto = Collect()
+    made: list[Collect] = []
+
+    def factory() -> Collect:
+        made.append(server_proto)
+        return server_proto
+
+    server = await tls_socket.start_server(factory, "127.0.0.1", 0,
+                                           ssl_context=pki.server_tls().load().server_ssl_context())
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            stranger_trust = pki.client_tls(pki.client, ca=pki.stranger.cert).load().client_ssl_context()
+            with pytest.raises(ssl.SSLCertVerificationError):  # the client does not trust the server
+                await tls_socket.open_connection(Collect, "127.0.0.1", port, ssl_context=stranger_trust,
+                                                 server_hostname="localhost")
+            no_cert = pki.client_tls().load().client_ssl_context()  # the server requires a certificate
+            try:
+                transport, client = await tls_socket.open_connection(Collect, "127.0.0.1", port,
+                                                                     ssl_context=no_cert, server_hostname="localhost")
+            except OSError:
+                pass  # refused during the handshake
+            else:  # TLS 1.3: the client finishes first; the server's alert ends the connection
+                transport.write(b"not for you")
+                assert isinstance(await client.lost, ssl.SSLError)
+            assert not made, "a connection without a trusted certificate reached the protocol"
+            good, client = await tls_socket.open_connection(
+                Collect, "127.0.0.1", port, ssl_context=pki.client_tls(pki.client).load().client_ssl_context(),
+                server_hostname="localhost")
+            good.write(b"hello")
+            await _until(server_proto, 5)
+        assert bytes(server_proto.received) == b"hello" and len(made) == 1
+        good.abort()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_silent_client_is_dropped_after_the_handshake_timeout(pki: TestPki) -> None:
+    server = await tls_socket.start_server(Collect, "127.0.0.1", 0, handshake_timeout_s=0.5,
+                                           ssl_context=pki.server_tls().load().server_ssl_context())
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    raw = socket.socket()
+    raw.setblocking(False)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            await loop.sock_connect(raw, ("127.0.0.1", port))
+            assert await loop.sock_recv(raw, 100) == b""  # the server hung up on a handshake that never came
+    finally:
+        raw.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_closed_server_refuses_new_connections(pki: TestPki) -> None:
+    server = await tls_socket.start_server(Collect, "127.0.0.1", 0,
+                                           ssl_context=pki.server_tls().load().server_ssl_context())
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(ConnectionRefusedError):
+        async with asyncio.timeout(DEADLINE_S):
+            await tls_socket.open_connection(Collect, "127.0.0.1", port,
+                                             ssl_context=pki.client_tls(pki.client).load().client_ssl_context(),
+                                             server_hostname="localhost")
+
+
+def test_the_data_path_can_be_put_back_on_sslproto(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tls_socket.use_tls_socket()
+    monkeypatch.setenv("SCRIBA_TLS_TRANSPORT", "asyncio")
+    assert not tls_socket.use_tls_socket()
