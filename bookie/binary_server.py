@@ -41,7 +41,7 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, cast
 
-from scriba import tls_socket
+from scriba import tcp
 from scriba.bookie.service import BookieService
 from scriba.bookie.serving import BOOKIE_CALLERS, PeerIdentities, ServingState
 from scriba.eager import start_eagerly
@@ -53,7 +53,6 @@ from scriba.proto import binary as wire
 from scriba.proto import scriba_pb2 as pb
 from scriba.proto.binary import FrameError, FrameType
 from scriba.tls import LoadedTls, identities_from_peercert, refusal
-from scriba.tls_socket import use_tls_socket
 
 log = get_logger(__name__)
 
@@ -308,18 +307,13 @@ class BinaryServer:
         self.requests_inflight_max = requests_inflight_max
         self.ssl_context = ssl_context
         self.connections: set[BinaryConnection] = set()
-        self._server: asyncio.Server | tls_socket.TlsServer | None = None
+        self._server: tcp.Listener | None = None
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port); returns the port."""
         factory: Callable[[], BinaryConnection] = lambda: BinaryConnection(self)  # noqa: E731
-        if self.ssl_context is not None and use_tls_socket():
-            self._server = await tls_socket.start_server(factory, host, port, ssl_context=self.ssl_context)
-        else:
-            self._server = await asyncio.get_running_loop().create_server(
-                factory, host, port, ssl=self.ssl_context, reuse_address=True
-            )
+        self._server = await tcp.listen(factory, host, port, ssl_context=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

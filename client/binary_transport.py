@@ -47,7 +47,7 @@ import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Final
 
-from scriba import tls_socket
+from scriba import tcp
 from scriba.client.add_batcher import AddRun
 from scriba.client.binary_link import BinaryLink, VersionRefused
 from scriba.client.grpc_channels import _Connection, _message
@@ -73,7 +73,6 @@ from scriba.errors import (
 from scriba.ids import BookieId, EntryId, LedgerId
 from scriba.log import get_logger
 from scriba.proto import binary as wire
-from scriba.tls_socket import use_tls_socket
 
 log = get_logger(__name__)
 
@@ -169,19 +168,11 @@ class BinaryTransport(GrpcBookieTransport):
         """TCP connect + HELLO within ``read_timeout_s`` (a link that fails is closed)."""
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
-        loop = asyncio.get_running_loop()
         link: BinaryLink | None = None
         try:
             async with asyncio.timeout(self.read_timeout_s):
-                factory = lambda: BinaryLink(bookie_id, self._frame_bytes_max)  # noqa: E731
-                if self._ssl is None:
-                    _, link = await loop.create_connection(factory, host, int(port))
-                elif use_tls_socket():
-                    _, link = await tls_socket.open_connection(
-                        factory, host, int(port), ssl_context=self._ssl, server_hostname=self._server_name or host)
-                else:
-                    _, link = await loop.create_connection(
-                        factory, host, int(port), ssl=self._ssl, server_hostname=self._server_name or host)
+                _, link = await tcp.dial(lambda: BinaryLink(bookie_id, self._frame_bytes_max), host, int(port),
+                                         ssl_context=self._ssl, server_hostname=self._server_name)
                 await link.handshake()
         except BaseException:
             if link is not None:

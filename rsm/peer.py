@@ -34,9 +34,9 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import cast
 
-from scriba import tls_socket
+from scriba import tcp
 from scriba.config import parse_host_port
 from scriba.eager import start_eagerly, within
 from scriba.errors import (
@@ -52,7 +52,6 @@ from scriba.frame_read import BufferedFrames
 from scriba.log import get_logger
 from scriba.rsm import wire
 from scriba.tls import LoadedTls, Role, refusal
-from scriba.tls_socket import use_tls_socket
 
 HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -144,19 +143,13 @@ class ReplicaServer:
         self.tls = tls
         self.connections_max = connections_max
         self.connections: set[PeerConnection] = set()
-        self._server: asyncio.Server | tls_socket.TlsServer | None = None
+        self._server: tcp.Listener | None = None
 
     async def start(self) -> None:
         try:
             ssl = self.tls.server_ssl_context() if self.tls is not None else None
-            factory = lambda: PeerConnection(self)  # noqa: E731
-            if ssl is not None and use_tls_socket():
-                self._server = await tls_socket.start_server(factory, self.host, self.port, ssl_context=ssl,
-                                                             handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
-            else:
-                self._server = await asyncio.get_running_loop().create_server(
-                    factory, self.host, self.port, ssl=ssl,
-                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if ssl is not None else None)
+            self._server = await tcp.listen(lambda: PeerConnection(self), self.host, self.port, ssl_context=ssl,
+                                            handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
         except OSError as exc:
             raise ConfigError(f"rsm replica address {self.host}:{self.port}: cannot listen ({exc.strerror})") from None
 
@@ -240,23 +233,14 @@ class PeerClient:
                 return link
             host, port = parse_host_port(self.address)
             try:
-                _, opened = await asyncio.wait_for(self._dial(host, port), CONNECT_TIMEOUT_S)
+                _, opened = await asyncio.wait_for(
+                    tcp.dial(lambda: PeerLink(self.address), host, port, ssl_context=self._ssl,
+                             handshake_timeout_s=HANDSHAKE_TIMEOUT_S), CONNECT_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 tls = "TLS " if self._ssl is not None else ""
                 raise UnavailableError(f"rsm replica {self.address} unreachable over {tls}TCP: {exc!r}") from None
             self._link = opened
             return opened
-
-    async def _dial(self, host: str, port: int) -> tuple[Any, PeerLink]:
-        factory = lambda: PeerLink(self.address)  # noqa: E731
-        if self._ssl is None:
-            return await asyncio.get_running_loop().create_connection(factory, host, port)
-        if use_tls_socket():
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                return await tls_socket.open_connection(factory, host, port, ssl_context=self._ssl,
-                                                        server_hostname=host)
-        return await asyncio.get_running_loop().create_connection(
-            factory, host, port, ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
 
     async def call(self, op: wire.Op, body: bytes, timeout_s: float, flags: int = 0) -> bytes:
         link = await self._connect()
