@@ -6,7 +6,8 @@ incoming BIO (which OpenSSL zero-fills before it copies), each record is read ou
 in a Python loop, and each write's ciphertext is read out of the outgoing BIO as a new
 ``bytes`` and handed to the socket transport. An ``SSLSocket`` lets OpenSSL read and
 write the socket itself: no BIO copies, no zero-fill, and one Python call per record
-read or per 64 KiB written. In one process over loopback
+read or per 64 KiB written; with OpenSSL's read-ahead (:mod:`scriba.tls_read_ahead`) one
+``recv`` reads several records. In one process over loopback
 (``benchmarks/probe_tls_transport.py``), TLS added 1.76 ms of CPU per MiB moved in 64 KiB
 writes through ``sslproto`` and 1.22 ms through this module (plaintext: 0.53 ms), and
 79.9 us and 49.7 us to a round trip of 1 KiB and 40 bytes (plaintext: 29.5 us).
@@ -28,8 +29,9 @@ into their buffer, several per ``buffer_updated``) or plain ``asyncio.Protocol``
 OpenSSL's rules the transport keeps:
 - a write that raised ``SSLWantWriteError`` is retried with the same bytes before any
   other (OpenSSL has sealed part of it already);
-- OpenSSL may hold decrypted records the socket no longer signals, so a read drains
-  until ``SSLWantReadError``, and ``resume_reading`` reads at once;
+- OpenSSL may hold records the socket no longer signals (decrypted, or read ahead), so
+  a read drains until ``SSLWantReadError``, and ``resume_reading`` and a new connection
+  (whose handshake may have read the peer's first records) read at once;
 - a read may need the socket writable, and a write readable (``SSLWantWriteError`` on a
   read, ``SSLWantReadError`` on a write): each then waits for that event and retries.
 
@@ -50,6 +52,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
 from scriba.log import get_logger
+from scriba.tls_read_ahead import enable_read_ahead
 
 log = get_logger(__name__)
 
@@ -111,6 +114,7 @@ class TlsSocketTransport(asyncio.Transport):
         protocol.connection_made(self)
         if self.is_reading():  # (connection_made may have paused reading, or closed)
             loop.add_reader(self._fd, self._read_ready)
+            loop.call_soon(self._read_ready)  # the handshake may have read records ahead
 
     # --- asyncio.BaseTransport ----------------------------------------------------------
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -458,6 +462,7 @@ async def _wrap_client(loop: asyncio.AbstractEventLoop, raw: socket.socket, prot
     if raw.family in (socket.AF_INET, socket.AF_INET6):
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
+        enable_read_ahead(context)
         sock = context.wrap_socket(raw, server_hostname=server_hostname, do_handshake_on_connect=False)
     except BaseException:
         raw.close()
@@ -481,6 +486,7 @@ class TlsServer:
         self.sockets = sockets
         self._factory = protocol_factory
         self._context = context
+        enable_read_ahead(context)
         self._handshake_timeout_s = handshake_timeout_s
         self._handshakes: set[asyncio.Task[None]] = set()
         self._closed = False

@@ -18,6 +18,7 @@ import pytest
 
 from scriba import tls_socket
 from scriba.testing.pki import TestPki
+from scriba.tls_read_ahead import read_ahead
 
 DEADLINE_S = 30.0
 
@@ -117,6 +118,41 @@ async def test_resuming_a_paused_reader_delivers_what_openssl_already_holds(pki:
         assert bytes(server_proto.received) == payload
     finally:
         transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_records_read_ahead_with_the_handshake_reach_the_protocol(pki: TestPki) -> None:
+    """The client's Finished and its first record arrive in one segment; the server's
+    handshake reads both (read-ahead), and the socket never signals the record again."""
+    server_proto = Collect()
+    server_ctx = pki.server_tls().load().server_ssl_context()
+    server = await tls_socket.start_server(lambda: server_proto, "127.0.0.1", 0, ssl_context=server_ctx)
+    assert read_ahead(server_ctx) is True
+    loop = asyncio.get_running_loop()
+    raw = socket.create_connection(server.sockets[0].getsockname()[:2])
+    raw.setblocking(False)
+    try:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = pki.client_tls(pki.client).load().client_ssl_context().wrap_bio(
+            incoming, outgoing, server_hostname="localhost")
+        payload = os.urandom(1000)
+        async with asyncio.timeout(DEADLINE_S):
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await loop.sock_sendall(raw, outgoing.read())
+                    data = await loop.sock_recv(raw, 65536)
+                    assert data, "the server closed during the handshake"
+                    incoming.write(data)
+            tls.write(payload)
+            await loop.sock_sendall(raw, outgoing.read())  # the Finished and the record, in one write
+            await _until(server_proto, len(payload))
+        assert bytes(server_proto.received) == payload
+    finally:
+        raw.close()
         server.close()
         await server.wait_closed()
 
