@@ -34,7 +34,7 @@ from scriba.log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["READ_BUFFER_BYTES", "enable_read_ahead", "read_ahead"]
+__all__ = ["READ_BUFFER_BYTES", "enable_read_ahead", "load_libssl", "proved_context", "read_ahead"]
 
 READ_BUFFER_BYTES: Final = 64 * 1024
 _SSL_CTRL_GET_READ_AHEAD: Final = 40
@@ -61,7 +61,8 @@ _lib: _Libssl | None = None
 _unavailable: str | None = None
 
 
-def _load() -> _Libssl | None:
+def load_libssl() -> _Libssl | None:
+    """The ``libssl`` that ``ssl`` uses, proved by its version; None (logged once) if not here."""
     global _lib, _unavailable
     if _lib is not None or _unavailable is not None:
         return _lib
@@ -91,9 +92,9 @@ def _ctx_pointer(lib: _Libssl, context: ssl.SSLContext) -> int | None:
     return None
 
 
-def _proved(context: ssl.SSLContext) -> tuple[_Libssl, int] | None:
+def proved_context(context: ssl.SSLContext) -> tuple[_Libssl, int] | None:
     """The library and the context's proved ``SSL_CTX *``; None if either cannot be had here."""
-    lib = _load()
+    lib = load_libssl()
     pointer = None if lib is None else _ctx_pointer(lib, context)
     return None if lib is None or pointer is None else (lib, pointer)
 
@@ -101,7 +102,7 @@ def _proved(context: ssl.SSLContext) -> tuple[_Libssl, int] | None:
 def enable_read_ahead(context: ssl.SSLContext) -> bool:
     """Turn on read-ahead (with a ``READ_BUFFER_BYTES`` buffer) for connections made from
     ``context`` from now on; idempotent. False if it cannot be done here (module docstring)."""
-    proved = _proved(context)
+    proved = proved_context(context)
     if proved is None:
         return False
     lib, pointer = proved
@@ -112,7 +113,7 @@ def enable_read_ahead(context: ssl.SSLContext) -> bool:
 
 def read_ahead(context: ssl.SSLContext) -> bool | None:
     """Whether ``context`` reads ahead (None: cannot be told here)."""
-    proved = _proved(context)
+    proved = proved_context(context)
     if proved is None:
         return None
     lib, pointer = proved

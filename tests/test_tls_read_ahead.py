@@ -21,7 +21,7 @@ def test_read_ahead_is_set_on_the_context_itself(pki: TestPki) -> None:
 
 
 def test_a_pointer_that_is_not_proved_leaves_read_ahead_off(pki: TestPki, monkeypatch: pytest.MonkeyPatch) -> None:
-    lib = tls_read_ahead._load()
+    lib = tls_read_ahead.load_libssl()
     assert lib is not None
     context = pki.client_tls(pki.client).load().client_ssl_context()
     real = lib.get_options

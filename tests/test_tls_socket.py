@@ -3,8 +3,9 @@ binary data path's TLS connections, between real sockets on 127.0.0.1.
 
 Every byte arrives, in order, through writes that OpenSSL made wait; a protocol that
 pauses its reading while OpenSSL still holds decrypted bytes gets them on resuming;
-``close`` sends what is queued before its close_notify; failed and silent handshakes
-end on the server without stopping it.
+``close`` sends what is queued (and what the write buffer holds) before its
+close_notify; the records of one write leave with one system call; failed and silent
+handshakes end on the server without stopping it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import asyncio
 import os
 import socket
 import ssl
+from pathlib import Path
 
 import pytest
 
-from scriba import tls_socket
+from scriba import tls_socket, tls_write_buffer
 from scriba.testing.pki import TestPki
 from scriba.tls_read_ahead import read_ahead
 
@@ -248,3 +250,105 @@ def test_the_data_path_can_be_put_back_on_sslproto(monkeypatch: pytest.MonkeyPat
     assert tls_socket.use_tls_socket()
     monkeypatch.setenv("SCRIBA_TLS_TRANSPORT", "asyncio")
     assert not tls_socket.use_tls_socket()
+
+
+def _write_calls_of_this_thread() -> int:
+    """The ``write`` system calls this thread has made (``syscw`` in /proc/thread-self/io).
+    OpenSSL writes its socket with ``write``, counted there (Python's ``send`` is not)."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscw in /proc/thread-self/io")
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["write-buffer", "no-write-buffer"])
+async def test_the_records_of_one_write_leave_with_one_system_call(pki: TestPki, monkeypatch: pytest.MonkeyPatch,
+                                                                   buffered: bool) -> None:
+    """``scriba.tls_write_buffer``; without it (the counter's negative control) OpenSSL
+    makes one call per record."""
+    if not buffered:
+        monkeypatch.setattr(tls_socket, "attach_write_buffer", lambda sock, context: None)
+    server_proto = Collect()
+    server, transport, _client = await _pair(pki, server_proto)
+    try:
+        assert (transport._write_buffer is not None) is buffered
+        payload = os.urandom(64 * 1024)  # four records of 16 KiB
+        before = _write_calls_of_this_thread()
+        transport.write(payload)
+        calls = _write_calls_of_this_thread() - before
+        async with asyncio.timeout(DEADLINE_S):
+            await _until(server_proto, len(payload))
+        assert bytes(server_proto.received) == payload
+        assert calls == (1 if buffered else 4)
+    finally:
+        transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+class _Stalled(Collect):
+    """Does not read until told to: what is written piles up in the socket buffers."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        transport.pause_reading()  # type: ignore[attr-defined]
+        self.changed.set()
+
+
+async def test_close_sends_what_the_write_buffer_holds_first(pki: TestPki) -> None:
+    """A write OpenSSL took whole, whose flush the full socket stopped: nothing is queued,
+    the rest is in the write buffer, and ``close`` must still send it before the end."""
+    server_proto = _Stalled()
+    server, transport, _client = await _pair(pki, server_proto)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while server_proto.transport is None:
+                server_proto.changed.clear()
+                await server_proto.changed.wait()
+        assert transport._write_buffer is not None
+        sent = bytearray()
+        for _ in range(2000):  # at most 125 MiB; loopback's socket buffers hold a few MiB
+            chunk = os.urandom(64 * 1024)
+            transport.write(chunk)
+            sent += chunk
+            if transport._flush_pending:
+                break
+        assert transport._flush_pending, "the socket took everything: nothing left in the buffer to test"
+        assert transport.get_write_buffer_size() == 0  # nothing queued: the rest is in the write buffer
+        assert transport._write_buffer.pending() > 0
+        transport.close()
+        server_proto.transport.resume_reading()  # type: ignore[union-attr]
+        async with asyncio.timeout(DEADLINE_S):
+            exc = await server_proto.lost
+        assert len(server_proto.received) == len(sent)
+        assert bytes(server_proto.received) == bytes(sent)
+        assert server_proto.eof and exc is None  # a close_notify after the data, not an error
+    finally:
+        transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_pointer_that_is_not_proved_leaves_openssl_writing_the_socket(
+        pki: TestPki, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = tls_write_buffer._load()
+    assert lib is not None
+    monkeypatch.setattr(lib, "get_fd", lambda pointer: -1)  # (a layout not recognised)
+    monkeypatch.setattr(tls_write_buffer, "_unavailable", None)
+    swapped: list[object] = []
+    monkeypatch.setattr(lib, "set0_wbio", lambda *args: swapped.append(args))
+    server_proto = Collect()
+    server, transport, _client = await _pair(pki, server_proto)
+    try:
+        assert transport._write_buffer is None
+        assert swapped == []  # nothing was written through the unproved pointer
+        assert tls_write_buffer._unavailable == "PySSLSocket layout not recognised"
+        payload = os.urandom(256 * 1024)
+        transport.write(payload)
+        async with asyncio.timeout(DEADLINE_S):
+            await _until(server_proto, len(payload))
+        assert bytes(server_proto.received) == payload
+    finally:
+        transport.abort()
+        server.close()
+        await server.wait_closed()
