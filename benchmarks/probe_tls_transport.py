@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scriba import tls_socket
+from scriba import tls_server, tls_socket
 from scriba.testing.pki import TestPki
 
 CHUNK_BYTES = 64 * 1024
@@ -125,7 +125,7 @@ async def _connect(way: str, pki: TestPki, server_factory: Callable[[], asyncio.
     client_ctx = pki.client_tls(pki.client).load().client_ssl_context()
     server: Any
     if way == "tls_socket":
-        server = await tls_socket.start_server(server_factory, "127.0.0.1", 0, ssl_context=server_ctx)
+        server = await tls_server.start_server(server_factory, "127.0.0.1", 0, ssl_context=server_ctx)
     else:
         server = await loop.create_server(server_factory, "127.0.0.1", 0,
                                           ssl=server_ctx if way == "sslproto" else None)

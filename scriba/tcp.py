@@ -13,8 +13,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from scriba import tls_socket
-from scriba.tls_socket import HANDSHAKE_TIMEOUT_S, TlsServer, use_tls_socket
+from scriba import tls_server, tls_socket
+from scriba.tls_server import TlsServer
+from scriba.tls_socket import HANDSHAKE_TIMEOUT_S, use_tls_socket
 
 __all__ = ["Listener", "dial", "listen"]
 
@@ -46,7 +47,7 @@ async def listen(protocol_factory: Callable[[], asyncio.BaseProtocol], host: str
     """Listen on ``host:port`` (0: a free port); over TLS each accepted connection shakes
     hands within ``handshake_timeout_s`` before its protocol starts."""
     if ssl_context is not None and use_tls_socket():
-        return await tls_socket.start_server(protocol_factory, host, port, ssl_context=ssl_context,
+        return await tls_server.start_server(protocol_factory, host, port, ssl_context=ssl_context,
                                              handshake_timeout_s=handshake_timeout_s)
     return await asyncio.get_running_loop().create_server(
         protocol_factory, host, port, ssl=ssl_context, reuse_address=True,

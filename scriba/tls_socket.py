@@ -14,10 +14,8 @@ writes through ``sslproto`` and 1.22 ms through this module (plaintext: 0.53 ms)
 79.9 us and 49.7 us to a round trip of 1 KiB and 40 bytes (plaintext: 29.5 us).
 
 :func:`open_connection` dials, shakes hands and returns the transport and its protocol,
-as ``loop.create_connection(..., ssl=...)`` does; :func:`start_server` listens, and
-every accepted connection shakes hands (within ``handshake_timeout_s``) before its
-protocol sees it, as ``loop.create_server(..., ssl=...)`` does. A handshake that fails
-closes the socket and is logged (``tls_handshake_failed``); the server goes on.
+as ``loop.create_connection(..., ssl=...)`` does; :func:`scriba.tls_server.start_server`
+is the listening side.
 
 :class:`TlsSocketTransport` is an ``asyncio.Transport``: ``write`` / ``writelines``,
 flow control (``pause_writing`` / ``resume_writing`` around the high and low water
@@ -61,10 +59,12 @@ from scriba.tls_write_buffer import attach_write_buffer
 log = get_logger(__name__)
 
 __all__ = [
-    "TlsServer",
+    "HANDSHAKE_TIMEOUT_S",
     "TlsSocketTransport",
+    "address",
+    "handshake",
     "open_connection",
-    "start_server",
+    "until_ready",
     "use_tls_socket",
 ]
 
@@ -74,10 +74,7 @@ HIGH_WATER_BYTES: Final = 64 * 1024
 LOW_WATER_BYTES: Final = 16 * 1024
 READ_BYTES_PER_CALL: Final = 1024 * 1024  # then yield to the loop (and come back at once)
 PLAIN_READ_BYTES: Final = 256 * 1024  # for a protocol that is not a BufferedProtocol
-ACCEPTS_PER_CALL: Final = 64
 HANDSHAKE_TIMEOUT_S: Final = 10.0
-REFUSE_LINGER_S: Final = 1.0  # after a failed handshake: how long its bytes are drained
-REFUSE_DRAIN_BYTES: Final = 1024 * 1024
 
 
 def use_tls_socket() -> bool:
@@ -101,8 +98,8 @@ class TlsSocketTransport(asyncio.Transport):
             "peercert": sock.getpeercert(),
             "cipher": sock.cipher(),
             "socket": sock,
-            "peername": _address(sock.getpeername),
-            "sockname": _address(sock.getsockname),
+            "peername": address(sock.getpeername),
+            "sockname": address(sock.getsockname),
         }
         self._queue: collections.deque[bytes] = collections.deque()  # the head may be a retried write
         self._queued = 0
@@ -398,14 +395,14 @@ class TlsSocketTransport(asyncio.Transport):
         self._loop.call_soon(self._protocol.connection_lost, exc)
 
 
-def _address(get: Callable[[], Any]) -> Any:
+def address(get: Callable[[], Any]) -> Any:
     try:
         return get()
     except OSError:
         return None
 
 
-async def _handshake(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket) -> None:
+async def handshake(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket) -> None:
     """Drive a non-blocking handshake to its end (the caller bounds it in time)."""
     fd = sock.fileno()
     while True:
@@ -413,12 +410,12 @@ async def _handshake(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket) -> No
             sock.do_handshake()
             return
         except ssl.SSLWantReadError:
-            await _ready(loop, fd, readable=True)
+            await until_ready(loop, fd, readable=True)
         except ssl.SSLWantWriteError:
-            await _ready(loop, fd, readable=False)
+            await until_ready(loop, fd, readable=False)
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, readable: bool) -> None:
+async def until_ready(loop: asyncio.AbstractEventLoop, fd: int, *, readable: bool) -> None:
     """Wait until ``fd`` is readable (or writable)."""
     add, remove = (loop.add_reader, loop.remove_reader) if readable else (loop.add_writer, loop.remove_writer)
     ready: asyncio.Future[None] = loop.create_future()
@@ -427,30 +424,6 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, readable: bool) ->
         await ready
     finally:
         remove(fd)
-
-
-async def _refuse(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket) -> None:
-    """Close a connection whose handshake failed without resetting it: OpenSSL's alert and
-    a FIN go out, and what the client sent meanwhile is read and dropped (closing with
-    unread bytes would send a reset, which can destroy the alert before the client reads
-    it), for at most ``REFUSE_LINGER_S`` and ``REFUSE_DRAIN_BYTES``."""
-    try:
-        sock.shutdown(socket.SHUT_WR)  # also drops the TLS layer: recv reads the socket itself
-        drained = 0
-        async with asyncio.timeout(REFUSE_LINGER_S):
-            while drained < REFUSE_DRAIN_BYTES:
-                try:
-                    data = sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    await _ready(loop, sock.fileno(), readable=True)
-                    continue
-                if not data:
-                    break
-                drained += len(data)
-    except (OSError, TimeoutError):
-        pass
-    finally:
-        sock.close()
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:
@@ -491,127 +464,9 @@ async def _wrap_client(loop: asyncio.AbstractEventLoop, raw: socket.socket, prot
         raw.close()
         raise
     try:
-        await _handshake(loop, sock)
+        await handshake(loop, sock)
     except BaseException:
         sock.close()
         raise
     protocol = protocol_factory()
     return TlsSocketTransport(loop, sock, protocol, context), protocol
-
-
-class TlsServer:
-    """Listening sockets whose accepted connections shake hands before their protocol starts."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket],
-                 protocol_factory: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext,
-                 handshake_timeout_s: float) -> None:
-        self._loop = loop
-        self.sockets = sockets
-        self._factory = protocol_factory
-        self._context = context
-        enable_read_ahead(context)
-        self._handshake_timeout_s = handshake_timeout_s
-        self._handshakes: set[asyncio.Task[None]] = set()
-        self._closed = False
-        for lsock in sockets:
-            loop.add_reader(lsock.fileno(), self._accept_ready, lsock)
-
-    def _accept_ready(self, lsock: socket.socket) -> None:
-        for _ in range(ACCEPTS_PER_CALL):
-            try:
-                raw, _address = lsock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE and the like: logged, the listener stays
-                log.warning("tls_accept_failed", error=repr(exc))
-                return
-            raw.setblocking(False)
-            task = self._loop.create_task(self._serve(raw), name="tls-handshake")
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
-
-    async def _serve(self, raw: socket.socket) -> None:
-        peer = _address(raw.getpeername)
-        if raw.family in (socket.AF_INET, socket.AF_INET6):
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock = self._context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
-        except (OSError, ValueError) as exc:
-            raw.close()
-            log.info("tls_handshake_failed", peer=str(peer), error=repr(exc))
-            return
-        try:
-            async with asyncio.timeout(self._handshake_timeout_s):
-                await _handshake(self._loop, sock)
-        except TimeoutError as exc:
-            sock.close()
-            log.info("tls_handshake_failed", peer=str(peer), error=repr(exc))
-            return
-        except OSError as exc:
-            log.info("tls_handshake_failed", peer=str(peer), error=repr(exc))
-            await _refuse(self._loop, sock)
-            return
-        except BaseException:
-            sock.close()
-            raise
-        if self._closed:
-            sock.close()
-            return
-        try:
-            protocol = self._factory()
-        except Exception as exc:  # the server's bug: this connection ends, the listener stays
-            sock.close()
-            log.exception("tls_protocol_factory_failed", peer=str(peer), error=repr(exc))
-            return
-        TlsSocketTransport(self._loop, sock, protocol, self._context)
-
-    def close(self) -> None:
-        """Stop listening and drop handshakes under way (connections already made stay)."""
-        if self._closed:
-            return
-        self._closed = True
-        for lsock in self.sockets:
-            self._loop.remove_reader(lsock.fileno())
-            lsock.close()
-        for task in list(self._handshakes):
-            task.cancel()
-
-    async def wait_closed(self) -> None:
-        if self._handshakes:
-            await asyncio.gather(*self._handshakes, return_exceptions=True)
-
-
-async def start_server(protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int, *,
-                       ssl_context: ssl.SSLContext, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                       backlog: int = 128) -> TlsServer:
-    """Listen on every address of ``host`` at ``port`` (0: one free port, the same on each)."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    sockets: list[socket.socket] = []
-    try:
-        for family, type_, proto, _, address in _unique(infos):
-            lsock = socket.socket(family, type_, proto)
-            sockets.append(lsock)
-            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                lsock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if port == 0 and len(sockets) > 1:
-                address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            lsock.bind(address)
-            lsock.listen(backlog)
-            lsock.setblocking(False)
-    except BaseException:
-        for lsock in sockets:
-            lsock.close()
-        raise
-    return TlsServer(loop, sockets, protocol_factory, ssl_context, handshake_timeout_s)
-
-
-def _unique(infos: list[Any]) -> list[Any]:
-    seen: set[Any] = set()
-    out = []
-    for info in infos:
-        if info[4] not in seen:
-            seen.add(info[4])
-            out.append(info)
-    return out

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from scriba import tls_socket
+from scriba import tls_server, tls_socket
 from scriba.frame_write import TLS_WRITE_BYTES, frame_writer, is_tls
 from scriba.proto import binary as wire
 from scriba.testing.pki import TestPki
@@ -137,11 +137,11 @@ async def test_a_frame_of_many_entries_crosses_tls_in_full_records(pki: TestPki,
     received, got, want = bytearray(), asyncio.Event(), [0]
     server_context = pki.server_tls().load().server_ssl_context()
     client_context = pki.client_tls(pki.client).load().client_ssl_context()
-    server: asyncio.Server | tls_socket.TlsServer
+    server: asyncio.Server | tls_server.TlsServer
     if how == "sslproto":
         server = await loop.create_server(lambda: _Sink(received, got, want), "127.0.0.1", 0, ssl=server_context)
     else:
-        server = await tls_socket.start_server(lambda: _Sink(received, got, want), "127.0.0.1", 0,
+        server = await tls_server.start_server(lambda: _Sink(received, got, want), "127.0.0.1", 0,
                                                ssl_context=server_context)
     relay = _Relay(server.sockets[0].getsockname()[1])
     relay_server = await asyncio.start_server(relay.serve, "127.0.0.1", 0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scriba import tls_socket, tls_write_buffer
+from scriba import tls_server, tls_socket, tls_write_buffer
 from scriba.testing.pki import TestPki
 from scriba.tls_read_ahead import read_ahead
 
@@ -70,8 +70,8 @@ async def _until(proto: Collect, size: int) -> None:
 
 
 async def _pair(pki: TestPki, server_proto: Collect, **server_options: float) -> tuple[
-        tls_socket.TlsServer, tls_socket.TlsSocketTransport, Collect]:
-    server = await tls_socket.start_server(lambda: server_proto, "127.0.0.1", 0,
+        tls_server.TlsServer, tls_socket.TlsSocketTransport, Collect]:
+    server = await tls_server.start_server(lambda: server_proto, "127.0.0.1", 0,
                                            ssl_context=pki.server_tls().load().server_ssl_context(), **server_options)
     port = server.sockets[0].getsockname()[1]
     transport, client = await tls_socket.open_connection(
@@ -129,7 +129,7 @@ async def test_records_read_ahead_with_the_handshake_reach_the_protocol(pki: Tes
     handshake reads both (read-ahead), and the socket never signals the record again."""
     server_proto = Collect()
     server_ctx = pki.server_tls().load().server_ssl_context()
-    server = await tls_socket.start_server(lambda: server_proto, "127.0.0.1", 0, ssl_context=server_ctx)
+    server = await tls_server.start_server(lambda: server_proto, "127.0.0.1", 0, ssl_context=server_ctx)
     assert read_ahead(server_ctx) is True
     loop = asyncio.get_running_loop()
     raw = socket.create_connection(server.sockets[0].getsockname()[:2])
@@ -185,7 +185,7 @@ async def test_a_refused_handshake_leaves_the_server_serving(pki: TestPki) -> No
         made.append(server_proto)
         return server_proto
 
-    server = await tls_socket.start_server(factory, "127.0.0.1", 0,
+    server = await tls_server.start_server(factory, "127.0.0.1", 0,
                                            ssl_context=pki.server_tls().load().server_ssl_context())
     port = server.sockets[0].getsockname()[1]
     try:
@@ -217,7 +217,7 @@ async def test_a_refused_handshake_leaves_the_server_serving(pki: TestPki) -> No
 
 
 async def test_a_silent_client_is_dropped_after_the_handshake_timeout(pki: TestPki) -> None:
-    server = await tls_socket.start_server(Collect, "127.0.0.1", 0, handshake_timeout_s=0.5,
+    server = await tls_server.start_server(Collect, "127.0.0.1", 0, handshake_timeout_s=0.5,
                                            ssl_context=pki.server_tls().load().server_ssl_context())
     port = server.sockets[0].getsockname()[1]
     loop = asyncio.get_running_loop()
@@ -234,7 +234,7 @@ async def test_a_silent_client_is_dropped_after_the_handshake_timeout(pki: TestP
 
 
 async def test_a_closed_server_refuses_new_connections(pki: TestPki) -> None:
-    server = await tls_socket.start_server(Collect, "127.0.0.1", 0,
+    server = await tls_server.start_server(Collect, "127.0.0.1", 0,
                                            ssl_context=pki.server_tls().load().server_ssl_context())
     port = server.sockets[0].getsockname()[1]
     server.close()
