@@ -34,7 +34,7 @@ from scriba.log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["READ_BUFFER_BYTES", "enable_read_ahead", "load_libssl", "proved_context", "read_ahead"]
+__all__ = ["READ_BUFFER_BYTES", "enable_read_ahead", "load_libssl", "openssl_soname", "proved_context", "read_ahead"]
 
 READ_BUFFER_BYTES: Final = 64 * 1024
 _SSL_CTRL_GET_READ_AHEAD: Final = 40
@@ -61,6 +61,12 @@ _lib: _Libssl | None = None
 _unavailable: str | None = None
 
 
+def openssl_soname(library: str) -> str:
+    """The file name of OpenSSL's ``library`` (``libssl``, ``libcrypto``) of the version ``ssl`` uses."""
+    major, minor = ssl.OPENSSL_VERSION_INFO[:2]
+    return f"{library}.so.3" if major >= 3 else f"{library}.so.{major}.{minor}"
+
+
 def load_libssl() -> _Libssl | None:
     """The ``libssl`` that ``ssl`` uses, proved by its version; None (logged once) if not here."""
     global _lib, _unavailable
@@ -69,8 +75,7 @@ def load_libssl() -> _Libssl | None:
     try:
         if sys.implementation.name != "cpython" or hasattr(sys, "getobjects"):  # (a Py_TRACE_REFS build)
             raise OSError(f"not a plain CPython build: {sys.implementation.name}")
-        major, minor = ssl.OPENSSL_VERSION_INFO[:2]
-        lib = _Libssl(ctypes.CDLL("libssl.so.3" if major >= 3 else f"libssl.so.{major}.{minor}"))
+        lib = _Libssl(ctypes.CDLL(openssl_soname("libssl")))
         if lib.version() != ssl.OPENSSL_VERSION_NUMBER:
             raise OSError(f"libssl {lib.version():#x} is not the one ssl uses ({ssl.OPENSSL_VERSION_NUMBER:#x})")
         _lib = lib

@@ -40,7 +40,7 @@ import sys
 from typing import Any, Final
 
 from scriba.log import get_logger
-from scriba.tls_read_ahead import proved_context
+from scriba.tls_read_ahead import openssl_soname, proved_context
 
 log = get_logger(__name__)
 
@@ -60,10 +60,8 @@ class _Lib:
     """The ``libssl`` and ``libcrypto`` functions used, typed for ``ctypes``."""
 
     def __init__(self) -> None:
-        major, minor = ssl.OPENSSL_VERSION_INFO[:2]
-        suffix = "3" if major >= 3 else f"{major}.{minor}"
-        libssl = ctypes.CDLL(f"libssl.so.{suffix}")
-        libcrypto = ctypes.CDLL(f"libcrypto.so.{suffix}", use_errno=True)
+        libssl = ctypes.CDLL(openssl_soname("libssl"))
+        libcrypto = ctypes.CDLL(openssl_soname("libcrypto"), use_errno=True)
 
         def fn(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
             f = getattr(lib, name)
